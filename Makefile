@@ -1,0 +1,25 @@
+# Thin wrappers around scripts/setup.sh + CMake presets. The two commands the
+# README documents are `make demo` and `make test`.
+.PHONY: setup build demo test bench format clean
+
+setup:
+	./scripts/setup.sh
+
+build: setup
+	cmake --preset default
+	cmake --build --preset default
+
+demo: build
+	./scripts/demo.sh build/bin/meshplan
+
+test: build
+	ctest --preset default
+
+bench: build
+	./bench/run.sh build
+
+format:
+	git ls-files '*.h' '*.cpp' | xargs clang-format-19 -i
+
+clean:
+	rm -rf build build-debug

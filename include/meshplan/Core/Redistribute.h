@@ -1,0 +1,72 @@
+//===- Redistribute.h - Plans between two layouts -------------------------===//
+//
+// Turns one layout into another on the same view with a short sequence of
+// steps, each a collective over the groups of some refs, or a local slice:
+//   all_gather      drop the minor-most refs of a dim (gather over them)
+//   reduce_scatter  reduce partial refs and append them to a dim's refs
+//   all_reduce      reduce partial refs, result replicated
+//   all_to_all      move the minor-most refs of one dim to the end of another
+//   local_slice     append replicated refs to a dim (keep one's own chunk)
+//   mark_partial    declare replicated refs partial (local; no data moves)
+// Each step records the layouts before and after it, so a runtime (or a test
+// simulator) can execute it from core's shard arithmetic alone.
+//
+// Planning works on the finest common factors of both layouts, so sub-axes
+// and flattened axes need no special cases. Common transitions take one
+// collective: Shard<->Replicate, Partial->Replicate/Shard, Shard(i)->Shard(j),
+// and axis reorders such as {dp,tp}->{tp,dp} (one gather over both, then a
+// local slice).
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_CORE_REDISTRIBUTE_H
+#define MESHPLAN_CORE_REDISTRIBUTE_H
+
+#include "meshplan/Core/Layout.h"
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshplan {
+
+enum class StepKind {
+  AllGather,
+  ReduceScatter,
+  AllReduce,
+  AllToAll,
+  LocalSlice,
+  MarkPartial
+};
+std::string_view stepKindName(StepKind kind);
+
+struct RedistributeStep {
+  StepKind kind = StepKind::AllGather;
+  AxisRefList axes; ///< the group: ranks varying along these refs, in order
+  int dim = -1;     ///< dim gathered / sliced / scattered; a2a: source dim
+  int dstDim = -1;  ///< a2a: the dim that becomes split
+  ReduceOp op = ReduceOp::Sum;
+  Layout before, after;
+  int64_t groupSize = 1;
+  /// Bytes one rank receives in a bandwidth-optimal (ring) implementation,
+  /// from padded shapes (0 for local steps).
+  int64_t bytesPerRank = 0;
+
+  bool isCollective() const {
+    return kind != StepKind::LocalSlice && kind != StepKind::MarkPartial;
+  }
+};
+
+struct RedistributePlan {
+  std::vector<RedistributeStep> steps;
+  int numCollectives() const;
+  int64_t totalBytesPerRank() const;
+};
+
+Result<RedistributePlan> planRedistribute(const View &view, const Layout &from,
+                                          const Layout &to,
+                                          const std::vector<int64_t> &shape,
+                                          int64_t elementBytes = 4);
+
+} // namespace meshplan
+
+#endif // MESHPLAN_CORE_REDISTRIBUTE_H

@@ -1,0 +1,476 @@
+//===- Placement.cpp - DTensor placements <-> layouts ---------------------===//
+
+#include "meshplan/Core/Placement.h"
+#include "meshplan/Core/Text.h"
+
+#include <algorithm>
+
+namespace meshplan {
+
+//===----------------------------------------------------------------------===//
+// Text
+//===----------------------------------------------------------------------===//
+
+/// Parses "0", "dim=0", "sf=2", "split_factor=2" as the integer.
+static std::optional<int64_t> parseArgInt(std::string_view arg) {
+  arg = trim(arg);
+  size_t eq = arg.find('=');
+  if (eq != std::string_view::npos)
+    arg = trim(arg.substr(eq + 1));
+  return parseInt(arg);
+}
+
+static Result<Placement> parseOnePlacement(std::string_view text) {
+  text = trim(text);
+  std::string_view name = text, args;
+  bool hasArgs = false;
+  size_t open = text.find('(');
+  if (open != std::string_view::npos) {
+    if (text.back() != ')')
+      return makeError("placement \"" + std::string(text) +
+                       "\" has no closing ')'");
+    name = trim(text.substr(0, open));
+    args = trim(text.substr(open + 1, text.size() - open - 2));
+    hasArgs = true;
+  }
+  std::vector<std::string_view> argList;
+  if (!args.empty())
+    argList = splitTopLevel(args, ',');
+  auto bad = [&](const std::string &why) {
+    return makeError("placement \"" + std::string(text) + "\": " + why);
+  };
+  if (name == "R" || name == "Replicate") {
+    if (!argList.empty())
+      return bad("Replicate takes no arguments");
+    return Placement::replicate();
+  }
+  if (name == "S" || name == "Shard") {
+    if (argList.size() != 1)
+      return bad("expected Shard(dim)");
+    auto dim = parseArgInt(argList[0]);
+    if (!dim)
+      return bad("dim is not an integer");
+    return Placement::shard(static_cast<int>(*dim));
+  }
+  if (name == "SS" || name == "_S" || name == "_StridedShard" ||
+      name == "StridedShard") {
+    if (argList.size() != 2)
+      return bad("expected _StridedShard(dim, split_factor)");
+    auto dim = parseArgInt(argList[0]);
+    auto sf = parseArgInt(argList[1]);
+    if (!dim || !sf)
+      return bad("dim and split_factor must be integers");
+    if (*sf < 1)
+      return bad("split_factor must be >= 1");
+    return Placement::strided(static_cast<int>(*dim), *sf);
+  }
+  if (name == "P" || name == "Partial") {
+    if (argList.size() > 1)
+      return bad("expected Partial(op)");
+    ReduceOp op = ReduceOp::Sum;
+    if (argList.size() == 1) {
+      std::string_view opText = trim(argList[0]);
+      size_t eq = opText.find('=');
+      if (eq != std::string_view::npos)
+        opText = opText.substr(eq + 1);
+      auto parsed = parseReduceOp(opText);
+      if (!parsed)
+        return bad(parsed.error().message);
+      op = *parsed;
+    }
+    return Placement::partial(op);
+  }
+  (void)hasArgs;
+  return makeError("unknown placement \"" + std::string(text) +
+                   "\"; expected Shard(d), _StridedShard(d, sf), Replicate() "
+                   "or Partial(op) (or S(d), SS(d,sf), R, P(op))");
+}
+
+Result<std::vector<Placement>> parsePlacements(std::string_view text) {
+  text = trim(text);
+  if (text.size() >= 2 && ((text.front() == '[' && text.back() == ']') ||
+                           (text.front() == '(' && text.back() == ')')))
+    text = trim(text.substr(1, text.size() - 2));
+  if (text.empty())
+    return makeError("empty placement list");
+  std::vector<Placement> out;
+  int index = 0;
+  for (std::string_view item : splitTopLevel(text, ',')) {
+    if (trim(item).empty()) {
+      ++index;
+      continue; // tolerate a trailing comma, as in a Python tuple
+    }
+    auto p = parseOnePlacement(item);
+    if (!p)
+      return p.error().within("placement " + std::to_string(index));
+    out.push_back(*p);
+    ++index;
+  }
+  return out;
+}
+
+std::string formatPlacements(const std::vector<Placement> &placements,
+                             bool torchStyle) {
+  std::string out;
+  for (size_t i = 0; i < placements.size(); ++i) {
+    const Placement &p = placements[i];
+    if (i)
+      out += torchStyle ? ", " : ",";
+    switch (p.kind) {
+    case Placement::Kind::Shard:
+      out += torchStyle ? "Shard(dim=" + std::to_string(p.dim) + ")"
+                        : "S(" + std::to_string(p.dim) + ")";
+      break;
+    case Placement::Kind::StridedShard:
+      out += torchStyle ? "_StridedShard(dim=" + std::to_string(p.dim) +
+                              ", sf=" + std::to_string(p.splitFactor) + ")"
+                        : "SS(" + std::to_string(p.dim) + "," +
+                              std::to_string(p.splitFactor) + ")";
+      break;
+    case Placement::Kind::Replicate:
+      out += torchStyle ? "Replicate()" : "R";
+      break;
+    case Placement::Kind::Partial:
+      out += std::string(torchStyle ? "Partial(" : "P(") +
+             std::string(reduceOpName(p.op)) + ")";
+      break;
+    }
+  }
+  return torchStyle ? "(" + out + ")" : out;
+}
+
+//===----------------------------------------------------------------------===//
+// DTensor's rule, evaluated exactly as intervals
+//===----------------------------------------------------------------------===//
+
+namespace {
+struct Interval {
+  int64_t begin, end; // [begin, end)
+};
+using Intervals = std::vector<Interval>;
+
+int64_t totalLength(const Intervals &in) {
+  int64_t n = 0;
+  for (const Interval &i : in)
+    n += i.end - i.begin;
+  return n;
+}
+
+/// Elements [from, to) of the concatenation of `in`.
+Intervals subRange(const Intervals &in, int64_t from, int64_t to) {
+  Intervals out;
+  int64_t pos = 0;
+  for (const Interval &i : in) {
+    int64_t len = i.end - i.begin;
+    int64_t lo = std::max(from, pos), hi = std::min(to, pos + len);
+    if (lo < hi)
+      out.push_back({i.begin + (lo - pos), i.begin + (hi - pos)});
+    pos += len;
+  }
+  return out;
+}
+
+/// torch.chunk: chunk c of k over a length, as [start, end).
+std::pair<int64_t, int64_t> chunkRange(int64_t length, int64_t k, int64_t c) {
+  int64_t chunk = (length + k - 1) / k;
+  int64_t start = std::min(c * chunk, length);
+  return {start, std::min(start + chunk, length)};
+}
+
+Intervals merged(const Intervals &in) {
+  Intervals out;
+  for (const Interval &i : in) {
+    if (i.begin == i.end)
+      continue;
+    if (!out.empty() && out.back().end == i.begin)
+      out.back().end = i.end;
+    else
+      out.push_back(i);
+  }
+  return out;
+}
+
+std::string formatIntervals(const Intervals &in) {
+  if (in.empty())
+    return "nothing";
+  std::string out;
+  for (const Interval &i : in)
+    out += (out.empty() ? "" : " + ") + std::string("[") +
+           std::to_string(i.begin) + ", " + std::to_string(i.end) + ")";
+  return out;
+}
+
+/// One sharding placement on a tensor dim: which view axis, its size and the
+/// split factor (1 for Shard).
+struct DimSplit {
+  int viewAxis;
+  int64_t size;
+  int64_t splitFactor;
+};
+} // namespace
+
+/// DTensor's indices of dim (size n) for one combination of coordinates.
+static Intervals dtensorIndices(int64_t n, const std::vector<DimSplit> &splits,
+                                const std::vector<int64_t> &coords) {
+  Intervals cur{{0, n}};
+  for (size_t s = 0; s < splits.size(); ++s) {
+    int64_t k = splits[s].size, c = coords[s], sf = splits[s].splitFactor;
+    int64_t length = totalLength(cur);
+    if (sf == 1) {
+      auto [b, e] = chunkRange(length, k, c);
+      cur = subRange(cur, b, e);
+      continue;
+    }
+    Intervals next;
+    for (int64_t piece = 0; piece < sf; ++piece) {
+      auto [pb, pe] = chunkRange(length, sf, piece);
+      auto [b, e] = chunkRange(pe - pb, k, c);
+      Intervals part = subRange(cur, pb + b, pb + e);
+      next.insert(next.end(), part.begin(), part.end());
+    }
+    cur = next;
+  }
+  return merged(cur);
+}
+
+/// The first rank (lowest position) whose coordinates on the given view axes
+/// are `coords` and zero elsewhere, with a "dp=0, tp=1" description.
+static std::pair<int64_t, std::string>
+witnessRank(const View &view, const std::vector<DimSplit> &splits,
+            const std::vector<int64_t> &coords) {
+  const Mesh &mesh = view.mesh();
+  int64_t position = 0;
+  std::vector<int64_t> viewCoord(view.numAxes(), 0);
+  for (size_t s = 0; s < splits.size(); ++s) {
+    viewCoord[splits[s].viewAxis] = coords[s];
+    int64_t digit = coords[s];
+    const AxisRefList &refs = view.axes()[splits[s].viewAxis].refs;
+    for (auto it = refs.rbegin(); it != refs.rend(); ++it) {
+      position += (digit % it->size) * it->positionStep(mesh);
+      digit /= it->size;
+    }
+  }
+  std::string desc;
+  for (int a = 0; a < view.numAxes(); ++a)
+    desc += (desc.empty() ? "" : ", ") + view.axes()[a].name + "=" +
+            std::to_string(viewCoord[a]);
+  return {mesh.rankAt(position), desc};
+}
+
+/// Orders a dim's splits major to minor so nested chunking matches DTensor's
+/// left-to-right rule: a _StridedShard(sf) goes right after the later splits
+/// whose sizes multiply to sf. Empty when no such order exists.
+static std::optional<std::vector<int>>
+nestedOrder(const std::vector<DimSplit> &splits) {
+  std::vector<int> order; // indices into splits
+  for (int s = static_cast<int>(splits.size()) - 1; s >= 0; --s) {
+    int64_t product = 1;
+    size_t at = 0;
+    while (product < splits[s].splitFactor && at < order.size())
+      product *= splits[order[at++]].size;
+    if (product != splits[s].splitFactor)
+      return std::nullopt;
+    order.insert(order.begin() + at, s);
+  }
+  return order;
+}
+
+static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
+                                        const std::vector<DimSplit> &splits,
+                                        const std::vector<int> *order) {
+  int64_t combos = 1;
+  for (const DimSplit &s : splits)
+    combos *= s.size;
+  constexpr int64_t kMaxCombos = int64_t(1) << 22;
+  if (combos > kMaxCombos)
+    return makeError("dim " + std::to_string(dim) + " is split " +
+                     std::to_string(combos) +
+                     " ways by placements; too many to check exactly");
+  std::vector<int64_t> coords(splits.size(), 0);
+  for (int64_t combo = 0; combo < combos; ++combo) {
+    int64_t rest = combo;
+    for (int s = static_cast<int>(splits.size()) - 1; s >= 0; --s) {
+      coords[s] = rest % splits[s].size;
+      rest /= splits[s].size;
+    }
+    Intervals actual = dtensorIndices(n, splits, coords);
+    std::string dimDesc = "dim " + std::to_string(dim) + " (size " +
+                          std::to_string(n) + ")";
+    if (actual.size() > 1) {
+      auto [rank, desc] = witnessRank(view, splits, coords);
+      return makeError("placements give rank " + std::to_string(rank) + " (" +
+                       desc + ") the pieces " + formatIntervals(actual) +
+                       " of " + dimDesc +
+                       ", not one contiguous box; meshplan rejects such "
+                       "lists instead of reporting a wrong offset");
+    }
+    if (!order)
+      continue;
+    std::vector<int64_t> sizes, nestedCoords;
+    for (int s : *order) {
+      sizes.push_back(splits[s].size);
+      nestedCoords.push_back(coords[s]);
+    }
+    DimShard box = chunkNested(n, sizes, nestedCoords);
+    Intervals expected;
+    if (box.size > 0)
+      expected.push_back({box.offset, box.offset + box.size});
+    bool same = expected.size() == actual.size() &&
+                (expected.empty() || (expected[0].begin == actual[0].begin &&
+                                      expected[0].end == actual[0].end));
+    if (!same) {
+      auto [rank, desc] = witnessRank(view, splits, coords);
+      return makeError(
+          "placements give rank " + std::to_string(rank) + " (" + desc +
+          ") " + formatIntervals(actual) + " of " + dimDesc +
+          " by DTensor's _StridedShard rule, but nested chunking gives " +
+          formatIntervals(expected) +
+          "; for uneven sizes the two differ (pytorch#168134), so write the "
+          "layout directly");
+    }
+  }
+  if (!order)
+    return makeError("dim " + std::to_string(dim) +
+                     ": the split factors of the placement list do not "
+                     "correspond to any nesting of its mesh axes");
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Conversions
+//===----------------------------------------------------------------------===//
+
+Result<Layout> layoutFromPlacements(const View &view,
+                                    const std::vector<Placement> &placements,
+                                    const std::vector<int64_t> &shape) {
+  if (static_cast<int>(placements.size()) != view.numAxes())
+    return makeError(std::to_string(placements.size()) +
+                     " placements for a view with " +
+                     std::to_string(view.numAxes()) + " axes (" +
+                     view.axisNameList() + ")");
+  int rank = static_cast<int>(shape.size());
+  Layout layout;
+  layout.dims.resize(rank);
+  std::vector<std::vector<DimSplit>> splits(rank);
+  std::optional<ReduceOp> partialOp;
+  for (int a = 0; a < view.numAxes(); ++a) {
+    const Placement &p = placements[a];
+    const ViewAxis &axis = view.axes()[a];
+    std::string where = "placement " + std::to_string(a) + " (axis \"" +
+                        axis.name + "\")";
+    switch (p.kind) {
+    case Placement::Kind::Replicate:
+      break;
+    case Placement::Kind::Partial:
+      if (partialOp && *partialOp != p.op)
+        return makeError(where + ": Partial(" +
+                         std::string(reduceOpName(p.op)) +
+                         ") mixed with Partial(" +
+                         std::string(reduceOpName(*partialOp)) +
+                         "); one tensor has one pending reduce op");
+      partialOp = p.op;
+      layout.partial.insert(layout.partial.end(), axis.refs.begin(),
+                            axis.refs.end());
+      break;
+    case Placement::Kind::Shard:
+    case Placement::Kind::StridedShard: {
+      int d = p.dim < 0 ? p.dim + rank : p.dim;
+      if (d < 0 || d >= rank)
+        return makeError(where + ": dim " + std::to_string(p.dim) +
+                         " is out of range for a " + std::to_string(rank) +
+                         "-d tensor");
+      splits[d].push_back({a, axis.size(), p.splitFactor});
+      break;
+    }
+    }
+  }
+  if (partialOp)
+    layout.reduceOp = *partialOp;
+  for (int d = 0; d < rank; ++d) {
+    auto order = nestedOrder(splits[d]);
+    auto checked = checkAgainstDTensor(view, d, shape[d], splits[d],
+                                       order ? &*order : nullptr);
+    if (!checked)
+      return checked.error();
+    for (int s : *order) {
+      const AxisRefList &refs = view.axes()[splits[d][s].viewAxis].refs;
+      layout.dims[d].insert(layout.dims[d].end(), refs.begin(), refs.end());
+    }
+  }
+  auto ok = verifyLayout(view, layout);
+  if (!ok)
+    return ok.error();
+  return layout;
+}
+
+Result<std::vector<Placement>>
+placementsFromLayout(const View &view, const Layout &layout,
+                     const std::vector<int64_t> &shape) {
+  const Mesh &mesh = view.mesh();
+  if (layout.dims.size() != shape.size())
+    return makeError("layout has " + std::to_string(layout.dims.size()) +
+                     " dims but the tensor shape has " +
+                     std::to_string(shape.size()));
+  AxisRefList universe = view.refs();
+  AxisRefList used = layout.usedRefs();
+  universe.insert(universe.end(), used.begin(), used.end());
+  std::vector<AxisRefList> axisFactors;
+  for (const ViewAxis &axis : view.axes())
+    axisFactors.push_back(splitIntoFactors(mesh, axis.refs, universe));
+
+  // Matches a factor list against whole view axes, in order.
+  auto matchAxes = [&](const AxisRefList &refs,
+                       const std::string &what) -> Result<std::vector<int>> {
+    AxisRefList factors = splitIntoFactors(mesh, refs, universe);
+    std::vector<int> axes;
+    size_t at = 0;
+    while (at < factors.size()) {
+      int found = -1;
+      for (int a = 0; a < view.numAxes() && found < 0; ++a) {
+        const AxisRefList &af = axisFactors[a];
+        if (!af.empty() && at + af.size() <= factors.size() &&
+            std::equal(af.begin(), af.end(), factors.begin() + at))
+          found = a;
+      }
+      if (found < 0)
+        return makeError(what + " uses \"" + formatAxisRef(mesh, factors[at]) +
+                         "\", which is not a whole axis of the view (" +
+                         view.axisNameList() +
+                         "); DTensor places whole mesh dims only");
+      axes.push_back(found);
+      at += axisFactors[found].size();
+    }
+    return axes;
+  };
+
+  std::vector<Placement> placements(view.numAxes(), Placement::replicate());
+  for (size_t d = 0; d < layout.dims.size(); ++d) {
+    auto axes = matchAxes(layout.dims[d], "dim " + std::to_string(d));
+    if (!axes)
+      return axes.error();
+    for (size_t q = 0; q < axes->size(); ++q) {
+      int a = (*axes)[q];
+      int64_t sf = 1;
+      for (size_t earlier = 0; earlier < q; ++earlier)
+        if ((*axes)[earlier] > a)
+          sf *= view.axes()[(*axes)[earlier]].size();
+      placements[a] = sf == 1 ? Placement::shard(static_cast<int>(d))
+                              : Placement::strided(static_cast<int>(d), sf);
+    }
+  }
+  auto partialAxes = matchAxes(layout.partial, "partial");
+  if (!partialAxes)
+    return partialAxes.error();
+  for (int a : *partialAxes)
+    placements[a] = Placement::partial(layout.reduceOp);
+
+  // DTensor's rule must reproduce the layout's boxes for this shape.
+  auto back = layoutFromPlacements(view, placements, shape);
+  if (!back)
+    return makeError("DTensor cannot express layout " +
+                     formatLayout(mesh, layout) + " for shape [" +
+                     joinInts(shape) + "]: " + back.error().message);
+  return placements;
+}
+
+} // namespace meshplan
