@@ -322,7 +322,7 @@ private:
       step.bytesPerRank = (g - 1) * product(out) * elementBytes;
       break;
     case StepKind::AllReduce:
-      step.bytesPerRank = 2 * (g - 1) * product(in) / g * elementBytes;
+      step.bytesPerRank = 2 * (g - 1) * product(in) * elementBytes / g;
       break;
     case StepKind::AllToAll: {
       std::vector<int64_t> piece = in;

@@ -1,1 +1,109 @@
-int main(){}
+//===- main.cpp - The meshplan command-line tool --------------------------===//
+//
+// Subcommands: mesh, layout, redistribute. Every user error prints one line
+// "meshplan: error: <flag>: <what is wrong>" on stderr, exits with code 2 and
+// prints nothing on stdout.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+using namespace meshplan::cli;
+
+static void addMeshFlags(CLI::App *cmd, MeshFlags &flags) {
+  cmd->add_option("--mesh", flags.mesh,
+                  "Mesh axes, major to minor: name=size,... (e.g. dp=2,tp=4)")
+      ->required();
+  cmd->add_option("--order", flags.order,
+                  "Device order: the rank at each row-major position "
+                  "(default 0,1,2,...)");
+  cmd->add_option("--managed", flags.managed,
+                  "Comma-separated axes whose live membership is supplied at "
+                  "run time (fault-tolerant replicas)");
+  cmd->add_option("--live", flags.live,
+                  "Live members of a managed axis: axis=c0,c1,... (repeat "
+                  "per axis)");
+  cmd->add_option("--view", flags.view,
+                  "View expression: slice(a,b), flatten(a,b as name), "
+                  "unflatten(name as a:2,b:4), chained with '.'");
+}
+
+int main(int argc, char **argv) {
+  CLI::App app{"meshplan: declarative parallelism planner (mesh and layout "
+               "algebra)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "meshplan 0.1.0");
+
+  MeshOptions meshOptions;
+  CLI::App *meshCmd =
+      app.add_subcommand("mesh", "Show a mesh view: coordinates, groups, "
+                                 "communicator split keys");
+  addMeshFlags(meshCmd, meshOptions.mesh);
+  meshCmd->add_option("--rank", meshOptions.rank, "Show only this rank");
+  meshCmd->add_flag("--json", meshOptions.json, "Print JSON");
+
+  LayoutOptions layoutOptions;
+  CLI::App *layoutCmd = app.add_subcommand(
+      "layout", "Show every rank's shard of a tensor under a layout");
+  addMeshFlags(layoutCmd, layoutOptions.mesh);
+  layoutCmd->add_option("--shape", layoutOptions.shape,
+                        "Global tensor shape (e.g. 15,5)")
+      ->required();
+  layoutCmd->add_option("--placements", layoutOptions.placements,
+                        "DTensor placements, one per view axis: "
+                        "SS(0,2),S(0) or _StridedShard(dim=0, sf=2), ...");
+  layoutCmd->add_option("--layout", layoutOptions.layout,
+                        "meshplan layout: [{tp,dp},{}] partial(sum)={x}");
+  layoutCmd->add_option("--rank", layoutOptions.rank, "Show only this rank");
+  layoutCmd->add_flag("--json", layoutOptions.json, "Print JSON");
+
+  RedistributeOptions redistOptions;
+  CLI::App *redistCmd = app.add_subcommand(
+      "redistribute", "Plan the collectives from one layout to another");
+  addMeshFlags(redistCmd, redistOptions.mesh);
+  redistCmd->add_option("--shape", redistOptions.shape, "Global tensor shape")
+      ->required();
+  redistCmd->add_option("--from", redistOptions.from,
+                        "Source placements or layout")
+      ->required();
+  redistCmd->add_option("--to", redistOptions.to, "Target placements or layout")
+      ->required();
+  redistCmd->add_option("--dtype", redistOptions.dtype,
+                        "Element type for byte counts (default fp32)");
+  redistCmd->add_flag("--json", redistOptions.json, "Print JSON");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success &e) {
+    return app.exit(e); // --help, --version
+  } catch (const CLI::ParseError &e) {
+    std::cerr << "meshplan: error: " << e.what();
+    if (app.get_subcommands().empty())
+      std::cerr << " (subcommands: mesh, layout, redistribute; see "
+                   "'meshplan --help')";
+    std::cerr << "\n";
+    return 2;
+  }
+
+  try {
+    std::string output;
+    if (meshCmd->parsed())
+      output = runMeshCommand(meshOptions);
+    else if (layoutCmd->parsed())
+      output = runLayoutCommand(layoutOptions);
+    else
+      output = runRedistributeCommand(redistOptions);
+    std::cout << output;
+    return 0;
+  } catch (const CliError &e) {
+    std::cerr << "meshplan: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception &e) {
+    std::cerr << "meshplan: internal error: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,24 @@
+# lit configuration for meshplan's FileCheck suites.
+import os
+
+import lit.formats
+
+config.name = "meshplan"
+# Bash, so RUN lines can use pipes and redirections plainly.
+config.test_format = lit.formats.ShTest(execute_external=True)
+config.suffixes = [".test", ".mlir"]
+config.excludes = ["Inputs", "Utils", "CMakeLists.txt", "lit.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.meshplan_obj_root, "test")
+
+config.environment["PATH"] = os.pathsep.join(
+    [config.meshplan_tools_dir, config.llvm_tools_dir, config.environment.get("PATH", "")]
+)
+# Variables must be scoped to their CHECK-LABEL block (as in Shardy's suite).
+config.environment["FILECHECK_OPTS"] = "-enable-var-scope"
+
+utils = os.path.join(config.test_source_root, "Utils")
+config.substitutions.append(("%meshplan", os.path.join(config.meshplan_tools_dir, "meshplan")))
+# %expect-error CMD: CMD must exit with code 2 and print nothing on stdout;
+# its stderr is passed through for FileCheck.
+config.substitutions.append(("%expect-error", "bash " + os.path.join(utils, "expect-error.sh")))

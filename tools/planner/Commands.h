@@ -1,0 +1,46 @@
+//===- Commands.h - The meshplan CLI's subcommands ------------------------===//
+//
+// Each command computes everything with core and returns the full text it
+// would print; main() prints it only when the command succeeded, so a bad
+// input never leaves partial output on stdout.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_TOOLS_PLANNER_COMMANDS_H
+#define MESHPLAN_TOOLS_PLANNER_COMMANDS_H
+
+#include "MeshSetup.h"
+
+#include <optional>
+#include <string>
+
+namespace meshplan::cli {
+
+struct MeshOptions {
+  MeshFlags mesh;
+  std::optional<int64_t> rank;
+  bool json = false;
+};
+std::string runMeshCommand(const MeshOptions &options);
+
+struct LayoutOptions {
+  MeshFlags mesh;
+  std::string shape;
+  std::string placements;
+  std::string layout;
+  std::optional<int64_t> rank;
+  bool json = false;
+};
+std::string runLayoutCommand(const LayoutOptions &options);
+
+struct RedistributeOptions {
+  MeshFlags mesh;
+  std::string shape;
+  std::string from, to;
+  std::string dtype = "fp32";
+  bool json = false;
+};
+std::string runRedistributeCommand(const RedistributeOptions &options);
+
+} // namespace meshplan::cli
+
+#endif // MESHPLAN_TOOLS_PLANNER_COMMANDS_H
