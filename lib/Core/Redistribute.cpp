@@ -26,6 +26,8 @@ std::string_view stepKindName(StepKind kind) {
     return "all_to_all";
   case StepKind::LocalSlice:
     return "local_slice";
+  case StepKind::Permute:
+    return "permute";
   case StepKind::MarkPartial:
     return "mark_partial";
   }
@@ -99,7 +101,7 @@ public:
 
     for (int guard = 0; guard < 1000 && !done(keep); ++guard) {
       if (reduceScatter(keep) || allToAll() || localSlice() ||
-          allReduceUnneeded(keep))
+          allReduceUnneeded(keep) || permute())
         continue;
       gatherOne();
     }
@@ -227,6 +229,30 @@ private:
     return false;
   }
 
+  /// A dim whose off-target suffix holds the same factors as the target's,
+  /// on a dim that splits evenly at every level: every box keeps its size
+  /// and only moves between ranks.
+  bool permute() {
+    for (size_t d = 0; d < cur.dims.size(); ++d) {
+      size_t keepLen = commonPrefix(cur.dims[d], target.dims[d]);
+      if (keepLen == cur.dims[d].size() ||
+          cur.dims[d].size() != target.dims[d].size())
+        continue;
+      AxisRefList from(cur.dims[d].begin() + keepLen, cur.dims[d].end());
+      AxisRefList to(target.dims[d].begin() + keepLen, target.dims[d].end());
+      if (!std::is_permutation(from.begin(), from.end(), to.begin()))
+        continue;
+      if (shape[d] % refsSize(cur.dims[d]) != 0)
+        continue; // uneven boxes differ in size: gather and slice instead
+      Layout before = cur;
+      cur.dims[d] = target.dims[d];
+      emit(StepKind::Permute, from, static_cast<int>(d), -1, before);
+      plan.steps.back().dstAxes = canonicalizeRefs(mesh, to);
+      return true;
+    }
+    return false;
+  }
+
   /// Reduces, in one all_reduce, every pending factor that the target
   /// neither keeps partial nor scatters into a dim.
   bool allReduceUnneeded(const AxisRefList &keep) {
@@ -330,6 +356,9 @@ private:
       step.bytesPerRank = (g - 1) * product(piece) * elementBytes;
       break;
     }
+    case StepKind::Permute:
+      step.bytesPerRank = product(in) * elementBytes;
+      break;
     case StepKind::LocalSlice:
     case StepKind::MarkPartial:
       step.bytesPerRank = 0;
@@ -348,6 +377,36 @@ private:
 };
 
 } // namespace
+
+/// Sets the digits of `refs` in a position to the mixed-radix digits of
+/// `index` (first ref most significant).
+static int64_t withGroupIndex(const Mesh &mesh, const AxisRefList &refs,
+                              int64_t position, int64_t index) {
+  for (auto it = refs.rbegin(); it != refs.rend(); ++it) {
+    int64_t digit = index % it->size;
+    index /= it->size;
+    position += (digit - it->coordinateAt(mesh, position)) *
+                it->positionStep(mesh);
+  }
+  return position;
+}
+
+Result<PermutePeers> permutePeers(const Mesh &mesh,
+                                  const RedistributeStep &step, int64_t rank) {
+  if (step.kind != StepKind::Permute)
+    return makeError("permutePeers: step is " +
+                     std::string(stepKindName(step.kind)) + ", not permute");
+  auto position = mesh.positionOf(rank);
+  if (!position)
+    return position.error();
+  // This rank holds box `mine` among the group's boxes (source order); the
+  // rank that holds that box afterwards has it as its target-order index.
+  int64_t mine = *groupIndexOf(mesh, step.axes, rank);
+  int64_t wanted = *groupIndexOf(mesh, step.dstAxes, rank);
+  return PermutePeers{
+      mesh.rankAt(withGroupIndex(mesh, step.dstAxes, *position, mine)),
+      mesh.rankAt(withGroupIndex(mesh, step.axes, *position, wanted))};
+}
 
 Result<RedistributePlan> planRedistribute(const View &view, const Layout &from,
                                           const Layout &to,

@@ -243,6 +243,12 @@ std::string runRedistributeCommand(const RedistributeOptions &options) {
                    {"axes", axes},
                    {"partition", partitionKeyOf(mesh, s.axes)},
                    {"group_size", s.groupSize}};
+      if (s.kind == StepKind::Permute) {
+        Json dst = Json::array();
+        for (const AxisRef &ref : s.dstAxes)
+          dst.push_back(formatAxisRef(mesh, ref));
+        step["dst_axes"] = dst;
+      }
       if (s.dim >= 0)
         step["dim"] = s.dim;
       if (s.dstDim >= 0)
@@ -278,6 +284,8 @@ std::string runRedistributeCommand(const RedistributeOptions &options) {
         s.kind == StepKind::MarkPartial)
       os << "(" << reduceOpName(s.op) << ")";
     os << " over " << partitionKeyOf(mesh, s.axes);
+    if (s.kind == StepKind::Permute)
+      os << " -> " << partitionKeyOf(mesh, s.dstAxes);
     if (s.kind == StepKind::AllToAll)
       os << " dim " << s.dim << " -> dim " << s.dstDim;
     else if (s.dim >= 0)

@@ -7,6 +7,8 @@
 //   all_reduce      reduce partial refs, result replicated
 //   all_to_all      move the minor-most refs of one dim to the end of another
 //   local_slice     append replicated refs to a dim (keep one's own chunk)
+//   permute         reorder the minor-most refs of a dim when every box keeps
+//                   its size: each rank sends its shard to one peer
 //   mark_partial    declare replicated refs partial (local; no data moves)
 // Each step records the layouts before and after it, so a runtime (or a test
 // simulator) can execute it from core's shard arithmetic alone.
@@ -14,8 +16,8 @@
 // Planning works on the finest common factors of both layouts, so sub-axes
 // and flattened axes need no special cases. Common transitions take one
 // collective: Shard<->Replicate, Partial->Replicate/Shard, Shard(i)->Shard(j),
-// and axis reorders such as {dp,tp}->{tp,dp} (one gather over both, then a
-// local slice).
+// and axis reorders such as {dp,tp}->{tp,dp} (one permute when the dim
+// splits evenly, else one gather over both and a local slice).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_CORE_REDISTRIBUTE_H
@@ -35,6 +37,7 @@ enum class StepKind {
   AllReduce,
   AllToAll,
   LocalSlice,
+  Permute,
   MarkPartial
 };
 std::string_view stepKindName(StepKind kind);
@@ -42,6 +45,8 @@ std::string_view stepKindName(StepKind kind);
 struct RedistributeStep {
   StepKind kind = StepKind::AllGather;
   AxisRefList axes; ///< the group: ranks varying along these refs, in order
+  /// permute: the same refs in the order the dim is split by afterwards.
+  AxisRefList dstAxes;
   int dim = -1;     ///< dim gathered / sliced / scattered; a2a: source dim
   int dstDim = -1;  ///< a2a: the dim that becomes split
   ReduceOp op = ReduceOp::Sum;
@@ -55,6 +60,15 @@ struct RedistributeStep {
     return kind != StepKind::LocalSlice && kind != StepKind::MarkPartial;
   }
 };
+
+/// For a permute step: the rank this rank sends its shard to, and the rank it
+/// receives its new shard from. O(number of refs).
+struct PermutePeers {
+  int64_t sendTo = 0;
+  int64_t recvFrom = 0;
+};
+Result<PermutePeers> permutePeers(const Mesh &mesh,
+                                  const RedistributeStep &step, int64_t rank);
 
 struct RedistributePlan {
   std::vector<RedistributeStep> steps;

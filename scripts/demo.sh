@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The README's main job: a walk-through of the failures that motivate
+# meshplan (see docs/architecture.md), each run through the `meshplan` CLI.
+set -euo pipefail
+MESHPLAN=${1:-build/bin/meshplan}
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+run() {
+  printf '$ meshplan'
+  printf " '%s'" "$@" | sed "s/ '\(--[a-z]*\)'/ \1/g"
+  printf '\n'
+  "$MESHPLAN" "$@"
+}
+# A command that must be refused: show the message and check exit code 2.
+refused() {
+  printf '$ meshplan'
+  printf " '%s'" "$@" | sed "s/ '\(--[a-z]*\)'/ \1/g"
+  printf '\n'
+  set +e
+  "$MESHPLAN" "$@"
+  local code=$?
+  set -e
+  if [ "$code" -ne 2 ]; then
+    echo "demo: expected exit code 2, got $code" >&2
+    exit 1
+  fi
+  echo "(refused with exit code 2, as it should be)"
+}
+
+step "1. A submesh of a submesh (torch: 'Cannot create a submesh from a submesh')"
+echo "FSDP + float8 on a 3-D mesh (ddp, fsdp, abcd) = (2, 2, 2) needs the fsdp"
+echo "groups of the (ddp, fsdp) submesh: the amax all-reduce runs over them."
+run mesh --mesh ddp=2,fsdp=2,abcd=2 --view 'slice(ddp,fsdp).slice(fsdp)'
+
+step "2. Flattening a fault-tolerant (managed) mesh (torchtitan: 'list.remove(x): x not in list')"
+echo "dp_replicate is managed: its live replicas are known only at run time."
+run mesh --mesh dp_replicate=3,dp_shard=2,tp=2 --managed dp_replicate \
+  --view 'slice(dp_replicate,dp_shard).flatten(dp_replicate,dp_shard as dp)'
+echo
+echo "Replica 1 has failed; the live members (0, 2) resolve the groups:"
+run mesh --mesh dp_replicate=3,dp_shard=2,tp=2 --managed dp_replicate \
+  --live dp_replicate=0,2 --view 'flatten(dp_replicate,dp_shard as dp)'
+
+step "3. FSDP2 + TP offsets ('2D state_dict is under development')"
+echo "TP shards rows over tp, then FSDP2 chunks each TP shard over dp; DTensor"
+echo "labels it [_StridedShard(0, sf=2), Shard(0)]. Uneven: 15 rows on (dp=4, tp=2)."
+run layout --mesh dp=4,tp=2 --shape 15,5 \
+  --placements '_StridedShard(dim=0, sf=2), Shard(dim=0)'
+echo
+echo "A placement list that gives a rank two pieces is refused, not mis-reported:"
+refused layout --mesh dp=3,tp=2 --shape 12 --placements 'Shard(0), _StridedShard(0, 2)'
+
+step "4. Redistribution planned from the layouts"
+echo "Unshard the FSDP dim of an FSDP x TP weight for the forward pass (bf16):"
+run redistribute --mesh dp=4,tp=2 --shape 4096,1024 \
+  --from 'SS(0,2),S(0)' --to 'R,S(0)' --dtype bf16
+echo
+echo "Reduce-scatter a gradient that is partial over dp into the FSDP x TP layout:"
+run redistribute --mesh dp=4,tp=2 --shape 4096,1024 \
+  --from '[{tp},{}] partial(sum)={dp}' --to '[{tp,dp},{}]'
+echo
+echo "Axis reorder {dp,tp} -> {tp,dp}: one collective:"
+run redistribute --mesh dp=4,tp=2 --shape 4096,1024 \
+  --from '[{dp,tp},{}]' --to '[{tp,dp},{}]'
+
+step "demo finished: every motivating case above ran through core"
