@@ -45,7 +45,8 @@ struct NDArray {
   Ints data;
 
   NDArray() = default;
-  NDArray(Ints shape, Ints data) : shape(std::move(shape)), data(std::move(data)) {
+  NDArray(Ints shape, Ints data)
+      : shape(std::move(shape)), data(std::move(data)) {
     assert(prod(this->shape) == static_cast<int64_t>(this->data.size()));
   }
   static NDArray arange(const Ints &shape) {
