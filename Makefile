@@ -1,11 +1,12 @@
-# Thin wrappers around scripts/setup.sh + CMake presets. The two commands the
-# README documents are `make demo` and `make test`.
+# Thin wrappers around scripts/setup.sh + CMake presets. The README's two
+# commands are `./scripts/setup.sh && make demo` and `./scripts/setup.sh && make test`.
 .PHONY: setup build demo test bench format clean
 
 setup:
 	./scripts/setup.sh
 
-build: setup
+build:
+	./scripts/setup.sh
 	cmake --preset default
 	cmake --build --preset default
 

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PACKAGES=(
-  cmake ninja-build pkg-config lld
+  g++ make cmake ninja-build pkg-config lld
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   nlohmann-json3-dev libcli11-dev libgloo-dev libopenblas-dev
   libgtest-dev libbenchmark-dev python3-psutil
