@@ -39,6 +39,18 @@ const std::vector<int64_t> *LiveMembers::find(int axis) const {
   return it == live.end() ? nullptr : &it->second;
 }
 
+Result<void> LiveMembers::checkLive(const Mesh &mesh, int64_t position) const {
+  for (const auto &[axis, coords] : live) {
+    int64_t c = mesh.coordinateAt(position, axis);
+    if (!std::binary_search(coords.begin(), coords.end(), c))
+      return makeError("rank " + std::to_string(mesh.rankAt(position)) +
+                       " is not live: coordinate " + std::to_string(c) +
+                       " of managed axis \"" + mesh.axis(axis).name +
+                       "\" is not among its live members");
+  }
+  return {};
+}
+
 //===----------------------------------------------------------------------===//
 // Group arithmetic
 //===----------------------------------------------------------------------===//
@@ -60,18 +72,18 @@ static int64_t groupBase(const Mesh &mesh, const AxisRefList &refs,
 }
 
 static Result<int64_t> groupIndexAt(const Mesh &mesh, const AxisRefList &refs,
-                                    int64_t position, int64_t rank,
+                                    int64_t position,
                                     const LiveMembers *live) {
+  if (live) {
+    auto alive = live->checkLive(mesh, position);
+    if (!alive)
+      return alive.error();
+  }
   int64_t index = 0;
   for (const AxisRef &ref : refs) {
     int64_t digit = ref.coordinateAt(mesh, position);
     if (const auto *digits = liveDigits(ref, live)) {
       auto it = std::lower_bound(digits->begin(), digits->end(), digit);
-      if (it == digits->end() || *it != digit)
-        return makeError("rank " + std::to_string(rank) +
-                         " is not live: coordinate " + std::to_string(digit) +
-                         " of managed axis \"" + mesh.axis(ref.axis).name +
-                         "\" is not among its live members");
       index = index * static_cast<int64_t>(digits->size()) +
               (it - digits->begin());
     } else {
@@ -86,7 +98,7 @@ Result<int64_t> groupIndexOf(const Mesh &mesh, const AxisRefList &refs,
   auto position = mesh.positionOf(rank);
   if (!position)
     return position.error();
-  return groupIndexAt(mesh, refs, *position, rank, live);
+  return groupIndexAt(mesh, refs, *position, live);
 }
 
 static std::vector<int64_t> groupAtBase(const Mesh &mesh,
@@ -115,7 +127,7 @@ Result<std::vector<int64_t>> groupOf(const Mesh &mesh, const AxisRefList &refs,
   if (!position)
     return position.error();
   // A dead rank belongs to no group.
-  auto index = groupIndexAt(mesh, refs, *position, rank, live);
+  auto index = groupIndexAt(mesh, refs, *position, live);
   if (!index)
     return index.error();
   return groupAtBase(mesh, refs, groupBase(mesh, refs, *position), live);
@@ -137,7 +149,7 @@ Result<SplitKey> splitKeyOf(const Mesh &mesh, const AxisRefList &refs,
   auto position = mesh.positionOf(rank);
   if (!position)
     return position.error();
-  auto index = groupIndexAt(mesh, refs, *position, rank, live);
+  auto index = groupIndexAt(mesh, refs, *position, live);
   if (!index)
     return index.error();
   // The first position of the group is unique per group and the same for all
@@ -153,9 +165,17 @@ std::vector<std::vector<int64_t>> listGroupsOf(const Mesh &mesh,
                                                const AxisRefList &refs,
                                                const LiveMembers *live) {
   std::vector<std::vector<int64_t>> groups;
-  for (int64_t position = 0; position < mesh.size(); ++position)
-    if (groupBase(mesh, refs, position) == position)
-      groups.push_back(groupAtBase(mesh, refs, position, live));
+  for (int64_t position = 0; position < mesh.size(); ++position) {
+    if (groupBase(mesh, refs, position) != position)
+      continue;
+    std::vector<int64_t> group = groupAtBase(mesh, refs, position, live);
+    // The base may be dead on an axis inside the group; its first member
+    // tells whether the coordinates outside the group are live.
+    auto first = mesh.positionOf(group.front());
+    if (live && !live->checkLive(mesh, *first))
+      continue;
+    groups.push_back(std::move(group));
+  }
   return groups;
 }
 
@@ -439,9 +459,8 @@ static Result<std::vector<StepText>> splitSteps(std::string_view expr) {
   std::vector<StepText> steps;
   size_t pos = 0;
   for (std::string_view raw : splitTopLevel(expr, '.')) {
-    size_t column = pos + 1 + (raw.size() - raw.find_first_not_of(" \t") > 0
-                                   ? raw.find_first_not_of(" \t")
-                                   : 0);
+    size_t leading = std::min(raw.find_first_not_of(" \t"), raw.size());
+    size_t column = pos + 1 + leading;
     pos += raw.size() + 1;
     std::string_view step = trim(raw);
     std::string where = "column " + std::to_string(column);

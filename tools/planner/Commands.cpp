@@ -97,6 +97,12 @@ std::string runMeshCommand(const MeshOptions &options) {
       rankList.push_back(entry);
     }
     out["ranks"] = rankList;
+    if (options.listGroups) {
+      Json all = Json::object();
+      for (int a = 0; a < view.numAxes(); ++a)
+        all[view.axes()[a].name] = listGroupsOf(mesh, view.refsOf({a}), live);
+      out["all_groups"] = all;
+    }
     return out.dump() + "\n";
   }
 
@@ -112,6 +118,12 @@ std::string runMeshCommand(const MeshOptions &options) {
     if (touchesManaged(mesh, axis.refs))
       os << ", managed (membership supplied at run time)";
     os << "\n";
+    if (options.listGroups) {
+      os << "    groups:";
+      for (const auto &group : listGroupsOf(mesh, axis.refs, live))
+        os << " " << ints(group);
+      os << "\n";
+    }
   }
   os << "rank  coordinate";
   for (const ViewAxis &axis : view.axes())

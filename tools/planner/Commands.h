@@ -18,6 +18,7 @@ namespace meshplan::cli {
 struct MeshOptions {
   MeshFlags mesh;
   std::optional<int64_t> rank;
+  bool listGroups = false;
   bool json = false;
 };
 std::string runMeshCommand(const MeshOptions &options);

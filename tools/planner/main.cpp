@@ -44,6 +44,8 @@ int main(int argc, char **argv) {
                                  "communicator split keys");
   addMeshFlags(meshCmd, meshOptions.mesh);
   meshCmd->add_option("--rank", meshOptions.rank, "Show only this rank");
+  meshCmd->add_flag("--groups", meshOptions.listGroups,
+                    "Also list every group of every view axis");
   meshCmd->add_flag("--json", meshOptions.json, "Print JSON");
 
   LayoutOptions layoutOptions;

@@ -48,6 +48,8 @@ public:
   Result<void> set(const Mesh &mesh, int axis, std::vector<int64_t> coords);
   const std::vector<int64_t> *find(int axis) const;
   bool empty() const { return live.empty(); }
+  /// Error naming the first dead coordinate of a mesh position, if any.
+  Result<void> checkLive(const Mesh &mesh, int64_t position) const;
 
 private:
   std::map<int, std::vector<int64_t>> live; // sorted coordinates
@@ -69,7 +71,8 @@ struct SplitKey {
 Result<int64_t> groupIndexOf(const Mesh &mesh, const AxisRefList &refs,
                              int64_t rank, const LiveMembers *live = nullptr);
 /// Ordered ranks of the group over `refs` that contains `rank`. With live
-/// members, dead coordinates of managed axes are skipped.
+/// members, dead coordinates of managed axes are skipped, and a dead rank
+/// (one whose coordinate on some managed axis is not live) has no group.
 Result<std::vector<int64_t>> groupOf(const Mesh &mesh, const AxisRefList &refs,
                                      int64_t rank,
                                      const LiveMembers *live = nullptr);
@@ -82,8 +85,8 @@ Result<SplitKey> splitKeyOf(const Mesh &mesh, const AxisRefList &refs,
 /// A string naming the partition of the mesh into ordered groups over `refs`;
 /// equal for any two expressions of the same partition.
 std::string partitionKeyOf(const Mesh &mesh, const AxisRefList &refs);
-/// Every group over `refs`, ordered by color. Enumerates the world: only for
-/// listings.
+/// Every group over `refs` with live members, ordered by color. Enumerates
+/// the world: only for listings.
 std::vector<std::vector<int64_t>> listGroupsOf(const Mesh &mesh,
                                                const AxisRefList &refs,
                                                const LiveMembers *live = nullptr);
