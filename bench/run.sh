@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the benchmark programs of an already-built tree and prints their
+# summaries. Builds nothing: `make bench` (or
+# `cmake --build build --target bench-core-queries`) builds first.
+#
+#   bench/run.sh [BUILD_DIR] [extra Google Benchmark flags...]
+#
+# BUILD_DIR defaults to "build". Extra flags go to every program, e.g.
+#   bench/run.sh build --benchmark_repetitions=9 --benchmark_min_time=0.2
+# Exit status is non-zero when a program reports FAIL (a query whose time per
+# query grows with the world size by more than 2x).
+set -euo pipefail
+
+build_dir=${1:-build}
+shift || true
+
+status=0
+for name in bench-core-queries; do
+  program="$build_dir/bin/$name"
+  if [[ ! -x "$program" ]]; then
+    echo "run.sh: $program not found; build it first:" >&2
+    echo "  cmake --build $build_dir -j2 --target $name" >&2
+    exit 2
+  fi
+  echo "== $program $*"
+  "$program" "$@" || status=$?
+done
+exit "$status"
