@@ -67,10 +67,19 @@ Result<Mesh> Mesh::create(std::vector<MeshAxis> axes,
     bool identity = true;
     for (size_t i = 0; i < deviceOrder->size() && identity; ++i)
       identity = (*deviceOrder)[i] == static_cast<int64_t>(i);
-    if (identity)
+    if (identity) {
       mesh.positionOfRank.clear();
-    else
+    } else {
+      int64_t maxRank =
+          *std::max_element(deviceOrder->begin(), deviceOrder->end());
+      if (maxRank < 4 * product) {
+        mesh.positionOfRankDense.assign(maxRank + 1, -1);
+        for (const auto &[rank, position] : mesh.positionOfRank)
+          mesh.positionOfRankDense[rank] = position;
+        mesh.positionOfRank.clear();
+      }
       mesh.deviceOrder = std::move(*deviceOrder);
+    }
   }
   return mesh;
 }
@@ -89,11 +98,7 @@ std::string Mesh::axisNameList() const {
   return out;
 }
 
-bool Mesh::contains(int64_t rank) const {
-  if (deviceOrder.empty())
-    return rank >= 0 && rank < numDevices;
-  return positionOfRank.count(rank) != 0;
-}
+bool Mesh::contains(int64_t rank) const { return positionOf(rank).ok(); }
 
 Result<int64_t> Mesh::positionOf(int64_t rank) const {
   if (deviceOrder.empty()) {
@@ -102,6 +107,13 @@ Result<int64_t> Mesh::positionOf(int64_t rank) const {
                        " is not in the mesh (ranks 0.." +
                        std::to_string(numDevices - 1) + ")");
     return rank;
+  }
+  if (!positionOfRankDense.empty()) {
+    if (rank >= 0 && rank < static_cast<int64_t>(positionOfRankDense.size()) &&
+        positionOfRankDense[rank] >= 0)
+      return positionOfRankDense[rank];
+    return makeError("rank " + std::to_string(rank) +
+                     " is not in the mesh's device order");
   }
   auto it = positionOfRank.find(rank);
   if (it == positionOfRank.end())

@@ -83,6 +83,10 @@ private:
   std::vector<MeshAxis> axes;
   std::vector<int64_t> strides;
   std::vector<int64_t> deviceOrder;
+  // Inverse of deviceOrder: a dense array when rank ids are compact (the
+  // usual permutation of 0..N-1: one cache line per lookup), a hash map for
+  // sparse ids.
+  std::vector<int64_t> positionOfRankDense;
   std::unordered_map<int64_t, int64_t> positionOfRank;
   int64_t numDevices = 1;
 };
