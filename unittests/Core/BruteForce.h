@@ -223,6 +223,24 @@ inline std::vector<std::vector<int>> orderedSubsets(int n) {
   return out;
 }
 
+/// One sharding placement applied to one tensor dim, in DTensor's left to
+/// right order: splitFactor 1 is Shard(d), > 1 is _StridedShard(d, sf); the
+/// mesh dim has `k` members and the rank sits at coordinate `c`.
+struct DimPlacement {
+  int64_t splitFactor;
+  int64_t k;
+  int64_t c;
+};
+
+/// DTensor's index list of one dim of size n for one rank.
+inline Ints dtensorRule(int64_t n, const std::vector<DimPlacement> &splits) {
+  Ints list = iota(n);
+  for (const DimPlacement &p : splits)
+    list = p.splitFactor == 1 ? torchChunk(list, p.k)[p.c]
+                              : stridedChunk(list, p.splitFactor, p.k, p.c);
+  return list;
+}
+
 } // namespace bf
 
 #endif // MESHPLAN_UNITTESTS_CORE_BRUTEFORCE_H

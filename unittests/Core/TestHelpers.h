@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,60 @@ template <typename T> std::string errorOf(const meshplan::Result<T> &r) {
   return r.ok() ? std::string("(ok)") : r.error().message;
 }
 
+/// Counts the failures of one sweep and reports only the first few in full,
+/// so one bug does not flood the log with thousands of near-identical lines.
+class FailureLog {
+public:
+  explicit FailureLog(std::string what, int64_t limit = 6)
+      : what(std::move(what)), limit(limit) {}
+  ~FailureLog() {
+    if (failures > limit)
+      ADD_FAILURE() << what << ": " << failures << " failed checks of "
+                    << checks << " (first " << limit << " shown)";
+  }
+  bool pass(bool ok) {
+    ++checks;
+    if (!ok)
+      ++failures;
+    return ok;
+  }
+  bool shouldReport() const { return failures <= limit; }
+  int64_t numFailures() const { return failures; }
+  int64_t numChecks() const { return checks; }
+
+private:
+  std::string what;
+  int64_t limit;
+  int64_t checks = 0, failures = 0;
+};
+
+class FailureMessage {
+public:
+  FailureMessage(FailureLog &log, const char *file, int line)
+      : log(log), file(file), line(line) {}
+  ~FailureMessage() {
+    if (log.shouldReport())
+      ADD_FAILURE_AT(file, line) << os.str();
+  }
+  template <typename T> FailureMessage &operator<<(const T &value) {
+    os << value;
+    return *this;
+  }
+
+private:
+  FailureLog &log;
+  const char *file;
+  int line;
+  std::ostringstream os;
+};
+
 } // namespace testutil
+
+/// Like EXPECT_TRUE, counted in `log`; the streamed message is built only on
+/// failure.
+#define SWEEP_EXPECT(log, cond)                                                \
+  if ((log).pass(static_cast<bool>(cond))) {                                   \
+  } else                                                                       \
+    ::testutil::FailureMessage((log), __FILE__, __LINE__)
 
 #endif // MESHPLAN_UNITTESTS_CORE_TESTHELPERS_H
