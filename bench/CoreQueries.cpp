@@ -70,7 +70,8 @@ enum class Query {
   GroupTp,
   LocalRank,
   Shard,
-  ShardSliceOfSlice
+  ShardSliceOfSlice,
+  SplitPermuted
 };
 const std::vector<std::pair<Query, std::string>> kQueries = {
     {Query::Coordinate, "coordinate"},
@@ -79,6 +80,7 @@ const std::vector<std::pair<Query, std::string>> kQueries = {
     {Query::LocalRank, "local_rank_dp_fsdp"},
     {Query::Shard, "shard_fsdp_tp"},
     {Query::ShardSliceOfSlice, "shard_slice_of_slice"},
+    {Query::SplitPermuted, "split_dp_all_device_order"},
 };
 
 template <typename T> T orDie(Result<T> result, const std::string &what) {
@@ -103,6 +105,10 @@ struct Setup {
   Layout layout;       ///< kWeightLayout on `root`
   Layout slicedLayout; ///< kWeightLayout on `sliced`
   std::vector<int64_t> ranks;
+  /// The same mesh with a shuffled explicit device order, and its dp_all
+  /// refs: rank -> position goes through the inverse order.
+  std::shared_ptr<const Mesh> permutedMesh;
+  AxisRefList permutedDpAllRefs;
 };
 
 uint64_t splitmix64(uint64_t &state) {
@@ -143,9 +149,20 @@ std::unique_ptr<Setup> makeSetup(const MeshShape &shape) {
   for (int64_t &rank : ranks)
     rank = static_cast<int64_t>(splitmix64(seed) %
                                 static_cast<uint64_t>(shape.world()));
-  return std::unique_ptr<Setup>(
-      new Setup{shape.world(), mesh, root, flat, sliced, dpAllAxis, dpFsdpAxes,
-                tpRefs, layout, slicedLayout, std::move(ranks)});
+  std::vector<int64_t> order(shape.world());
+  for (int64_t i = 0; i < shape.world(); ++i)
+    order[i] = i;
+  uint64_t shuffleSeed = 0x6f72646572ULL;
+  for (int64_t i = shape.world() - 1; i > 0; --i)
+    std::swap(order[i],
+              order[splitmix64(shuffleSeed) % static_cast<uint64_t>(i + 1)]);
+  auto permutedMesh = std::make_shared<const Mesh>(
+      orDie(Mesh::create(mesh->getAxes(), std::move(order)),
+            where + ": permuted mesh"));
+  AxisRefList permutedDpAllRefs = flat.refsOf(dpAllAxis);
+  return std::unique_ptr<Setup>(new Setup{
+      shape.world(), mesh, root, flat, sliced, dpAllAxis, dpFsdpAxes, tpRefs,
+      layout, slicedLayout, std::move(ranks), permutedMesh, permutedDpAllRefs});
 }
 
 /// Checks the answers on a sample of ranks against direct arithmetic, so that
@@ -242,6 +259,11 @@ void runQuery(benchmark::State &state, Query query) {
   case Query::ShardSliceOfSlice:
     timeQuery(state, s, [&](int64_t r) {
       return shardOf(s.sliced, s.slicedLayout, kWeightShape, r);
+    });
+    break;
+  case Query::SplitPermuted:
+    timeQuery(state, s, [&](int64_t r) {
+      return splitKeyOf(*s.permutedMesh, s.permutedDpAllRefs, r);
     });
     break;
   }
