@@ -11,8 +11,8 @@ namespace meshplan {
 Result<AxisRef> makeAxisRef(const Mesh &mesh, int axis, int64_t pre,
                             int64_t size) {
   const MeshAxis &a = mesh.axis(axis);
-  std::string spelled = "\"" + a.name + "\":(" + std::to_string(pre) + ")" +
-                        std::to_string(size);
+  std::string spelled =
+      "\"" + a.name + "\":(" + std::to_string(pre) + ")" + std::to_string(size);
   if (pre < 1 || size < 1)
     return makeError("sub-axis " + spelled +
                      ": pre-size and size must be >= 1");
@@ -101,8 +101,8 @@ Result<void> checkRefsCompatible(const Mesh &mesh, const AxisRefList &refs,
           return makeError(what + " uses axis \"" +
                            formatAxisRef(mesh, list[i]) + "\" twice");
         return makeError(what + " uses overlapping parts of axis \"" +
-                         mesh.axis(axis).name + "\": " +
-                         formatAxisRef(mesh, list[i]) + " and " +
+                         mesh.axis(axis).name +
+                         "\": " + formatAxisRef(mesh, list[i]) + " and " +
                          formatAxisRef(mesh, list[i + 1]));
       }
     }

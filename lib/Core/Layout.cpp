@@ -198,9 +198,9 @@ static Result<AxisRefList> resolveLayoutName(const View &view,
     size_t close = rest.find(')');
     auto axis = mesh.findAxis(name);
     if (!axis)
-      return makeError("sub-axis \"" + std::string(text) +
-                       "\": \"" + name + "\" is not a mesh axis (axes: " +
-                       mesh.axisNameList() + ")");
+      return makeError("sub-axis \"" + std::string(text) + "\": \"" + name +
+                       "\" is not a mesh axis (axes: " + mesh.axisNameList() +
+                       ")");
     auto pre = close == std::string_view::npos
                    ? std::nullopt
                    : parseInt(trim(rest.substr(0, close)));

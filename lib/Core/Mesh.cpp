@@ -12,7 +12,9 @@ namespace meshplan {
 static bool isIdentifier(std::string_view name) {
   if (name.empty())
     return false;
-  auto isStart = [](char c) { return std::isalpha((unsigned char)c) || c == '_'; };
+  auto isStart = [](char c) {
+    return std::isalpha((unsigned char)c) || c == '_';
+  };
   if (!isStart(name[0]))
     return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
@@ -49,10 +51,9 @@ Result<Mesh> Mesh::create(std::vector<MeshAxis> axes,
 
   if (deviceOrder) {
     if (static_cast<int64_t>(deviceOrder->size()) != product)
-      return makeError("device order lists " +
-                       std::to_string(deviceOrder->size()) +
-                       " ranks but the mesh has " + std::to_string(product) +
-                       " devices");
+      return makeError(
+          "device order lists " + std::to_string(deviceOrder->size()) +
+          " ranks but the mesh has " + std::to_string(product) + " devices");
     mesh.positionOfRank.reserve(deviceOrder->size());
     for (size_t i = 0; i < deviceOrder->size(); ++i) {
       int64_t rank = (*deviceOrder)[i];

@@ -72,8 +72,7 @@ static int64_t groupBase(const Mesh &mesh, const AxisRefList &refs,
 }
 
 static Result<int64_t> groupIndexAt(const Mesh &mesh, const AxisRefList &refs,
-                                    int64_t position,
-                                    const LiveMembers *live) {
+                                    int64_t position, const LiveMembers *live) {
   if (live) {
     auto alive = live->checkLive(mesh, position);
     if (!alive)
@@ -84,8 +83,8 @@ static Result<int64_t> groupIndexAt(const Mesh &mesh, const AxisRefList &refs,
     int64_t digit = ref.coordinateAt(mesh, position);
     if (const auto *digits = liveDigits(ref, live)) {
       auto it = std::lower_bound(digits->begin(), digits->end(), digit);
-      index = index * static_cast<int64_t>(digits->size()) +
-              (it - digits->begin());
+      index =
+          index * static_cast<int64_t>(digits->size()) + (it - digits->begin());
     } else {
       index = index * ref.size + digit;
     }
@@ -240,8 +239,8 @@ View::axisIndices(const std::vector<std::string> &names) const {
   for (const std::string &name : names) {
     auto index = findAxis(name);
     if (!index)
-      return makeError("axis \"" + name + "\" is not in the view (axes: " +
-                       axisNameList() + ")");
+      return makeError("axis \"" + name +
+                       "\" is not in the view (axes: " + axisNameList() + ")");
     if (std::find(indices.begin(), indices.end(), *index) != indices.end())
       return makeError("axis \"" + name + "\" is named twice");
     indices.push_back(*index);
@@ -371,7 +370,8 @@ Result<View> sliceView(const View &view, const std::vector<std::string> &names,
   return View::create(view.meshHandle(), std::move(axes));
 }
 
-Result<View> flattenView(const View &view, const std::vector<std::string> &names,
+Result<View> flattenView(const View &view,
+                         const std::vector<std::string> &names,
                          std::optional<std::string> name, AxisNamespace &ns) {
   if (names.empty())
     return makeError("flatten needs at least one axis");
@@ -540,8 +540,8 @@ Result<View> evaluateViewExpr(const View &start, std::string_view expr,
         if (!size)
           return makeError(where + ": part \"" + std::string(item) +
                            "\" is not name:size");
-        parts.push_back({std::string(unquote(trim(item.substr(0, colon)))),
-                         *size});
+        parts.push_back(
+            {std::string(unquote(trim(item.substr(0, colon)))), *size});
       }
       next = unflattenView(view, std::string(unquote(trim(source))), parts, ns);
     } else {

@@ -294,8 +294,8 @@ static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
       rest /= splits[s].size;
     }
     Intervals actual = dtensorIndices(n, splits, coords);
-    std::string dimDesc = "dim " + std::to_string(dim) + " (size " +
-                          std::to_string(n) + ")";
+    std::string dimDesc =
+        "dim " + std::to_string(dim) + " (size " + std::to_string(n) + ")";
     if (actual.size() > 1) {
       auto [rank, desc] = witnessRank(view, splits, coords);
       return makeError("placements give rank " + std::to_string(rank) + " (" +
@@ -321,8 +321,8 @@ static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
     if (!same) {
       auto [rank, desc] = witnessRank(view, splits, coords);
       return makeError(
-          "placements give rank " + std::to_string(rank) + " (" + desc +
-          ") " + formatIntervals(actual) + " of " + dimDesc +
+          "placements give rank " + std::to_string(rank) + " (" + desc + ") " +
+          formatIntervals(actual) + " of " + dimDesc +
           " by DTensor's _StridedShard rule, but nested chunking gives " +
           formatIntervals(expected) +
           "; for uneven sizes the two differ (pytorch#168134), so write the "
@@ -344,10 +344,9 @@ Result<Layout> layoutFromPlacements(const View &view,
                                     const std::vector<Placement> &placements,
                                     const std::vector<int64_t> &shape) {
   if (static_cast<int>(placements.size()) != view.numAxes())
-    return makeError(std::to_string(placements.size()) +
-                     " placements for a view with " +
-                     std::to_string(view.numAxes()) + " axes (" +
-                     view.axisNameList() + ")");
+    return makeError(
+        std::to_string(placements.size()) + " placements for a view with " +
+        std::to_string(view.numAxes()) + " axes (" + view.axisNameList() + ")");
   int rank = static_cast<int>(shape.size());
   Layout layout;
   layout.dims.resize(rank);
@@ -356,18 +355,17 @@ Result<Layout> layoutFromPlacements(const View &view,
   for (int a = 0; a < view.numAxes(); ++a) {
     const Placement &p = placements[a];
     const ViewAxis &axis = view.axes()[a];
-    std::string where = "placement " + std::to_string(a) + " (axis \"" +
-                        axis.name + "\")";
+    std::string where =
+        "placement " + std::to_string(a) + " (axis \"" + axis.name + "\")";
     switch (p.kind) {
     case Placement::Kind::Replicate:
       break;
     case Placement::Kind::Partial:
       if (partialOp && *partialOp != p.op)
-        return makeError(where + ": Partial(" +
-                         std::string(reduceOpName(p.op)) +
-                         ") mixed with Partial(" +
-                         std::string(reduceOpName(*partialOp)) +
-                         "); one tensor has one pending reduce op");
+        return makeError(
+            where + ": Partial(" + std::string(reduceOpName(p.op)) +
+            ") mixed with Partial(" + std::string(reduceOpName(*partialOp)) +
+            "); one tensor has one pending reduce op");
       partialOp = p.op;
       layout.partial.insert(layout.partial.end(), axis.refs.begin(),
                             axis.refs.end());

@@ -35,9 +35,10 @@ std::string_view stepKindName(StepKind kind) {
 }
 
 int RedistributePlan::numCollectives() const {
-  return static_cast<int>(std::count_if(
-      steps.begin(), steps.end(),
-      [](const RedistributeStep &s) { return s.isCollective(); }));
+  return static_cast<int>(
+      std::count_if(steps.begin(), steps.end(), [](const RedistributeStep &s) {
+        return s.isCollective();
+      }));
 }
 
 int64_t RedistributePlan::totalBytesPerRank() const {
@@ -169,8 +170,7 @@ private:
         continue;
       Layout before = cur;
       for (const AxisRef &f : run)
-        cur.partial.erase(
-            std::find(cur.partial.begin(), cur.partial.end(), f));
+        cur.partial.erase(std::find(cur.partial.begin(), cur.partial.end(), f));
       cur.dims[d].insert(cur.dims[d].end(), run.begin(), run.end());
       emit(StepKind::ReduceScatter, run, static_cast<int>(d), -1, before);
       return true;
@@ -300,8 +300,8 @@ private:
       return;
     }
     if (fallback)
-      gather(*fallback, commonPrefix(cur.dims[*fallback],
-                                     target.dims[*fallback]));
+      gather(*fallback,
+             commonPrefix(cur.dims[*fallback], target.dims[*fallback]));
   }
 
   bool wantedElsewhere(const AxisRef &f, size_t d) const {
@@ -385,8 +385,8 @@ static int64_t withGroupIndex(const Mesh &mesh, const AxisRefList &refs,
   for (auto it = refs.rbegin(); it != refs.rend(); ++it) {
     int64_t digit = index % it->size;
     index /= it->size;
-    position += (digit - it->coordinateAt(mesh, position)) *
-                it->positionStep(mesh);
+    position +=
+        (digit - it->coordinateAt(mesh, position)) * it->positionStep(mesh);
   }
   return position;
 }

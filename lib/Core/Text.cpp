@@ -37,7 +37,8 @@ std::optional<int64_t> parseInt(std::string_view text) {
   if (text.empty())
     return std::nullopt;
   int64_t value = 0;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  auto [ptr, ec] =
+      std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || ptr != text.data() + text.size())
     return std::nullopt;
   return value;

@@ -73,12 +73,14 @@ std::string runMeshCommand(const MeshOptions &options) {
   std::vector<int64_t> ranks = listedRanks(mesh, options.rank);
 
   if (options.json) {
-    Json out = {{"mesh", meshJson(mesh)}, {"view", viewJson(view, options.mesh)}};
+    Json out = {{"mesh", meshJson(mesh)},
+                {"view", viewJson(view, options.mesh)}};
     Json rankList = Json::array();
     for (int64_t rank : ranks) {
-      Json entry = {{"rank", rank},
-                    {"coordinate", orThrow(view.coordinate(rank), "--rank")},
-                    {"mesh_coordinate", orThrow(mesh.coordinate(rank), "--rank")}};
+      Json entry = {
+          {"rank", rank},
+          {"coordinate", orThrow(view.coordinate(rank), "--rank")},
+          {"mesh_coordinate", orThrow(mesh.coordinate(rank), "--rank")}};
       Json groups = Json::object(), splits = Json::object();
       for (int a = 0; a < view.numAxes(); ++a) {
         const std::string &name = view.axes()[a].name;
@@ -188,11 +190,12 @@ std::string runLayoutCommand(const LayoutOptions &options) {
     Json rankList = Json::array();
     for (int64_t rank : ranks) {
       ShardBox box = orThrow(shardOf(view, layout, shape, rank), "--rank");
-      rankList.push_back({{"rank", rank},
-                          {"coordinate", orThrow(view.coordinate(rank), "--rank")},
-                          {"local_shape", box.localShape},
-                          {"offset", box.offset},
-                          {"padded_shape", box.paddedShape}});
+      rankList.push_back(
+          {{"rank", rank},
+           {"coordinate", orThrow(view.coordinate(rank), "--rank")},
+           {"local_shape", box.localShape},
+           {"offset", box.offset},
+           {"padded_shape", box.paddedShape}});
     }
     out["ranks"] = rankList;
     return out.dump() + "\n";
@@ -210,8 +213,8 @@ std::string runLayoutCommand(const LayoutOptions &options) {
   os << "rank  coordinate  offset  local_shape\n";
   for (int64_t rank : ranks) {
     ShardBox box = orThrow(shardOf(view, layout, shape, rank), "--rank");
-    os << rank << "  " << ints(orThrow(view.coordinate(rank), "--rank"))
-       << "  " << ints(box.offset) << "  " << ints(box.localShape) << "\n";
+    os << rank << "  " << ints(orThrow(view.coordinate(rank), "--rank")) << "  "
+       << ints(box.offset) << "  " << ints(box.localShape) << "\n";
   }
   return os.str();
 }
@@ -306,8 +309,8 @@ std::string runRedistributeCommand(const RedistributeOptions &options) {
        << formatLayout(mesh, s.after) << "  (group " << s.groupSize << ", "
        << s.bytesPerRank << " B/rank)\n";
   }
-  os << plan.numCollectives() << " collective(s), "
-     << plan.totalBytesPerRank() << " bytes received per rank\n";
+  os << plan.numCollectives() << " collective(s), " << plan.totalBytesPerRank()
+     << " bytes received per rank\n";
   return os.str();
 }
 

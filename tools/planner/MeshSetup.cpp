@@ -38,8 +38,9 @@ MeshSetup buildMeshSetup(const MeshFlags &flags) {
     std::string name(trim(std::string_view(entry).substr(0, eq)));
     auto axis = setup.mesh->findAxis(name);
     if (!axis)
-      throw CliError("--live: axis \"" + name + "\" is not in the mesh (axes: " +
-                     setup.mesh->axisNameList() + ")");
+      throw CliError(
+          "--live: axis \"" + name +
+          "\" is not in the mesh (axes: " + setup.mesh->axisNameList() + ")");
     auto coords = orThrow(
         parseIntList(std::string_view(entry).substr(eq + 1), "live members"),
         "--live " + name);
@@ -52,8 +53,8 @@ MeshSetup buildMeshSetup(const MeshFlags &flags) {
   if (flags.view.empty())
     setup.view = root;
   else
-    setup.view = orThrow(evaluateViewExpr(root, flags.view, *setup.names),
-                         "--view");
+    setup.view =
+        orThrow(evaluateViewExpr(root, flags.view, *setup.names), "--view");
   return setup;
 }
 

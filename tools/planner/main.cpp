@@ -52,8 +52,9 @@ int main(int argc, char **argv) {
   CLI::App *layoutCmd = app.add_subcommand(
       "layout", "Show every rank's shard of a tensor under a layout");
   addMeshFlags(layoutCmd, layoutOptions.mesh);
-  layoutCmd->add_option("--shape", layoutOptions.shape,
-                        "Global tensor shape (e.g. 15,5)")
+  layoutCmd
+      ->add_option("--shape", layoutOptions.shape,
+                   "Global tensor shape (e.g. 15,5)")
       ->required();
   layoutCmd->add_option("--placements", layoutOptions.placements,
                         "DTensor placements, one per view axis: "
@@ -69,8 +70,8 @@ int main(int argc, char **argv) {
   addMeshFlags(redistCmd, redistOptions.mesh);
   redistCmd->add_option("--shape", redistOptions.shape, "Global tensor shape")
       ->required();
-  redistCmd->add_option("--from", redistOptions.from,
-                        "Source placements or layout")
+  redistCmd
+      ->add_option("--from", redistOptions.from, "Source placements or layout")
       ->required();
   redistCmd->add_option("--to", redistOptions.to, "Target placements or layout")
       ->required();

@@ -2,9 +2,9 @@
 //
 // An axis ref names a whole root-mesh axis ("tp") or a sub-axis of one, in
 // OpenXLA Shardy's notation "dp":(pre)size: reshape axis dp of size n to
-// (pre, size, n / (pre * size)) and take the middle dimension. The coordinate of
-// a rank along it is therefore (c / (n / (pre * size))) % size, where c is the
-// rank's coordinate along dp. Flattened and strided axes are lists of refs,
+// (pre, size, n / (pre * size)) and take the middle dimension. The coordinate
+// of a rank along it is therefore (c / (n / (pre * size))) % size, where c is
+// the rank's coordinate along dp. Flattened and strided axes are lists of refs,
 // major to minor, which is why views and layouts never need bookkeeping about
 // a parent mesh.
 //

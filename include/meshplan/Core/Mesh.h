@@ -43,9 +43,9 @@ public:
   /// Validates and builds a mesh: names non-empty, identifier-like and unique,
   /// sizes >= 1, product <= kMaxMeshDevices, device order (if given) of the
   /// right length with distinct non-negative ids.
-  static Result<Mesh> create(std::vector<MeshAxis> axes,
-                             std::optional<std::vector<int64_t>> deviceOrder =
-                                 std::nullopt);
+  static Result<Mesh>
+  create(std::vector<MeshAxis> axes,
+         std::optional<std::vector<int64_t>> deviceOrder = std::nullopt);
 
   int numAxes() const { return static_cast<int>(axes.size()); }
   const MeshAxis &axis(int index) const { return axes[index]; }

@@ -87,9 +87,9 @@ Result<SplitKey> splitKeyOf(const Mesh &mesh, const AxisRefList &refs,
 std::string partitionKeyOf(const Mesh &mesh, const AxisRefList &refs);
 /// Every group over `refs` with live members, ordered by color. Enumerates
 /// the world: only for listings.
-std::vector<std::vector<int64_t>> listGroupsOf(const Mesh &mesh,
-                                               const AxisRefList &refs,
-                                               const LiveMembers *live = nullptr);
+std::vector<std::vector<int64_t>>
+listGroupsOf(const Mesh &mesh, const AxisRefList &refs,
+             const LiveMembers *live = nullptr);
 /// True when some ref lies on a managed axis.
 bool touchesManaged(const Mesh &mesh, const AxisRefList &refs);
 
@@ -118,7 +118,8 @@ public:
   int64_t size() const { return refsSize(refs()); }
 
   /// Resolves view axis names; errors name the unknown one and list the view.
-  Result<std::vector<int>> axisIndices(const std::vector<std::string> &names) const;
+  Result<std::vector<int>>
+  axisIndices(const std::vector<std::string> &names) const;
   /// Concatenated refs of the given view axes, in the given order.
   AxisRefList refsOf(const std::vector<int> &axisIndices) const;
 
@@ -163,7 +164,8 @@ Result<View> sliceView(const View &view, const std::vector<std::string> &names,
 /// Merges the named view axes (major to minor, in the order given) into one
 /// axis called `name` (default: names joined with "_"), placed where the first
 /// of them was.
-Result<View> flattenView(const View &view, const std::vector<std::string> &names,
+Result<View> flattenView(const View &view,
+                         const std::vector<std::string> &names,
                          std::optional<std::string> name, AxisNamespace &ns);
 /// Cuts view axis `name` into named parts (major to minor) whose sizes
 /// multiply to its size.

@@ -56,8 +56,9 @@ Result<Layout> layoutFromPlacements(const View &view,
                                     const std::vector<int64_t> &shape);
 /// The DTensor placement list for a layout, when one exists: every ref must
 /// be a whole view axis, and DTensor's rule must give the same boxes.
-Result<std::vector<Placement>> placementsFromLayout(
-    const View &view, const Layout &layout, const std::vector<int64_t> &shape);
+Result<std::vector<Placement>>
+placementsFromLayout(const View &view, const Layout &layout,
+                     const std::vector<int64_t> &shape);
 
 } // namespace meshplan
 

@@ -47,8 +47,8 @@ struct RedistributeStep {
   AxisRefList axes; ///< the group: ranks varying along these refs, in order
   /// permute: the same refs in the order the dim is split by afterwards.
   AxisRefList dstAxes;
-  int dim = -1;     ///< dim gathered / sliced / scattered; a2a: source dim
-  int dstDim = -1;  ///< a2a: the dim that becomes split
+  int dim = -1;    ///< dim gathered / sliced / scattered; a2a: source dim
+  int dstDim = -1; ///< a2a: the dim that becomes split
   ReduceOp op = ReduceOp::Sum;
   Layout before, after;
   int64_t groupSize = 1;

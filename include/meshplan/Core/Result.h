@@ -77,7 +77,9 @@ private:
   bool failed = false;
 };
 
-inline Error makeError(std::string message) { return Error{std::move(message)}; }
+inline Error makeError(std::string message) {
+  return Error{std::move(message)};
+}
 
 } // namespace meshplan
 
