@@ -65,7 +65,10 @@ template <typename T> std::string errorOf(const meshplan::Result<T> &r) {
 /// so one bug does not flood the log with thousands of near-identical lines.
 class FailureLog {
 public:
-  explicit FailureLog(std::string what, int64_t limit = 6)
+  explicit FailureLog(std::string what,
+                      int64_t limit = getenv("SWEEP_LIMIT")
+                                          ? atoll(getenv("SWEEP_LIMIT"))
+                                          : 6)
       : what(std::move(what)), limit(limit) {}
   ~FailureLog() {
     if (failures > limit)
