@@ -53,53 +53,8 @@ struct MeshCase {
   std::optional<Ints> order;
 };
 
-struct LayoutSpec {
-  std::vector<std::vector<int>> dims; // unit indices, major to minor
-  std::vector<int> partial;
-};
-
-/// Every assignment of units to replicated / partial / dim d, with every
-/// order within each dim.
-std::vector<LayoutSpec> enumerateLayouts(int numUnits, int rank) {
-  std::vector<LayoutSpec> out;
-  int choices = 2 + rank; // 0 = R, 1 = P, 2+d = dim d
-  int total = 1;
-  for (int i = 0; i < numUnits; ++i)
-    total *= choices;
-  for (int code = 0; code < total; ++code) {
-    std::vector<int> assign(numUnits);
-    int rest = code;
-    for (int i = 0; i < numUnits; ++i) {
-      assign[i] = rest % choices;
-      rest /= choices;
-    }
-    std::vector<std::vector<int>> members(rank);
-    LayoutSpec base;
-    base.dims.resize(rank);
-    for (int i = 0; i < numUnits; ++i) {
-      if (assign[i] == 1)
-        base.partial.push_back(i);
-      else if (assign[i] >= 2)
-        members[assign[i] - 2].push_back(i);
-    }
-    // Cartesian product of permutations per dim.
-    std::vector<LayoutSpec> partial = {base};
-    for (int d = 0; d < rank; ++d) {
-      std::vector<LayoutSpec> next;
-      for (const LayoutSpec &spec : partial)
-        for (const auto &perm :
-             bf::permutations(static_cast<int>(members[d].size()))) {
-          LayoutSpec s = spec;
-          for (int p : perm)
-            s.dims[d].push_back(members[d][p]);
-          next.push_back(s);
-        }
-      partial = std::move(next);
-    }
-    out.insert(out.end(), partial.begin(), partial.end());
-  }
-  return out;
-}
+using LayoutSpec = bf::LayoutSpec;
+using bf::enumerateLayouts;
 
 std::string layoutText(const MeshCase &mc, const LayoutSpec &spec,
                        const std::string &op = "sum") {
