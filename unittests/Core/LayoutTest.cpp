@@ -498,6 +498,108 @@ TEST(Layout, ReduceOpsRoundTripThroughText) {
   EXPECT_FALSE(equivalentLayouts(root, *s, *m));
 }
 
+/// Merges adjacent refs that form one larger (sub-)axis: b:(1)2,b:(2)2 -> b.
+AxisRefList mergeAdjacent(const AxisRefList &refs) {
+  AxisRefList out;
+  for (const AxisRef &r : refs) {
+    if (!out.empty() && out.back().axis == r.axis &&
+        out.back().pre * out.back().size == r.pre) {
+      out.back().size *= r.size;
+      continue;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+// equivalentLayouts promises "the same data on every rank". Whenever it says
+// so for a layout and the same layout with adjacent sub-axes merged, every
+// rank's box must be the same for every shape.
+TEST(LayoutSweep, EquivalentLayoutsHoldTheSameBoxes) {
+  struct Case {
+    Ints shape;
+    std::vector<std::string> names;
+    AxisRefList units;
+  };
+  std::vector<Case> cases = {
+      {{4}, {"x"}, {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}}},
+      {{8}, {"x"}, {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}, AxisRef{0, 4, 2}}},
+      {{4, 2},
+       {"dp", "tp"},
+       {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}, AxisRef{1, 1, 2}}},
+  };
+  int64_t merges = 0;
+  for (const Case &c : cases) {
+    auto mesh = testutil::makeMesh(c.shape, c.names);
+    View root = View::root(mesh);
+    testutil::FailureLog log("sub-axes of mesh " + bf::str(c.shape));
+    for (int rank : {1, 2})
+      for (const bf::LayoutSpec &spec :
+           bf::enumerateLayouts(static_cast<int>(c.units.size()), rank)) {
+        Layout split;
+        split.dims.resize(rank);
+        for (int d = 0; d < rank; ++d)
+          for (int u : spec.dims[d])
+            split.dims[d].push_back(c.units[u]);
+        for (int u : spec.partial)
+          split.partial.push_back(c.units[u]);
+        Layout joined = split;
+        for (AxisRefList &dim : joined.dims)
+          dim = mergeAdjacent(dim);
+        if (joined.dims == split.dims)
+          continue;
+        ++merges;
+        bool equivalent = equivalentLayouts(root, split, joined);
+        for (int64_t n0 = 0; n0 <= 13; ++n0)
+          for (int64_t n1 : {1, 5}) {
+            Ints shape = rank == 1 ? Ints{n0} : Ints{n0, n1};
+            bool same = true;
+            std::string diff;
+            for (int64_t r = 0; r < mesh->size() && same; ++r) {
+              auto a = shardOf(root, split, shape, r);
+              auto b = shardOf(root, joined, shape, r);
+              same = a.ok() && b.ok() && a->offset == b->offset &&
+                     a->localShape == b->localShape;
+              if (!same && a.ok() && b.ok())
+                diff = "rank " + std::to_string(r) + ": " + bf::str(a->offset) +
+                       "+" + bf::str(a->localShape) + " vs " +
+                       bf::str(b->offset) + "+" + bf::str(b->localShape);
+            }
+            SWEEP_EXPECT(log, !equivalent || same)
+                << formatLayout(*mesh, split) << " and "
+                << formatLayout(*mesh, joined) << " are 'equivalent' but "
+                << "differ for shape " << bf::str(shape) << ", " << diff;
+            if (rank == 1)
+              break;
+          }
+      }
+  }
+  std::printf("[sweep] %lld layouts with mergeable sub-axes\n",
+              (long long)merges);
+}
+
+// Minimal repro: on x=4, [{x:(1)2, x:(2)2}] (nested chunks 2 then 2) and
+// [{x}] (one chunk by 4) are reported equivalent, yet for 5 rows they give
+// rank 1 one row (offset 2) and two rows (offset 2) respectively.
+TEST(Layout, MergedSubAxesEquivalenceRepro) {
+  auto mesh = testutil::makeMesh({4}, {"x"});
+  View root = View::root(mesh);
+  AxisNamespace ns(mesh);
+  auto split = parseLayout(root, ns, "[{\"x\":(1)2, \"x\":(2)2}]");
+  auto joined = parseLayout(root, ns, "[{x}]");
+  ASSERT_TRUE(split.ok() && joined.ok());
+  // Brute force: nested torch.chunk vs one torch.chunk.
+  EXPECT_EQ(bf::nestedChunk(5, {2, 2}, {0, 1}), (Ints{2}));
+  EXPECT_EQ(bf::nestedChunk(5, {4}, {1}), (Ints{2, 3}));
+  auto a = shardOf(root, *split, {5}, 1);
+  auto b = shardOf(root, *joined, {5}, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->localShape[0], 1);
+  EXPECT_EQ(b->localShape[0], 2);
+  EXPECT_FALSE(equivalentLayouts(root, *split, *joined))
+      << "different boxes for 5 rows, yet reported equivalent";
+}
+
 // Minimal repro of the flattened-axis sweep failure: FSDP2 over a flattened
 // dp mesh of 4 ranks chunks 5 rows as torch.chunk(5, 4) = [2, 2, 1, 0].
 TEST(Layout, ShardOverFlattenedAxisIsOneTorchChunk) {
