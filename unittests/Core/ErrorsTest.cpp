@@ -25,10 +25,11 @@ void expectError(const Result<T> &r, const std::string &what,
                  const std::string &needle = "") {
   ASSERT_FALSE(r.ok()) << what << ": expected an error";
   EXPECT_FALSE(r.error().message.empty()) << what;
-  if (!needle.empty())
+  if (!needle.empty()) {
     EXPECT_NE(r.error().message.find(needle), std::string::npos)
         << what << ": message \"" << r.error().message << "\" should mention \""
         << needle << "\"";
+  }
 }
 
 Result<Mesh> mesh(std::vector<MeshAxis> axes,

@@ -156,8 +156,9 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
                                    : evaluateViewExpr(root, mc.viewExpr, ns);
   ASSERT_TRUE(viewR.ok()) << mc.desc << ": " << viewR.error().message;
   const View &view = *viewR;
-  if (mc.unitsAreViewAxes)
+  if (mc.unitsAreViewAxes) {
     ASSERT_EQ(view.numAxes(), static_cast<int>(mc.units.size())) << mc.desc;
+  }
 
   // Brute-force digits of every rank along every unit, and its block.
   testutil::FailureLog log(mc.desc);
@@ -289,9 +290,10 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
               << sw << " rank " << r << ": numElements/empty";
           auto [it, fresh] =
               held.emplace(std::make_pair(blockOf[flat], split), elements);
-          if (!fresh)
+          if (!fresh) {
             SWEEP_EXPECT(log, it->second == elements)
                 << sw << " rank " << r << ": replicas hold different data";
+          }
         }
         // Within each block the distinct shards tile the tensor.
         std::map<int64_t, std::vector<int>> cover;
@@ -318,10 +320,11 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
                 std::vector<bf::DimPlacement> splits;
                 for (int a = 0; a < view.numAxes(); ++a) {
                   const Placement &p = (*placements)[a];
-                  if (p.kind == Placement::Kind::Partial)
+                  if (p.kind == Placement::Kind::Partial) {
                     SWEEP_EXPECT(log, std::count(spec.partial.begin(),
                                                  spec.partial.end(), a))
                         << sw << ": Partial on a non-partial axis";
+                  }
                   if ((p.kind == Placement::Kind::Shard ||
                        p.kind == Placement::Kind::StridedShard) &&
                       p.dim == d)

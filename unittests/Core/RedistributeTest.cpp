@@ -103,13 +103,6 @@ Local padDim(const Local &in, int dim, int64_t size) {
   return out;
 }
 
-/// torch.chunk(local, g, dim)[m] (empty when past the end).
-Local chunkDim(const Local &in, int dim, int64_t g, int64_t m) {
-  int64_t n = in.shape[dim], c = (n + g - 1) / g;
-  int64_t b = std::min(m * c, n), e = std::min((m + 1) * c, n);
-  return sliceDim(in, dim, b, e - b);
-}
-
 double identityOf(ReduceOp op) {
   switch (op) {
   case ReduceOp::Sum:
@@ -400,12 +393,17 @@ std::string execute(const World &w, const RedistributeStep &step,
                  "before layout's padded size";
         slots.push_back(padDim(data[m], d, padded));
       }
+      for (const Local &slot : slots)
+        if (slot.shape != slots[0].shape)
+          return "all_gather: members hold shapes that do not line up";
       Local buffer = concatDim(slots, d);
       std::vector<Local> rows;
       for (int64_t i = 0; i < g; ++i) {
         auto box = shardOf(w.view, step.before, shape, group[i]);
         if (!box.ok())
           return box.error().message;
+        if (box->localShape[d] > padded)
+          return "a before-layout box is larger than its padded size";
         rows.push_back(sliceDim(buffer, d, i * padded, box->localShape[d]));
       }
       Local result = concatDim(rows, d);
@@ -425,6 +423,8 @@ std::string execute(const World &w, const RedistributeStep &step,
         for (int64_t m : group) {
           auto [start, len] = pieceRows(w, step, shape, mode, d,
                                         data[m].shape[d], g, i, group[i], base);
+          if (start < 0 || start + len > data[m].shape[d])
+            return "piece out of the local data's bounds";
           pieces.push_back(sliceDim(data[m], d, start, len));
         }
         for (const Local &p : pieces)
@@ -457,6 +457,8 @@ std::string execute(const World &w, const RedistributeStep &step,
           auto [start, len] =
               pieceRows(w, step, shape, mode, dd, data[m].shape[dd], g, i,
                         group[i], base);
+          if (start < 0 || start + len > data[m].shape[dd])
+            return "piece out of the local data's bounds";
           received.push_back(sliceDim(data[m], dd, start, len));
         }
         for (size_t k = 1; k < received.size(); ++k)
@@ -477,6 +479,8 @@ std::string execute(const World &w, const RedistributeStep &step,
         auto [start, len] =
             pieceRows(w, step, shape, mode, d, data[group[i]].shape[d], g, i,
                       group[i], before->offset[d]);
+        if (start < 0 || start + len > data[group[i]].shape[d])
+          return "piece out of the local data's bounds";
         next[group[i]] = sliceDim(data[group[i]], d, start, len);
       }
       break;
@@ -684,11 +688,12 @@ void runSweep(const SweepCase &sc, Stats &stats,
         stats.collectives += plan.numCollectives();
         for (const RedistributeStep &s : plan.steps)
           ++stats.kinds[std::string(stepKindName(s.kind))];
-        if (i == j)
+        if (i == j) {
           SWEEP_EXPECT(log, plan.steps.empty())
               << sc.desc << " shape " << bf::str(shape) << ": "
               << formatLayout(*w.mesh, from)
               << " to itself takes steps:" << describePlan(*w.mesh, plan);
+        }
       }
   }
 }

@@ -115,6 +115,7 @@ private:
 
 /// Like EXPECT_TRUE, counted in `log`; the streamed message is built only on
 /// failure.
+/// Brace it inside an enclosing if.
 #define SWEEP_EXPECT(log, cond)                                                \
   if ((log).pass(static_cast<bool>(cond))) {                                   \
   } else                                                                       \
