@@ -103,6 +103,15 @@ void checkMeshAndSubsets(const Ints &shape, const std::optional<Ints> &order,
     auto flatIndex = flat->findAxis(testutil::joinNames(subsetNames, "_"));
     ASSERT_TRUE(flatIndex.has_value()) << sw << " " << flat->str();
 
+    // The listing and the group size agree with the brute-force rows.
+    AxisRefList refs = root.refsOf(subset);
+    EXPECT_EQ(bf::canonicalPartition(listGroupsOf(*mesh, refs)),
+              partitions.back())
+        << sw;
+    EXPECT_EQ(groupSizeOf(*mesh, refs),
+              static_cast<int64_t>(rows.front().size()))
+        << sw;
+
     std::map<int64_t, Ints> rowOfColor;
     std::map<Ints, int64_t> colorOfRow;
     for (const Ints &row : rows) {

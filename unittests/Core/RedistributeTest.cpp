@@ -547,7 +547,8 @@ struct SweepCase {
   std::vector<Unit> units;
   std::string viewExpr;
   std::vector<ReduceOp> ops = {ReduceOp::Sum};
-  std::vector<Ints> shapes = {{5}, {8}, {4, 6}, {5, 3}};
+  std::vector<Ints> shapes = {{0}, {1}, {5}, {8}, {13}, {4, 6}, {5, 3}, {1, 7}};
+  std::optional<Ints> order = std::nullopt;
 };
 
 /// Merges adjacent refs that form one larger (sub-)axis, so some layouts
@@ -593,14 +594,15 @@ struct Stats {
   std::map<std::string, int64_t> kinds;
 };
 
-World makeWorld(const SweepCase &sc, AxisNamespace &ns) {
-  auto mesh = testutil::makeMesh(sc.meshShape, sc.names);
+World makeWorld(const SweepCase &sc) {
+  auto mesh = testutil::makeMesh(sc.meshShape, sc.names, sc.order);
   View root = View::root(mesh);
+  AxisNamespace ns(mesh);
   auto view = sc.viewExpr.empty() ? Result<View>(root)
                                   : evaluateViewExpr(root, sc.viewExpr, ns);
   EXPECT_TRUE(view.ok()) << testutil::errorOf(view);
   World w{mesh,         view.ok() ? *view : root,
-          sc.meshShape, bf::NDArray::arange(sc.meshShape),
+          sc.meshShape, testutil::rankArray(sc.meshShape, sc.order),
           {},           {}};
   for (int64_t f = 0; f < w.ranks.numel(); ++f) {
     w.blockRanks.push_back(w.ranks.data[f]);
@@ -652,8 +654,7 @@ std::string simulate(const World &w, const Layout &from, const Layout &to,
 
 void runSweep(const SweepCase &sc, Stats &stats,
               Pieces mode = Pieces::TorchChunk) {
-  AxisNamespace ns(testutil::makeMesh(sc.meshShape, sc.names));
-  World w = makeWorld(sc, ns);
+  World w = makeWorld(sc);
   ASSERT_TRUE(w.mesh);
   testutil::FailureLog log(sc.desc);
   testutil::FailureLog piecesLog(
@@ -738,6 +739,11 @@ std::vector<SweepCase> sumSweepCases() {
                    {"a", "b", "c"},
                    {whole("c", 2, 2), whole("a", 0, 2)},
                    "slice(c,a)"});
+  SweepCase shuffled = cases[0];
+  shuffled.desc = "mesh (a=2,b=2,c=2) device order 5,2,7,0,3,6,1,4";
+  shuffled.order = Ints{5, 2, 7, 0, 3, 6, 1, 4};
+  shuffled.shapes = {{5}, {4, 6}, {5, 3}};
+  cases.push_back(shuffled);
   return cases;
 }
 
@@ -805,11 +811,11 @@ struct CountCase {
 };
 
 TEST(Redistribute, CommonTransitionsTakeOneCollective) {
-  auto mesh = testutil::makeMesh({2, 2}, {"dp", "tp"});
-  View root = View::root(mesh);
-  AxisNamespace ns(mesh);
   SweepCase sc{"mesh (dp=2,tp=2)", {2, 2}, {"dp", "tp"}, {}};
-  World w = makeWorld(sc, ns);
+  World w = makeWorld(sc);
+  const auto &mesh = w.mesh;
+  const View &root = w.view;
+  AxisNamespace ns(mesh);
   std::vector<CountCase> cases = {
       // Shard(d) -> Replicate
       {"[{tp}, {}]", "[{}, {}]", 1},
@@ -868,8 +874,7 @@ TEST(Redistribute, OneAxisTransitionsOnEveryMesh) {
                                    {{2, 3}, {"a", "b"}},
                                    {{8}, {"a"}}}) {
     SweepCase sc{"mesh " + bf::str(m.shape), m.shape, m.names, {}};
-    AxisNamespace ns(testutil::makeMesh(m.shape, m.names));
-    World w = makeWorld(sc, ns);
+    World w = makeWorld(sc);
     int n = static_cast<int>(m.shape.size());
     for (int u = 0; u < n; ++u) {
       AxisRefList unit = {AxisRef{u, 1, m.shape[u]}};
@@ -917,6 +922,64 @@ TEST(Redistribute, OneAxisTransitionsOnEveryMesh) {
       }
     }
   }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Minimal repros of the sweep failures
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+// Partial(sum) -> Partial(max): the pending sum must be all-reduced over the
+// whole partial group before max is declared.
+TEST(RedistributeRepro, ChangingTheReduceOpAllReducesOverThePartialAxes) {
+  SweepCase sc{"mesh (a=2)", {2}, {"a"}, {}};
+  World w = makeWorld(sc);
+  AxisNamespace ns(w.mesh);
+  auto from = parseLayout(w.view, ns, "[{}] partial(sum)={a}");
+  auto to = parseLayout(w.view, ns, "[{}] partial(max)={a}");
+  ASSERT_TRUE(from.ok() && to.ok());
+  auto plan = planRedistribute(w.view, *from, *to, {5});
+  ASSERT_TRUE(plan.ok());
+  ASSERT_FALSE(plan->steps.empty());
+  const RedistributeStep &first = plan->steps[0];
+  EXPECT_EQ(first.kind, StepKind::AllReduce);
+  EXPECT_EQ(formatAxisRefs(*w.mesh, first.axes), "a")
+      << "all_reduce over [" << formatAxisRefs(*w.mesh, first.axes) << "]";
+  EXPECT_EQ(first.groupSize, 2);
+  EXPECT_EQ(simulate(w, *from, *to, {5}), "");
+}
+
+// A layout spelled with sub-axes and the same one spelled with the whole axis
+// chunk uneven dims differently, so "nothing to do" is wrong.
+TEST(RedistributeRepro, SubAxesVersusWholeAxisIsNotANoOp) {
+  SweepCase sc{"mesh (b=4)", {4}, {"b"}, {}};
+  World w = makeWorld(sc);
+  AxisNamespace ns(w.mesh);
+  auto from = parseLayout(w.view, ns, "[{\"b\":(1)2, \"b\":(2)2}]");
+  auto to = parseLayout(w.view, ns, "[{b}]");
+  ASSERT_TRUE(from.ok() && to.ok());
+  RedistributePlan plan;
+  std::string err = simulate(w, *from, *to, {5}, &plan, Pieces::LayoutBoxes);
+  EXPECT_EQ(err, "") << "plan:" << describePlan(*w.mesh, plan);
+}
+
+// One local_slice over two refs cuts 5 rows as torch.chunk(5, 4) =
+// [2, 2, 1, 0] in a standard runtime, but [{a, b}] nests: [2, 1, 1, 1].
+TEST(RedistributeRepro, MultiRefLocalSliceOnAnUnevenDim) {
+  SweepCase sc{"mesh (a=2,b=2)", {2, 2}, {"a", "b"}, {}};
+  World w = makeWorld(sc);
+  AxisNamespace ns(w.mesh);
+  auto from = parseLayout(w.view, ns, "[{}]");
+  auto to = parseLayout(w.view, ns, "[{a, b}]");
+  ASSERT_TRUE(from.ok() && to.ok());
+  RedistributePlan plan;
+  std::string err = simulate(w, *from, *to, {5}, &plan, Pieces::TorchChunk);
+  EXPECT_EQ(err, "") << "plan:" << describePlan(*w.mesh, plan);
+  // Even dims are unaffected.
+  EXPECT_EQ(simulate(w, *from, *to, {8}, nullptr, Pieces::TorchChunk), "");
 }
 
 } // namespace
