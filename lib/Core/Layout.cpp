@@ -39,12 +39,37 @@ Result<ReduceOp> parseReduceOp(std::string_view text) {
                    "\"; expected one of sum, avg, max, min, product");
 }
 
+AxisRefList Layout::dimRefs(int d) const {
+  AxisRefList refs;
+  for (const AxisRefList &level : dims[d])
+    refs.insert(refs.end(), level.begin(), level.end());
+  return refs;
+}
+
 AxisRefList Layout::usedRefs() const {
   AxisRefList all;
-  for (const AxisRefList &dim : dims)
-    all.insert(all.end(), dim.begin(), dim.end());
+  for (int d = 0; d < rank(); ++d) {
+    AxisRefList refs = dimRefs(d);
+    all.insert(all.end(), refs.begin(), refs.end());
+  }
   all.insert(all.end(), partial.begin(), partial.end());
   return all;
+}
+
+Layout normalizeLayout(const Mesh &mesh, const Layout &layout) {
+  Layout out;
+  out.reduceOp = layout.reduceOp;
+  for (const SplitLevels &levels : layout.dims) {
+    SplitLevels normalized;
+    for (const AxisRefList &level : levels) {
+      AxisRefList refs = canonicalizeRefs(mesh, level);
+      if (!refs.empty())
+        normalized.push_back(std::move(refs));
+    }
+    out.dims.push_back(std::move(normalized));
+  }
+  out.partial = canonicalizeRefs(mesh, layout.partial);
+  return out;
 }
 
 Layout replicatedLayout(int tensorRank) {
@@ -70,8 +95,8 @@ Result<void> verifyLayout(const View &view, const Layout &layout) {
   auto nest = checkRefsNest(mesh, all, "layout and view");
   if (!nest)
     return nest;
-  for (size_t d = 0; d < layout.dims.size(); ++d)
-    for (const AxisRef &ref : layout.dims[d])
+  for (int d = 0; d < layout.rank(); ++d)
+    for (const AxisRef &ref : layout.dimRefs(d))
       if (ref.size > 1 && mesh.axis(ref.axis).managed)
         return makeError("managed axis \"" + mesh.axis(ref.axis).name +
                          "\" cannot split tensor dim " + std::to_string(d) +
@@ -104,9 +129,19 @@ bool equivalentLayouts(const View &view, const Layout &a, const Layout &b) {
     AxisRefList used = l->usedRefs();
     universe.insert(universe.end(), used.begin(), used.end());
   }
+  // Levels compare on factors: splitting a ref inside a level keeps the
+  // level's mixed radix, but splitting a level into two changes the chunks.
+  auto factorLevels = [&](const SplitLevels &levels) {
+    std::vector<AxisRefList> out;
+    for (const AxisRefList &level : levels) {
+      AxisRefList factors = splitIntoFactors(mesh, level, universe);
+      if (!factors.empty())
+        out.push_back(std::move(factors));
+    }
+    return out;
+  };
   for (size_t d = 0; d < a.dims.size(); ++d)
-    if (splitIntoFactors(mesh, a.dims[d], universe) !=
-        splitIntoFactors(mesh, b.dims[d], universe))
+    if (factorLevels(a.dims[d]) != factorLevels(b.dims[d]))
       return false;
   AxisRefList pa = splitIntoFactors(mesh, a.partial, universe);
   AxisRefList pb = splitIntoFactors(mesh, b.partial, universe);
@@ -160,9 +195,12 @@ Result<ShardBox> shardOf(const View &view, const Layout &layout,
   for (size_t d = 0; d < globalShape.size(); ++d) {
     sizes.clear();
     coords.clear();
-    for (const AxisRef &ref : layout.dims[d]) {
-      sizes.push_back(ref.size);
-      coords.push_back(ref.coordinateAt(mesh, *position));
+    for (const AxisRefList &level : layout.dims[d]) {
+      int64_t coord = 0;
+      for (const AxisRef &ref : level)
+        coord = coord * ref.size + ref.coordinateAt(mesh, *position);
+      sizes.push_back(levelSize(level));
+      coords.push_back(coord);
     }
     DimShard s = chunkNested(globalShape[d], sizes, coords);
     box.offset.push_back(s.offset);
@@ -177,8 +215,8 @@ std::vector<int64_t> paddedShapeOf(const Layout &layout,
   std::vector<int64_t> padded;
   for (size_t d = 0; d < globalShape.size(); ++d) {
     int64_t p = globalShape[d];
-    for (const AxisRef &ref : layout.dims[d])
-      p = (p + ref.size - 1) / ref.size;
+    for (const AxisRefList &level : layout.dims[d])
+      p = (p + levelSize(level) - 1) / levelSize(level);
     padded.push_back(p);
   }
   return padded;
@@ -227,7 +265,9 @@ static Result<AxisRefList> resolveLayoutName(const View &view,
   return *refs;
 }
 
-static Result<AxisRefList> parseBraceList(const View &view,
+/// Parses `{tp, (r, s), dp}`: one level per item; `(...)` groups refs into
+/// one level.
+static Result<SplitLevels> parseBraceList(const View &view,
                                           const AxisNamespace &ns,
                                           std::string_view text) {
   text = trim(text);
@@ -235,16 +275,28 @@ static Result<AxisRefList> parseBraceList(const View &view,
     return makeError("\"" + std::string(text) +
                      "\" is not a braced axis list such as {tp, dp}");
   std::string_view inner = trim(text.substr(1, text.size() - 2));
-  AxisRefList refs;
+  SplitLevels levels;
   if (inner.empty())
-    return refs;
+    return levels;
   for (std::string_view item : splitTopLevel(inner, ',')) {
-    auto resolved = resolveLayoutName(view, ns, item);
-    if (!resolved)
-      return resolved.error();
-    refs.insert(refs.end(), resolved->begin(), resolved->end());
+    item = trim(item);
+    std::vector<std::string_view> names{item};
+    if (!item.empty() && item.front() == '(') {
+      if (item.back() != ')')
+        return makeError("level \"" + std::string(item) +
+                         "\" has no closing ')'");
+      names = splitTopLevel(item.substr(1, item.size() - 2), ',');
+    }
+    AxisRefList level;
+    for (std::string_view name : names) {
+      auto resolved = resolveLayoutName(view, ns, name);
+      if (!resolved)
+        return resolved.error();
+      level.insert(level.end(), resolved->begin(), resolved->end());
+    }
+    levels.push_back(std::move(level));
   }
-  return refs;
+  return levels;
 }
 
 Result<Layout> parseLayout(const View &view, const AxisNamespace &ns,
@@ -299,15 +351,16 @@ Result<Layout> parseLayout(const View &view, const AxisNamespace &ns,
     }
     if (rest.empty() || rest.front() != '=')
       return makeError("expected '=' after partial, as in partial(sum)={dp}");
-    auto refs = parseBraceList(view, ns, rest.substr(1));
-    if (!refs)
-      return refs.error().within("layout partial axes");
-    layout.partial = std::move(*refs);
+    auto levels = parseBraceList(view, ns, rest.substr(1));
+    if (!levels)
+      return levels.error().within("layout partial axes");
+    for (const AxisRefList &level : *levels)
+      layout.partial.insert(layout.partial.end(), level.begin(), level.end());
   }
   auto ok = verifyLayout(view, layout);
   if (!ok)
     return ok.error();
-  return layout;
+  return normalizeLayout(view.mesh(), layout);
 }
 
 std::string formatLayout(const Mesh &mesh, const Layout &layout) {
@@ -315,7 +368,15 @@ std::string formatLayout(const Mesh &mesh, const Layout &layout) {
   for (size_t d = 0; d < layout.dims.size(); ++d) {
     if (d)
       out += ", ";
-    out += "{" + formatAxisRefs(mesh, layout.dims[d]) + "}";
+    out += "{";
+    for (size_t l = 0; l < layout.dims[d].size(); ++l) {
+      const AxisRefList &level = layout.dims[d][l];
+      if (l)
+        out += ",";
+      out += level.size() == 1 ? formatAxisRef(mesh, level[0])
+                               : "(" + formatAxisRefs(mesh, level) + ")";
+    }
+    out += "}";
   }
   out += "]";
   if (!layout.partial.empty())

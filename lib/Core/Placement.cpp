@@ -390,15 +390,14 @@ Result<Layout> layoutFromPlacements(const View &view,
                                        order ? &*order : nullptr);
     if (!checked)
       return checked.error();
-    for (int s : *order) {
-      const AxisRefList &refs = view.axes()[splits[d][s].viewAxis].refs;
-      layout.dims[d].insert(layout.dims[d].end(), refs.begin(), refs.end());
-    }
+    // Each mesh dim of DTensor is one level: a flattened axis chunks once.
+    for (int s : *order)
+      layout.dims[d].push_back(view.axes()[splits[d][s].viewAxis].refs);
   }
   auto ok = verifyLayout(view, layout);
   if (!ok)
     return ok.error();
-  return layout;
+  return normalizeLayout(view.mesh(), layout);
 }
 
 Result<std::vector<Placement>>
@@ -416,34 +415,34 @@ placementsFromLayout(const View &view, const Layout &layout,
   for (const ViewAxis &axis : view.axes())
     axisFactors.push_back(splitIntoFactors(mesh, axis.refs, universe));
 
-  // Matches a factor list against whole view axes, in order.
-  auto matchAxes = [&](const AxisRefList &refs,
-                       const std::string &what) -> Result<std::vector<int>> {
+  // The view axis whose refs are exactly `refs` (compared on factors).
+  auto matchAxis = [&](const AxisRefList &refs,
+                       const std::string &what) -> Result<int> {
     AxisRefList factors = splitIntoFactors(mesh, refs, universe);
+    for (int a = 0; a < view.numAxes(); ++a)
+      if (!factors.empty() && axisFactors[a] == factors)
+        return a;
+    return makeError(what + " uses \"" + formatAxisRefs(mesh, refs) +
+                     "\", which is not one axis of the view (" +
+                     view.axisNameList() +
+                     "); DTensor places whole mesh dims only");
+  };
+  // Levels of one dim, as view axes.
+  auto matchLevels = [&](const SplitLevels &levels,
+                         const std::string &what) -> Result<std::vector<int>> {
     std::vector<int> axes;
-    size_t at = 0;
-    while (at < factors.size()) {
-      int found = -1;
-      for (int a = 0; a < view.numAxes() && found < 0; ++a) {
-        const AxisRefList &af = axisFactors[a];
-        if (!af.empty() && at + af.size() <= factors.size() &&
-            std::equal(af.begin(), af.end(), factors.begin() + at))
-          found = a;
-      }
-      if (found < 0)
-        return makeError(what + " uses \"" + formatAxisRef(mesh, factors[at]) +
-                         "\", which is not a whole axis of the view (" +
-                         view.axisNameList() +
-                         "); DTensor places whole mesh dims only");
-      axes.push_back(found);
-      at += axisFactors[found].size();
+    for (const AxisRefList &level : levels) {
+      auto axis = matchAxis(level, what);
+      if (!axis)
+        return axis.error();
+      axes.push_back(*axis);
     }
     return axes;
   };
 
   std::vector<Placement> placements(view.numAxes(), Placement::replicate());
   for (size_t d = 0; d < layout.dims.size(); ++d) {
-    auto axes = matchAxes(layout.dims[d], "dim " + std::to_string(d));
+    auto axes = matchLevels(layout.dims[d], "dim " + std::to_string(d));
     if (!axes)
       return axes.error();
     for (size_t q = 0; q < axes->size(); ++q) {
@@ -456,11 +455,31 @@ placementsFromLayout(const View &view, const Layout &layout,
                               : Placement::strided(static_cast<int>(d), sf);
     }
   }
-  auto partialAxes = matchAxes(layout.partial, "partial");
-  if (!partialAxes)
-    return partialAxes.error();
-  for (int a : *partialAxes)
-    placements[a] = Placement::partial(layout.reduceOp);
+  // Partial refs: a set, covered by whole view axes.
+  AxisRefList partialFactors = splitIntoFactors(mesh, layout.partial, universe);
+  size_t covered = 0;
+  for (int a = 0; a < view.numAxes(); ++a) {
+    const AxisRefList &af = axisFactors[a];
+    bool all = !af.empty(), any = false;
+    for (const AxisRef &f : af) {
+      bool in = std::find(partialFactors.begin(), partialFactors.end(), f) !=
+                partialFactors.end();
+      all &= in;
+      any |= in;
+    }
+    if (any && !all)
+      return makeError("partial uses part of view axis \"" +
+                       view.axes()[a].name +
+                       "\"; DTensor places whole mesh dims only");
+    if (all) {
+      placements[a] = Placement::partial(layout.reduceOp);
+      covered += af.size();
+    }
+  }
+  if (covered != partialFactors.size())
+    return makeError("partial uses \"" + formatAxisRefs(mesh, layout.partial) +
+                     "\", which is not made of whole axes of the view (" +
+                     view.axisNameList() + ")");
 
   // DTensor's rule must reproduce the layout's boxes for this shape.
   auto back = layoutFromPlacements(view, placements, shape);

@@ -54,16 +54,31 @@ bool contains(const AxisRefList &list, const AxisRef &ref) {
   return std::find(list.begin(), list.end(), ref) != list.end();
 }
 
-bool isPrefix(const AxisRefList &prefix, const AxisRefList &of) {
+bool levelsContain(const SplitLevels &levels, const AxisRef &ref) {
+  for (const AxisRefList &level : levels)
+    if (contains(level, ref))
+      return true;
+  return false;
+}
+
+bool isPrefix(const SplitLevels &prefix, const SplitLevels &of) {
   return prefix.size() <= of.size() &&
          std::equal(prefix.begin(), prefix.end(), of.begin());
 }
 
-size_t commonPrefix(const AxisRefList &a, const AxisRefList &b) {
+size_t commonPrefix(const SplitLevels &a, const SplitLevels &b) {
   size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n])
     ++n;
   return n;
+}
+
+AxisRefList concat(SplitLevels::const_iterator begin,
+                   SplitLevels::const_iterator end) {
+  AxisRefList out;
+  for (auto it = begin; it != end; ++it)
+    out.insert(out.end(), it->begin(), it->end());
+  return out;
 }
 
 int64_t product(const std::vector<int64_t> &v) {
@@ -73,38 +88,57 @@ int64_t product(const std::vector<int64_t> &v) {
   return p;
 }
 
+/// Plans on a layout whose levels are made of the finest common factors.
+///
+/// A dim is *even* when its size is divisible by the product of its refs in
+/// both layouts: then every intermediate chunking is exact, nested and flat
+/// chunking agree, and the dim is handled as one level per factor, so any
+/// factor can move on its own. On an uneven dim the levels are kept as the
+/// layouts give them, and every step moves whole levels (appending one level
+/// per step), because regrouping levels would change which rank holds what.
 class Planner {
 public:
   Planner(const View &view, const Layout &from, const Layout &to,
           const std::vector<int64_t> &shape, int64_t elementBytes)
-      : view(view), mesh(view.mesh()), shape(shape),
-        elementBytes(elementBytes) {
+      : mesh(view.mesh()), shape(shape), elementBytes(elementBytes) {
     universe = view.refs();
     for (const Layout *l : {&from, &to}) {
       AxisRefList used = l->usedRefs();
       universe.insert(universe.end(), used.begin(), used.end());
     }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      int64_t n = shape[d];
+      even.push_back(n % refsSize(from.dimRefs(static_cast<int>(d))) == 0 &&
+                     n % refsSize(to.dimRefs(static_cast<int>(d))) == 0);
+    }
     cur = toFactors(from);
     target = toFactors(to);
   }
 
-  RedistributePlan run() {
+  Result<RedistributePlan> run() {
     // A pending reduction with a different op than the target's must finish
-    // first; the target's partial is re-declared at the end.
-    AxisRefList keep;
-    if (cur.reduceOp == target.reduceOp || cur.partial.empty())
-      for (const AxisRef &f : cur.partial)
-        if (contains(target.partial, f))
-          keep.push_back(f);
+    // first; the target's partial is declared again at the end.
     if (!cur.partial.empty() && !target.partial.empty() &&
         cur.reduceOp != target.reduceOp)
       allReduce(cur.partial);
+    for (const AxisRef &f : cur.partial)
+      if (contains(target.partial, f))
+        keep.push_back(f);
 
-    for (int guard = 0; guard < 1000 && !done(keep); ++guard) {
-      if (reduceScatter(keep) || allToAll() || localSlice() ||
-          allReduceUnneeded(keep) || permute())
+    for (int guard = 0; !done(); ++guard) {
+      if (guard > 4 * static_cast<int>(universe.size() + shape.size()) + 8)
+        return makeError("internal error: redistribution planner made no "
+                         "progress; please report this layout pair");
+      if (reduceScatter() || allToAll() || localSlice() ||
+          allReduceUnneeded() || permute() || gatherOne())
         continue;
-      gatherOne();
+      // Every dim is on its way to the target, but a level it needs next
+      // mixes pending-partial factors with others: reduce them first.
+      AxisRefList pending = pendingPartial();
+      if (pending.empty())
+        return makeError("internal error: redistribution planner is stuck; "
+                         "please report this layout pair");
+      allReduce(pending);
     }
     AxisRefList mark;
     for (const AxisRef &f : target.partial)
@@ -123,56 +157,101 @@ private:
   Layout toFactors(const Layout &l) const {
     Layout out;
     out.reduceOp = l.reduceOp;
-    for (const AxisRefList &dim : l.dims)
-      out.dims.push_back(splitIntoFactors(mesh, dim, universe));
+    for (size_t d = 0; d < l.dims.size(); ++d) {
+      SplitLevels levels;
+      for (const AxisRefList &level : l.dims[d]) {
+        AxisRefList factors = splitIntoFactors(mesh, level, universe);
+        if (factors.empty())
+          continue;
+        if (even[d])
+          for (const AxisRef &f : factors)
+            levels.push_back({f});
+        else
+          levels.push_back(std::move(factors));
+      }
+      out.dims.push_back(std::move(levels));
+    }
     out.partial = splitIntoFactors(mesh, l.partial, universe);
     return out;
   }
 
-  bool done(const AxisRefList &keep) const {
-    if (cur.dims != target.dims)
-      return false;
+  bool done() const {
+    return cur.dims == target.dims && pendingPartial().empty();
+  }
+
+  /// Partial factors that must be reduced (the target does not keep them).
+  AxisRefList pendingPartial() const {
+    AxisRefList out;
     for (const AxisRef &f : cur.partial)
       if (!contains(keep, f))
-        return false;
-    return true;
+        out.push_back(f);
+    return out;
   }
 
   bool isReplicated(const AxisRef &f) const {
     if (contains(cur.partial, f))
       return false;
-    for (const AxisRefList &dim : cur.dims)
-      if (contains(dim, f))
+    for (const SplitLevels &levels : cur.dims)
+      if (levelsContain(levels, f))
         return false;
     return true;
   }
 
-  /// Factors the target appends to dim d next, if d is on the way there.
-  std::optional<AxisRefList> nextFor(size_t d) const {
+  /// Levels the target appends to dim d next, if d is on the way there.
+  std::optional<SplitLevels> nextFor(size_t d) const {
     if (!isPrefix(cur.dims[d], target.dims[d]))
       return std::nullopt;
-    return AxisRefList(target.dims[d].begin() + cur.dims[d].size(),
+    return SplitLevels(target.dims[d].begin() + cur.dims[d].size(),
                        target.dims[d].end());
   }
 
-  bool reduceScatter(const AxisRefList &keep) {
+  /// Appends to dim d the longest run of the target's next levels whose
+  /// factors all satisfy `ok` (one level only on an uneven dim).
+  std::optional<SplitLevels> appendableRun(size_t d, auto ok) const {
+    auto next = nextFor(d);
+    if (!next)
+      return std::nullopt;
+    SplitLevels run;
+    for (const AxisRefList &level : *next) {
+      if (!std::all_of(level.begin(), level.end(), ok))
+        break;
+      run.push_back(level);
+      if (!even[d])
+        break;
+    }
+    if (run.empty())
+      return std::nullopt;
+    return run;
+  }
+
+  bool reduceScatter() {
     for (size_t d = 0; d < cur.dims.size(); ++d) {
-      auto next = nextFor(d);
-      if (!next)
-        continue;
-      AxisRefList run;
-      for (const AxisRef &f : *next) {
-        if (!contains(cur.partial, f) || contains(keep, f))
-          break;
-        run.push_back(f);
-      }
-      if (run.empty())
+      auto run = appendableRun(d, [&](const AxisRef &f) {
+        return contains(cur.partial, f) && !contains(keep, f);
+      });
+      if (!run)
         continue;
       Layout before = cur;
-      for (const AxisRef &f : run)
+      AxisRefList refs = concat(run->begin(), run->end());
+      for (const AxisRef &f : refs)
         cur.partial.erase(std::find(cur.partial.begin(), cur.partial.end(), f));
-      cur.dims[d].insert(cur.dims[d].end(), run.begin(), run.end());
-      emit(StepKind::ReduceScatter, run, static_cast<int>(d), -1, before);
+      cur.dims[d].insert(cur.dims[d].end(), run->begin(), run->end());
+      emit(StepKind::ReduceScatter, refs, static_cast<int>(d), -1, before);
+      return true;
+    }
+    return false;
+  }
+
+  bool localSlice() {
+    for (size_t d = 0; d < cur.dims.size(); ++d) {
+      auto run =
+          appendableRun(d, [&](const AxisRef &f) { return isReplicated(f); });
+      if (!run)
+        continue;
+      Layout before = cur;
+      cur.dims[d].insert(cur.dims[d].end(), run->begin(), run->end());
+      emit(StepKind::LocalSlice, concat(run->begin(), run->end()),
+           static_cast<int>(d), -1, before);
       return true;
     }
     return false;
@@ -181,7 +260,8 @@ private:
   bool allToAll() {
     for (size_t i = 0; i < cur.dims.size(); ++i) {
       size_t keepLen = commonPrefix(cur.dims[i], target.dims[i]);
-      if (keepLen == cur.dims[i].size())
+      size_t removable = cur.dims[i].size() - keepLen;
+      if (removable == 0)
         continue;
       for (size_t j = 0; j < cur.dims.size(); ++j) {
         if (j == i)
@@ -190,17 +270,20 @@ private:
         if (!next)
           continue;
         // Longest suffix of dim i (beyond what it keeps) that dim j wants
-        // next, in the same order.
-        size_t removable = cur.dims[i].size() - keepLen;
-        for (size_t k = std::min(removable, next->size()); k >= 1; --k) {
-          AxisRefList suffix(cur.dims[i].end() - k, cur.dims[i].end());
+        // next, in the same order; one level when dim j is uneven, because
+        // the receiving side chunks once by the group's size.
+        size_t most = std::min(removable, next->size());
+        if (!even[j])
+          most = std::min<size_t>(most, 1);
+        for (size_t k = most; k >= 1; --k) {
+          SplitLevels suffix(cur.dims[i].end() - k, cur.dims[i].end());
           if (!std::equal(suffix.begin(), suffix.end(), next->begin()))
             continue;
           Layout before = cur;
           cur.dims[i].resize(cur.dims[i].size() - k);
           cur.dims[j].insert(cur.dims[j].end(), suffix.begin(), suffix.end());
-          emit(StepKind::AllToAll, suffix, static_cast<int>(i),
-               static_cast<int>(j), before);
+          emit(StepKind::AllToAll, concat(suffix.begin(), suffix.end()),
+               static_cast<int>(i), static_cast<int>(j), before);
           return true;
         }
       }
@@ -208,46 +291,25 @@ private:
     return false;
   }
 
-  bool localSlice() {
-    for (size_t d = 0; d < cur.dims.size(); ++d) {
-      auto next = nextFor(d);
-      if (!next)
-        continue;
-      AxisRefList run;
-      for (const AxisRef &f : *next) {
-        if (!isReplicated(f))
-          break;
-        run.push_back(f);
-      }
-      if (run.empty())
-        continue;
-      Layout before = cur;
-      cur.dims[d].insert(cur.dims[d].end(), run.begin(), run.end());
-      emit(StepKind::LocalSlice, run, static_cast<int>(d), -1, before);
-      return true;
-    }
-    return false;
-  }
-
-  /// A dim whose off-target suffix holds the same factors as the target's,
-  /// on a dim that splits evenly at every level: every box keeps its size
-  /// and only moves between ranks.
+  /// An even dim whose off-target suffix holds the same factors as the
+  /// target's: every box keeps its size and only moves between ranks.
   bool permute() {
     for (size_t d = 0; d < cur.dims.size(); ++d) {
-      size_t keepLen = commonPrefix(cur.dims[d], target.dims[d]);
-      if (keepLen == cur.dims[d].size() ||
-          cur.dims[d].size() != target.dims[d].size())
+      if (!even[d] || cur.dims[d].size() != target.dims[d].size())
         continue;
-      AxisRefList from(cur.dims[d].begin() + keepLen, cur.dims[d].end());
-      AxisRefList to(target.dims[d].begin() + keepLen, target.dims[d].end());
+      size_t keepLen = commonPrefix(cur.dims[d], target.dims[d]);
+      if (keepLen == cur.dims[d].size())
+        continue;
+      SplitLevels from(cur.dims[d].begin() + keepLen, cur.dims[d].end());
+      SplitLevels to(target.dims[d].begin() + keepLen, target.dims[d].end());
       if (!std::is_permutation(from.begin(), from.end(), to.begin()))
         continue;
-      if (shape[d] % refsSize(cur.dims[d]) != 0)
-        continue; // uneven boxes differ in size: gather and slice instead
       Layout before = cur;
       cur.dims[d] = target.dims[d];
-      emit(StepKind::Permute, from, static_cast<int>(d), -1, before);
-      plan.steps.back().dstAxes = canonicalizeRefs(mesh, to);
+      emit(StepKind::Permute, concat(from.begin(), from.end()),
+           static_cast<int>(d), -1, before);
+      plan.steps.back().dstAxes =
+          canonicalizeRefs(mesh, concat(to.begin(), to.end()));
       return true;
     }
     return false;
@@ -255,14 +317,12 @@ private:
 
   /// Reduces, in one all_reduce, every pending factor that the target
   /// neither keeps partial nor scatters into a dim.
-  bool allReduceUnneeded(const AxisRefList &keep) {
+  bool allReduceUnneeded() {
     AxisRefList run;
-    for (const AxisRef &f : cur.partial) {
-      if (contains(keep, f))
-        continue;
+    for (const AxisRef &f : pendingPartial()) {
       bool scattered = false;
-      for (const AxisRefList &dim : target.dims)
-        scattered |= contains(dim, f);
+      for (const SplitLevels &levels : target.dims)
+        scattered |= levelsContain(levels, f);
       if (!scattered)
         run.push_back(f);
     }
@@ -279,11 +339,11 @@ private:
     emit(StepKind::AllReduce, run, -1, -1, before);
   }
 
-  /// Gathers the minor end of one dim that is off its target: only the tail
-  /// behind the last factor another dim wants (so that factor can move by
+  /// Gathers the minor end of one dim that is off its target: only the
+  /// levels behind the last level another dim wants (so that one can move by
   /// all_to_all next); the whole off-target suffix when nothing else can
-  /// make progress.
-  void gatherOne() {
+  /// make progress. False when every dim is on its way to the target.
+  bool gatherOne() {
     std::optional<size_t> fallback;
     for (size_t d = 0; d < cur.dims.size(); ++d) {
       size_t keepLen = commonPrefix(cur.dims[d], target.dims[d]);
@@ -295,35 +355,32 @@ private:
       while (cut > keepLen && !wantedElsewhere(cur.dims[d][cut - 1], d))
         --cut;
       if (cut == cur.dims[d].size())
-        continue; // its last factor waits to move by all_to_all
-      gather(d, cut == keepLen ? keepLen : cut);
-      return;
+        continue; // its last level waits to move by all_to_all
+      gather(d, cut);
+      return true;
     }
-    if (fallback)
-      gather(*fallback,
-             commonPrefix(cur.dims[*fallback], target.dims[*fallback]));
+    if (!fallback)
+      return false;
+    gather(*fallback,
+           commonPrefix(cur.dims[*fallback], target.dims[*fallback]));
+    return true;
   }
 
-  bool wantedElsewhere(const AxisRef &f, size_t d) const {
+  bool wantedElsewhere(const AxisRefList &level, size_t d) const {
     for (size_t j = 0; j < target.dims.size(); ++j)
-      if (j != d && contains(target.dims[j], f))
-        return true;
+      if (j != d)
+        for (const AxisRef &f : level)
+          if (levelsContain(target.dims[j], f))
+            return true;
     return false;
   }
 
   void gather(size_t d, size_t keepLen) {
     Layout before = cur;
-    AxisRefList removed(cur.dims[d].begin() + keepLen, cur.dims[d].end());
+    AxisRefList removed =
+        concat(cur.dims[d].begin() + keepLen, cur.dims[d].end());
     cur.dims[d].resize(keepLen);
     emit(StepKind::AllGather, removed, static_cast<int>(d), -1, before);
-  }
-
-  Layout canonical(const Layout &l) const {
-    Layout out = l;
-    for (AxisRefList &dim : out.dims)
-      dim = canonicalizeRefs(mesh, dim);
-    out.partial = canonicalizeRefs(mesh, out.partial);
-    return out;
   }
 
   void emit(StepKind kind, const AxisRefList &factors, int dim, int dstDim,
@@ -334,8 +391,8 @@ private:
     step.dim = dim;
     step.dstDim = dstDim;
     step.op = before.reduceOp;
-    step.before = canonical(before);
-    step.after = canonical(cur);
+    step.before = normalizeLayout(mesh, before);
+    step.after = normalizeLayout(mesh, cur);
     step.groupSize = refsSize(factors);
     int64_t g = step.groupSize;
     std::vector<int64_t> in = paddedShapeOf(before, shape);
@@ -367,12 +424,13 @@ private:
     plan.steps.push_back(std::move(step));
   }
 
-  const View &view;
   const Mesh &mesh;
   std::vector<int64_t> shape;
   int64_t elementBytes;
   AxisRefList universe;
+  std::vector<bool> even;
   Layout cur, target;
+  AxisRefList keep; ///< partial factors the target keeps partial
   RedistributePlan plan;
 };
 

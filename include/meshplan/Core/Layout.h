@@ -1,16 +1,25 @@
 //===- Layout.h - How a tensor is laid out on a mesh view -----------------===//
 //
-// A layout gives, per tensor dim, the ordered list of axis refs that split it
-// (major to minor), the partial ("unreduced") refs with their reduce op, and
-// implicitly replicates the tensor over every other ref of its view. Splits
-// follow torch.chunk, nested: the first ref chunks the dim into ceil-sized
-// chunks, the next ref chunks that chunk, and so on. Trailing ranks may get
+// A layout gives, per tensor dim, the ordered *levels* that split it (major
+// to minor), the partial ("unreduced") refs with their reduce op, and
+// implicitly replicates the tensor over every other ref of its view.
+//
+// A level is a list of axis refs. It chunks the current chunk once, like
+// torch.chunk, by the product of its refs' sizes, and ranks take chunks in
+// mixed-radix order over the level's refs. The next level chunks that chunk
+// again (nested chunking). So:
+//   [{tp, dp}]      two levels: tp chunks the dim, then dp chunks each tp
+//                   chunk; how FSDP2 shards a tensor-parallel shard, which
+//                   DTensor can only label with _StridedShard;
+//   [{(r, s)}]      one level over r*s ranks: torch.chunk over a flattened
+//                   group, as DTensor's Shard on a flattened mesh dim and
+//                   FSDP2 on a flattened dp mesh do.
+// For sizes divisible by every level the two agree; for uneven sizes they do
+// not, and the distinction is what keeps offsets right. Trailing ranks may get
 // short or empty shards; collectives pad every shard to the padded size, the
 // chunk size at the innermost level assuming every outer chunk was full.
 //
-// Nested chunking gives every rank exactly one box (offset, sizes). It is how
-// FSDP2 shards a tensor-parallel shard (dim 0 split by [tp, dp]), which DTensor
-// can only label with _StridedShard.
+// Every rank holds exactly one box (offset, sizes).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_CORE_LAYOUT_H
@@ -29,15 +38,27 @@ enum class ReduceOp { Sum, Avg, Max, Min, Product };
 std::string_view reduceOpName(ReduceOp op);
 Result<ReduceOp> parseReduceOp(std::string_view text);
 
+/// The levels splitting one tensor dim, major to minor (see file comment).
+using SplitLevels = std::vector<AxisRefList>;
+
 struct Layout {
-  std::vector<AxisRefList> dims; ///< one list per tensor dim, major to minor
+  std::vector<SplitLevels> dims; ///< one entry per tensor dim
   AxisRefList partial;           ///< pending reduction over these refs
   ReduceOp reduceOp = ReduceOp::Sum;
 
   int rank() const { return static_cast<int>(dims.size()); }
+  /// The refs splitting dim d, all levels concatenated, major to minor.
+  AxisRefList dimRefs(int d) const;
   /// All refs used by dims and partial.
   AxisRefList usedRefs() const;
 };
+
+/// Product of a level's ref sizes.
+inline int64_t levelSize(const AxisRefList &level) { return refsSize(level); }
+
+/// Canonical form: refs within a level canonicalized (adjacent sub-axes
+/// merged, size-1 refs dropped) and size-1 levels dropped.
+Layout normalizeLayout(const Mesh &mesh, const Layout &layout);
 
 /// Fully replicated layout of a tensor of the given rank.
 Layout replicatedLayout(int tensorRank);
@@ -81,12 +102,14 @@ std::vector<int64_t> paddedShapeOf(const Layout &layout,
                                    const std::vector<int64_t> &globalShape);
 
 /// Parses Shardy-like text: `[{tp, dp}, {}]`, optionally followed by
-/// `partial(sum)={x}`. Names resolve through the namespace (so a flattened
-/// name expands to its refs); `"dp":(2)2` writes a sub-axis of a root axis.
-/// Quotes around names are optional.
+/// `partial(sum)={x}`. Each name in braces is one level; `(a, b)` groups
+/// refs into one level. Names resolve through the namespace, so a flattened
+/// name is one level of its refs; `"dp":(2)2` writes a sub-axis of a root
+/// axis. Quotes around names are optional.
 Result<Layout> parseLayout(const View &view, const AxisNamespace &ns,
                            std::string_view text);
-/// Inverse of parseLayout (with root-axis names).
+/// Inverse of parseLayout (with root-axis names; a level of several refs is
+/// printed as `(a,b)`).
 std::string formatLayout(const Mesh &mesh, const Layout &layout);
 
 /// Parses "15,5" into a shape; each dim >= 0.
