@@ -275,9 +275,54 @@ nestedOrder(const std::vector<DimSplit> &splits) {
   return order;
 }
 
-static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
-                                        const std::vector<DimSplit> &splits,
-                                        const std::vector<int> *order) {
+/// Decodes combination `combo` into one coordinate per split.
+static void decodeCombo(int64_t combo, const std::vector<DimSplit> &splits,
+                        std::vector<int64_t> &coords) {
+  for (int s = static_cast<int>(splits.size()) - 1; s >= 0; --s) {
+    coords[s] = combo % splits[s].size;
+    combo /= splits[s].size;
+  }
+}
+
+/// First combination of coordinates where nested chunking in `order` gives a
+/// different box than DTensor's rule, with both index sets; none if equal.
+struct Mismatch {
+  std::vector<int64_t> coords;
+  Intervals actual, expected;
+};
+static std::optional<Mismatch>
+firstMismatch(int64_t n, const std::vector<DimSplit> &splits,
+              const std::vector<int> &order, int64_t combos) {
+  std::vector<int64_t> coords(splits.size()), sizes, nestedCoords;
+  for (int64_t combo = 0; combo < combos; ++combo) {
+    decodeCombo(combo, splits, coords);
+    sizes.clear();
+    nestedCoords.clear();
+    for (int s : order) {
+      sizes.push_back(splits[s].size);
+      nestedCoords.push_back(coords[s]);
+    }
+    DimShard box = chunkNested(n, sizes, nestedCoords);
+    Intervals expected;
+    if (box.size > 0)
+      expected.push_back({box.offset, box.offset + box.size});
+    Intervals actual = dtensorIndices(n, splits, coords);
+    bool same = expected.size() == actual.size() &&
+                (expected.empty() || (expected[0].begin == actual[0].begin &&
+                                      expected[0].end == actual[0].end));
+    if (!same)
+      return Mismatch{coords, actual, expected};
+  }
+  return std::nullopt;
+}
+
+/// The nesting order (major to minor) of a dim's splits whose boxes equal
+/// DTensor's for this size: the order the split factors call for, else the
+/// first order that happens to match (degenerate sizes, size-1 axes).
+/// Errors name a rank and what DTensor would give it.
+static Result<std::vector<int>>
+chooseNesting(const View &view, int dim, int64_t n,
+              const std::vector<DimSplit> &splits) {
   int64_t combos = 1;
   for (const DimSplit &s : splits)
     combos *= s.size;
@@ -286,16 +331,13 @@ static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
     return makeError("dim " + std::to_string(dim) + " is split " +
                      std::to_string(combos) +
                      " ways by placements; too many to check exactly");
-  std::vector<int64_t> coords(splits.size(), 0);
+  std::string dimDesc =
+      "dim " + std::to_string(dim) + " (size " + std::to_string(n) + ")";
+  // No nesting can reproduce a rank that holds several pieces.
+  std::vector<int64_t> coords(splits.size());
   for (int64_t combo = 0; combo < combos; ++combo) {
-    int64_t rest = combo;
-    for (int s = static_cast<int>(splits.size()) - 1; s >= 0; --s) {
-      coords[s] = rest % splits[s].size;
-      rest /= splits[s].size;
-    }
+    decodeCombo(combo, splits, coords);
     Intervals actual = dtensorIndices(n, splits, coords);
-    std::string dimDesc =
-        "dim " + std::to_string(dim) + " (size " + std::to_string(n) + ")";
     if (actual.size() > 1) {
       auto [rank, desc] = witnessRank(view, splits, coords);
       return makeError("placements give rank " + std::to_string(rank) + " (" +
@@ -304,36 +346,41 @@ static Result<void> checkAgainstDTensor(const View &view, int dim, int64_t n,
                        ", not one contiguous box; meshplan rejects such "
                        "lists instead of reporting a wrong offset");
     }
-    if (!order)
-      continue;
-    std::vector<int64_t> sizes, nestedCoords;
-    for (int s : *order) {
-      sizes.push_back(splits[s].size);
-      nestedCoords.push_back(coords[s]);
-    }
-    DimShard box = chunkNested(n, sizes, nestedCoords);
-    Intervals expected;
-    if (box.size > 0)
-      expected.push_back({box.offset, box.offset + box.size});
-    bool same = expected.size() == actual.size() &&
-                (expected.empty() || (expected[0].begin == actual[0].begin &&
-                                      expected[0].end == actual[0].end));
-    if (!same) {
-      auto [rank, desc] = witnessRank(view, splits, coords);
-      return makeError(
-          "placements give rank " + std::to_string(rank) + " (" + desc + ") " +
-          formatIntervals(actual) + " of " + dimDesc +
-          " by DTensor's _StridedShard rule, but nested chunking gives " +
-          formatIntervals(expected) +
-          "; for uneven sizes the two differ (pytorch#168134), so write the "
-          "layout directly");
-    }
   }
-  if (!order)
-    return makeError("dim " + std::to_string(dim) +
-                     ": the split factors of the placement list do not "
-                     "correspond to any nesting of its mesh axes");
-  return {};
+  auto preferred = nestedOrder(splits);
+  std::optional<Mismatch> preferredMismatch;
+  if (preferred) {
+    preferredMismatch = firstMismatch(n, splits, *preferred, combos);
+    if (!preferredMismatch)
+      return *preferred;
+  }
+  // Few splits per dim (one per mesh dim), so trying every order is cheap.
+  std::vector<int> order(splits.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = static_cast<int>(i);
+  std::optional<Mismatch> firstSeen;
+  if (order.size() <= 8) {
+    do {
+      auto mismatch = firstMismatch(n, splits, order, combos);
+      if (!mismatch)
+        return order;
+      if (!firstSeen)
+        firstSeen = mismatch;
+    } while (std::next_permutation(order.begin(), order.end()));
+  }
+  const Mismatch &m = preferredMismatch ? *preferredMismatch : *firstSeen;
+  auto [rank, desc] = witnessRank(view, splits, m.coords);
+  std::string what = "placements give rank " + std::to_string(rank) + " (" +
+                     desc + ") " + formatIntervals(m.actual) + " of " +
+                     dimDesc + " by DTensor's rule, but ";
+  if (preferred)
+    return makeError(what + "nested chunking gives " +
+                     formatIntervals(m.expected) +
+                     "; for uneven sizes DTensor's _StridedShard differs from "
+                     "nested chunking (pytorch#168134), so write the layout "
+                     "directly");
+  return makeError(what + "no nesting of its mesh axes gives every rank its "
+                          "DTensor box (the split factors match no order)");
 }
 
 //===----------------------------------------------------------------------===//
@@ -385,11 +432,9 @@ Result<Layout> layoutFromPlacements(const View &view,
   if (partialOp)
     layout.reduceOp = *partialOp;
   for (int d = 0; d < rank; ++d) {
-    auto order = nestedOrder(splits[d]);
-    auto checked = checkAgainstDTensor(view, d, shape[d], splits[d],
-                                       order ? &*order : nullptr);
-    if (!checked)
-      return checked.error();
+    auto order = chooseNesting(view, d, shape[d], splits[d]);
+    if (!order)
+      return order.error();
     // Each mesh dim of DTensor is one level: a flattened axis chunks once.
     for (int s : *order)
       layout.dims[d].push_back(view.axes()[splits[d][s].viewAxis].refs);

@@ -119,8 +119,10 @@ public:
     // A pending reduction with a different op than the target's must finish
     // first; the target's partial is declared again at the end.
     if (!cur.partial.empty() && !target.partial.empty() &&
-        cur.reduceOp != target.reduceOp)
-      allReduce(cur.partial);
+        cur.reduceOp != target.reduceOp) {
+      AxisRefList all = cur.partial; // allReduce erases from cur.partial
+      allReduce(all);
+    }
     for (const AxisRef &f : cur.partial)
       if (contains(target.partial, f))
         keep.push_back(f);
