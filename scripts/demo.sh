@@ -47,6 +47,11 @@ echo "labels it [_StridedShard(0, sf=2), Shard(0)]. Uneven: 15 rows on (dp=4, tp
 run layout --mesh dp=4,tp=2 --shape 15,5 \
   --placements '_StridedShard(dim=0, sf=2), Shard(dim=0)'
 echo
+echo "FSDP2 on a flattened dp mesh chunks once over the whole group: 5 rows on 4 ranks"
+echo "are torch.chunk(5, 4) = 2,2,1,0, not 3,2 chunked again:"
+run layout --mesh dp_replicate=2,dp_shard=2 --view 'flatten(dp_replicate,dp_shard as dp)' \
+  --shape 5,8 --placements 'Shard(0)'
+echo
 echo "A placement list that gives a rank two pieces is refused, not mis-reported:"
 refused layout --mesh dp=3,tp=2 --shape 12 --placements 'Shard(0), _StridedShard(0, 2)'
 
@@ -59,7 +64,7 @@ echo "Reduce-scatter a gradient that is partial over dp into the FSDP x TP layou
 run redistribute --mesh dp=4,tp=2 --shape 4096,1024 \
   --from '[{tp},{}] partial(sum)={dp}' --to '[{tp,dp},{}]'
 echo
-echo "Axis reorder {dp,tp} -> {tp,dp}: one collective:"
+echo "Axis reorder {dp,tp} -> {tp,dp}: one permute, each rank sends its shard to one peer:"
 run redistribute --mesh dp=4,tp=2 --shape 4096,1024 \
   --from '[{dp,tp},{}]' --to '[{tp,dp},{}]'
 
