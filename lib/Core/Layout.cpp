@@ -186,6 +186,9 @@ Result<ShardBox> shardOf(const View &view, const Layout &layout,
     return makeError("layout has " + std::to_string(layout.dims.size()) +
                      " dims but the tensor shape has " +
                      std::to_string(globalShape.size()));
+  auto shapeOk = checkShape(globalShape);
+  if (!shapeOk)
+    return shapeOk.error();
   const Mesh &mesh = view.mesh();
   auto position = mesh.positionOf(rank);
   if (!position)
@@ -385,14 +388,29 @@ std::string formatLayout(const Mesh &mesh, const Layout &layout) {
   return out;
 }
 
+Result<void> checkShape(const std::vector<int64_t> &shape) {
+  int64_t elements = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0)
+      return makeError("shape dim " + std::to_string(i) + " is " +
+                       std::to_string(shape[i]) + "; sizes must be >= 0");
+    if (shape[i] > kMaxTensorElements ||
+        (shape[i] > 0 && elements > kMaxTensorElements / shape[i]))
+      return makeError("shape dim " + std::to_string(i) + " (" +
+                       std::to_string(shape[i]) +
+                       ") makes the tensor larger than 2^50 elements");
+    elements *= shape[i] > 0 ? shape[i] : 1;
+  }
+  return {};
+}
+
 Result<std::vector<int64_t>> parseShape(std::string_view text) {
   auto dims = parseIntList(text, "shape");
   if (!dims)
     return dims.error();
-  for (size_t i = 0; i < dims->size(); ++i)
-    if ((*dims)[i] < 0)
-      return makeError("shape dim " + std::to_string(i) + " is " +
-                       std::to_string((*dims)[i]) + "; sizes must be >= 0");
+  auto ok = checkShape(*dims);
+  if (!ok)
+    return ok.error();
   return dims;
 }
 

@@ -394,6 +394,9 @@ Result<Layout> layoutFromPlacements(const View &view,
     return makeError(
         std::to_string(placements.size()) + " placements for a view with " +
         std::to_string(view.numAxes()) + " axes (" + view.axisNameList() + ")");
+  auto shapeOk = checkShape(shape);
+  if (!shapeOk)
+    return shapeOk.error();
   int rank = static_cast<int>(shape.size());
   Layout layout;
   layout.dims.resize(rank);

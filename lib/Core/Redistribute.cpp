@@ -491,8 +491,11 @@ Result<RedistributePlan> planRedistribute(const View &view, const Layout &from,
   auto nest = checkRefsNest(view.mesh(), all, "source and target layouts");
   if (!nest)
     return nest.error();
-  if (elementBytes < 1)
-    return makeError("element size must be >= 1 byte");
+  if (elementBytes < 1 || elementBytes > 64)
+    return makeError("element size must be 1..64 bytes");
+  auto shapeOk = checkShape(shape);
+  if (!shapeOk)
+    return shapeOk.error();
   return Planner(view, from, to, shape, elementBytes).run();
 }
 

@@ -112,7 +112,14 @@ Result<Layout> parseLayout(const View &view, const AxisNamespace &ns,
 /// printed as `(a,b)`).
 std::string formatLayout(const Mesh &mesh, const Layout &layout);
 
-/// Parses "15,5" into a shape; each dim >= 0.
+/// Largest number of elements a tensor may have; keeps byte counts and chunk
+/// arithmetic far from int64 overflow.
+constexpr int64_t kMaxTensorElements = int64_t(1) << 50;
+
+/// Checks every dim is >= 0 and the element count is <= kMaxTensorElements.
+Result<void> checkShape(const std::vector<int64_t> &shape);
+
+/// Parses "15,5" into a shape (see checkShape).
 Result<std::vector<int64_t>> parseShape(std::string_view text);
 
 } // namespace meshplan
