@@ -1,9 +1,11 @@
 //===- BruteForce.h - Independent reference models for core tests ---------===//
 //
-// Everything here is written from the definitions in SEMANTICS.md, without
-// calling the library: explicit N-D arrays of rank ids (numpy style), explicit
-// index lists chunked like torch.chunk, and DTensor's left-to-right placement
-// rule. Tests compare the library's stride arithmetic against these.
+// Everything here is written from the definitions in docs/semantics.md,
+// without calling the library: explicit N-D arrays of rank ids (numpy style),
+// explicit index lists chunked like torch.chunk (once per level of a layout,
+// at the rank's mixed-radix index over the level's refs), DTensor's
+// left-to-right placement rule, and enumerations of layouts with levels.
+// Tests compare the library's stride arithmetic against these.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_UNITTESTS_CORE_BRUTEFORCE_H
@@ -242,17 +244,101 @@ inline Ints dtensorRule(int64_t n, const std::vector<DimPlacement> &splits) {
 }
 
 //===----------------------------------------------------------------------===//
+// Levels: nested torch.chunk, one chunk per level
+//===----------------------------------------------------------------------===//
+
+/// Mixed radix of `digits` over `sizes`, the first digit most significant.
+inline int64_t mixedRadix(const Ints &sizes, const Ints &digits) {
+  assert(sizes.size() == digits.size());
+  int64_t index = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    assert(0 <= digits[i] && digits[i] < sizes[i]);
+    index = index * sizes[i] + digits[i];
+  }
+  return index;
+}
+
+/// One level of a dim as one rank sees it: the sizes of the level's refs and
+/// the rank's digits on them (first ref most significant).
+struct LevelDigits {
+  Ints sizes;
+  Ints digits;
+};
+
+/// Index list of a dim of size n: each level, major to minor, chunks the
+/// current list once like torch.chunk into prod(sizes) pieces and keeps the
+/// piece at the mixed radix of the rank's digits.
+inline Ints levelChunk(int64_t n, const std::vector<LevelDigits> &levels) {
+  Ints list = iota(n);
+  for (const LevelDigits &level : levels)
+    list = torchChunk(list,
+                      prod(level.sizes))[mixedRadix(level.sizes, level.digits)];
+  return list;
+}
+
+/// Padded extent of a dim: ceil(padded / level size) per level.
+inline int64_t levelPadded(int64_t n, const Ints &levelSizes) {
+  for (int64_t k : levelSizes)
+    n = (n + k - 1) / k;
+  return n;
+}
+
+//===----------------------------------------------------------------------===//
 // Layout enumeration
 //===----------------------------------------------------------------------===//
 
+/// A layout over numbered units (root axes, sub-axes or view axes): per dim,
+/// the levels major to minor, each an ordered list of units (first most
+/// significant); the partial units.
 struct LayoutSpec {
-  std::vector<std::vector<int>> dims; // unit indices, major to minor
+  std::vector<std::vector<std::vector<int>>> dims;
   std::vector<int> partial;
+
+  /// All units of dim d, levels concatenated.
+  std::vector<int> dimUnits(size_t d) const {
+    std::vector<int> out;
+    for (const auto &level : dims[d])
+      out.insert(out.end(), level.begin(), level.end());
+    return out;
+  }
+  bool hasMultiUnitLevel() const {
+    for (const auto &levels : dims)
+      for (const auto &level : levels)
+        if (level.size() > 1)
+          return true;
+    return false;
+  }
 };
 
+/// Every way to split `items` into ordered levels: every order of the items,
+/// cut into consecutive non-empty groups (k! * 2^(k-1) ways for k items), or
+/// only one item per level (k! ways) when `multiUnitLevels` is false.
+inline std::vector<std::vector<std::vector<int>>>
+levelSplits(const std::vector<int> &items, bool multiUnitLevels) {
+  std::vector<std::vector<std::vector<int>>> out;
+  int k = static_cast<int>(items.size());
+  if (k == 0)
+    return {{}};
+  int cutMasks = multiUnitLevels ? 1 << (k - 1) : 1;
+  for (const auto &perm : permutations(k))
+    for (int cuts = 0; cuts < cutMasks; ++cuts) {
+      // Bit i of `cuts` set: items i and i+1 share a level.
+      std::vector<std::vector<int>> levels;
+      for (int i = 0; i < k; ++i) {
+        bool joins = multiUnitLevels && i > 0 && (cuts & (1 << (i - 1)));
+        if (!joins)
+          levels.emplace_back();
+        levels.back().push_back(items[perm[i]]);
+      }
+      out.push_back(levels);
+    }
+  return out;
+}
+
 /// Every assignment of units to replicated / partial / dim d, with every
-/// order within each dim.
-inline std::vector<LayoutSpec> enumerateLayouts(int numUnits, int rank) {
+/// split of each dim's units into ordered levels (see levelSplits).
+inline std::vector<LayoutSpec> enumerateLayouts(int numUnits, int rank,
+                                                bool multiUnitLevels = false) {
   std::vector<LayoutSpec> out;
   int choices = 2 + rank; // 0 = R, 1 = P, 2+d = dim d
   int total = 1;
@@ -274,21 +360,19 @@ inline std::vector<LayoutSpec> enumerateLayouts(int numUnits, int rank) {
       else if (assign[i] >= 2)
         members[assign[i] - 2].push_back(i);
     }
-    // Cartesian product of permutations per dim.
-    std::vector<LayoutSpec> partial = {base};
+    // Cartesian product of the level splits per dim.
+    std::vector<LayoutSpec> specs = {base};
     for (int d = 0; d < rank; ++d) {
       std::vector<LayoutSpec> next;
-      for (const LayoutSpec &spec : partial)
-        for (const auto &perm :
-             permutations(static_cast<int>(members[d].size()))) {
+      for (const LayoutSpec &spec : specs)
+        for (const auto &levels : levelSplits(members[d], multiUnitLevels)) {
           LayoutSpec s = spec;
-          for (int p : perm)
-            s.dims[d].push_back(members[d][p]);
+          s.dims[d] = levels;
           next.push_back(s);
         }
-      partial = std::move(next);
+      specs = std::move(next);
     }
-    out.insert(out.end(), partial.begin(), partial.end());
+    out.insert(out.end(), specs.begin(), specs.end());
   }
   return out;
 }

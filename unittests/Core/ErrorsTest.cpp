@@ -199,6 +199,13 @@ TEST(Errors, Layouts) {
   bad(root, "[{dp}] partial(sum)=tp");
   bad(root, "[{dp}] partial(sum)={tp");
   bad(root, "[{dp}] extra");
+  // Levels: `(a, b)` groups refs into one level; a ref is still used once.
+  bad(root, "[{(dp, dp)}]", "dp");
+  bad(root, "[{(dp, tp), tp}]", "tp");
+  bad(root, "[{(dp, tp)}, {(cp, dp)}]", "dp");
+  bad(root, "[{(dp, tp}]");
+  bad(root, "[{(dp, zz)}]", "zz");
+  bad(root, "[{(dp, tp)}] partial(sum)={(tp)}", "tp");
   // A flattened name expands to its axes: using one of them again is twice.
   AxisNamespace ns2(m);
   auto flat = evaluateViewExpr(root, "flatten(dp,tp as dt)", ns2);
@@ -215,6 +222,18 @@ TEST(Errors, Layouts) {
   expectError(parseShape("4,-1"), "negative dim", "-1");
   expectError(parseShape("4,x"), "bad dim", "x");
   expectError(parseShape(""), "empty shape");
+  // Shapes are bounded (2^50 elements) wherever they enter.
+  int64_t big = int64_t(1) << 26;
+  expectError(parseShape("1125899906842625"), "2^50 + 1 elements", "2^50");
+  EXPECT_TRUE(parseShape("1125899906842624").ok()) << "2^50 elements";
+  expectError(shardOf(root, *l, {big, big}, 0), "shardOf on 2^52 elements",
+              "2^50");
+  expectError(shardOf(root, *l, {4, -1}, 0), "shardOf on a negative dim");
+  expectError(layoutFromPlacements(root,
+                                   {Placement::shard(0), Placement::replicate(),
+                                    Placement::replicate()},
+                                   {big, big}),
+              "placements on 2^52 elements", "2^50");
   expectError(parseReduceOp("median"), "unknown op", "median");
 }
 
@@ -274,18 +293,22 @@ TEST(Errors, Redistribute) {
   ASSERT_TRUE(a.ok() && b.ok());
   expectError(planRedistribute(root, *a, *b, {4}), "shape rank mismatch");
   expectError(planRedistribute(root, *a, *b, {4, 4}, 0), "element bytes 0");
+  expectError(planRedistribute(root, *a, *b, {4, 4}, 65), "element bytes 65");
+  expectError(
+      planRedistribute(root, *a, *b, {int64_t(1) << 26, int64_t(1) << 26}),
+      "2^52 elements", "2^50");
   auto sliced = evaluateViewExpr(root, "slice(tp,cp)", ns);
   ASSERT_TRUE(sliced.ok());
   expectError(planRedistribute(*sliced, *a, *b, {4, 4}),
               "layout outside the view", "dp");
   Layout twice;
-  twice.dims = {{AxisRef{0, 1, 2}}, {AxisRef{0, 1, 2}}};
+  twice.dims = {{{AxisRef{0, 1, 2}}}, {{AxisRef{0, 1, 2}}}};
   expectError(planRedistribute(root, twice, *b, {4, 4}), "source uses dp twice",
               "dp");
   expectError(planRedistribute(root, *b, twice, {4, 4}), "target uses dp twice",
               "dp");
   Layout outOfMesh;
-  outOfMesh.dims = {{AxisRef{0, 2, 2}}, {}}; // dp has size 2: (2)2 is bad
+  outOfMesh.dims = {{{AxisRef{0, 2, 2}}}, {}}; // dp has size 2: (2)2 is bad
   expectError(planRedistribute(root, outOfMesh, *b, {4, 4}),
               "ref beyond its axis");
   // permutePeers on a step that is not a permute.

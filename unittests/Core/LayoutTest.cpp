@@ -2,10 +2,13 @@
 //
 // For every layout of 1-D and 2-D tensors (dim sizes 0..13) on small meshes
 // (every assignment of each axis, sub-axis or flattened view axis to
-// replicated / partial / dim 0 / dim 1, every order within a dim), each rank's
-// element index set is computed by nested torch.chunk on explicit index lists
-// and compared with shardOf; a block's shards must tile the tensor. Text and
-// DTensor round trips are checked on the same layouts.
+// replicated / partial / dim 0 / dim 1, every order within a dim, and every
+// grouping of a dim's units into levels: `{a, b}` is two nested levels,
+// `{(a, b)}` and a flattened view axis one level), each rank's element index
+// set is computed by torch.chunk on explicit index lists, once per level, and
+// compared with shardOf; a block's shards must tile the tensor. Text and
+// DTensor round trips are checked on the same layouts, and equivalentLayouts
+// must hold exactly when two layouts put the same data on every rank.
 //
 //===----------------------------------------------------------------------===//
 
@@ -56,13 +59,22 @@ struct MeshCase {
 using LayoutSpec = bf::LayoutSpec;
 using bf::enumerateLayouts;
 
+std::string levelText(const MeshCase &mc, const std::vector<int> &level) {
+  if (level.size() == 1)
+    return mc.units[level[0]].text;
+  std::string out = "(";
+  for (size_t i = 0; i < level.size(); ++i)
+    out += (i ? ", " : "") + mc.units[level[i]].text;
+  return out + ")";
+}
+
 std::string layoutText(const MeshCase &mc, const LayoutSpec &spec,
                        const std::string &op = "sum") {
   std::string out = "[";
   for (size_t d = 0; d < spec.dims.size(); ++d) {
     out += d ? ", {" : "{";
-    for (size_t i = 0; i < spec.dims[d].size(); ++i)
-      out += (i ? ", " : "") + mc.units[spec.dims[d][i]].text;
+    for (size_t l = 0; l < spec.dims[d].size(); ++l)
+      out += (l ? ", " : "") + levelText(mc, spec.dims[d][l]);
     out += "}";
   }
   out += "]";
@@ -75,29 +87,56 @@ std::string layoutText(const MeshCase &mc, const LayoutSpec &spec,
   return out;
 }
 
+AxisRefList unitRefs(const MeshCase &mc, int unit) {
+  AxisRefList out;
+  for (const RefSpec &r : mc.units[unit].refs)
+    out.push_back(AxisRef{r.axis, r.pre, r.size});
+  return out;
+}
+
+/// The layout built directly from the spec (not normalized).
 Layout directLayout(const MeshCase &mc, const LayoutSpec &spec) {
   Layout l;
   l.dims.resize(spec.dims.size());
-  auto add = [&](AxisRefList &list, int unit) {
-    for (const RefSpec &r : mc.units[unit].refs)
-      list.push_back(AxisRef{r.axis, r.pre, r.size});
-  };
   for (size_t d = 0; d < spec.dims.size(); ++d)
-    for (int u : spec.dims[d])
-      add(l.dims[d], u);
-  for (int u : spec.partial)
-    add(l.partial, u);
+    for (const std::vector<int> &level : spec.dims[d]) {
+      AxisRefList refs;
+      for (int u : level) {
+        AxisRefList more = unitRefs(mc, u);
+        refs.insert(refs.end(), more.begin(), more.end());
+      }
+      l.dims[d].push_back(refs);
+    }
+  for (int u : spec.partial) {
+    AxisRefList more = unitRefs(mc, u);
+    l.partial.insert(l.partial.end(), more.begin(), more.end());
+  }
   return l;
 }
 
+/// True when some level holds two or more units of size > 1 (a level that
+/// is not one view axis when units are view axes).
+bool hasMultiAxisLevel(const MeshCase &mc, const LayoutSpec &spec) {
+  for (const auto &levels : spec.dims)
+    for (const auto &level : levels) {
+      int nontrivial = 0;
+      for (int u : level)
+        nontrivial += mc.units[u].size() > 1;
+      if (nontrivial > 1)
+        return true;
+    }
+  return false;
+}
+
 struct Stats {
-  int64_t layouts = 0, boxChecks = 0, shapes = 0, placementOk = 0,
-          placementRejected = 0, candidateSearches = 0;
+  int64_t layouts = 0, multiUnitLayouts = 0, boxChecks = 0, shapes = 0,
+          placementOk = 0, placementRejected = 0, candidateSearches = 0,
+          multiAxisRejected = 0;
 };
 
 /// Brute-force placement candidates for a layout whose units are whole view
-/// axes: does any DTensor list (Shard / _StridedShard(sf) per splitting axis)
-/// give exactly the nested boxes on every rank?
+/// axes, one per level: does any DTensor list (Shard / _StridedShard(sf) per
+/// splitting axis) give exactly the nested boxes on every rank?
 bool someDTensorListMatches(const MeshCase &mc, const LayoutSpec &spec,
                             const Ints &shape,
                             const std::vector<Ints> &unitDigits,
@@ -105,7 +144,7 @@ bool someDTensorListMatches(const MeshCase &mc, const LayoutSpec &spec,
   int numAxes = static_cast<int>(mc.units.size());
   std::vector<int> dimOf(numAxes, -1);
   for (size_t d = 0; d < spec.dims.size(); ++d)
-    for (int u : spec.dims[d])
+    for (int u : spec.dimUnits(d))
       dimOf[u] = static_cast<int>(d);
   // Split-factor options per axis.
   std::vector<Ints> options(numAxes, Ints{1});
@@ -147,44 +186,112 @@ bool someDTensorListMatches(const MeshCase &mc, const LayoutSpec &spec,
   }
 }
 
-void runMeshCase(const MeshCase &mc, Stats &stats) {
-  auto mesh = testutil::makeMesh(mc.shape, mc.names, mc.order);
-  ASSERT_TRUE(mesh);
-  AxisNamespace ns(mesh);
-  View root = View::root(mesh);
-  auto viewR = mc.viewExpr.empty() ? Result<View>(root)
-                                   : evaluateViewExpr(root, mc.viewExpr, ns);
-  ASSERT_TRUE(viewR.ok()) << mc.desc << ": " << viewR.error().message;
-  const View &view = *viewR;
-  if (mc.unitsAreViewAxes) {
-    ASSERT_EQ(view.numAxes(), static_cast<int>(mc.units.size())) << mc.desc;
-  }
+/// Brute-force facts about a mesh case: every rank's digit along every unit
+/// and every view axis, and its block.
+struct Ranks {
+  int64_t world = 0;
+  Ints rankIds, blockOf;
+  std::vector<Ints> unitDigits, coords;
+  std::vector<Ints> viewDigits; // per rank, per view axis
+  Ints viewSizes;
+};
 
-  // Brute-force digits of every rank along every unit, and its block.
-  testutil::FailureLog log(mc.desc);
+Ranks bruteRanks(const MeshCase &mc, const View &view) {
+  Ranks out;
   bf::NDArray ranks = testutil::rankArray(mc.shape, mc.order);
-  int64_t world = ranks.numel();
-  std::vector<Ints> unitDigits(world);
-  Ints rankIds(world), blockOf(world);
+  out.world = ranks.numel();
   std::map<Ints, int64_t> blockIds;
-  for (int64_t flat = 0; flat < world; ++flat) {
-    rankIds[flat] = ranks.data[flat];
+  for (const ViewAxis &axis : view.axes()) {
+    int64_t size = 1;
+    for (const AxisRef &ref : axis.refs)
+      size *= ref.size;
+    out.viewSizes.push_back(size);
+  }
+  for (int64_t flat = 0; flat < out.world; ++flat) {
+    out.rankIds.push_back(ranks.data[flat]);
     Ints coord = ranks.unravel(flat);
-    for (const Unit &u : mc.units) {
+    out.coords.push_back(coord);
+    Ints digits;
+    for (int u = 0; u < static_cast<int>(mc.units.size()); ++u) {
       int64_t digit = 0;
-      for (const RefSpec &r : u.refs) {
-        int64_t post = mc.shape[r.axis] / (r.pre * r.size);
-        digit = digit * r.size + (coord[r.axis] / post) % r.size;
-      }
-      unitDigits[flat].push_back(digit);
+      for (const AxisRef &ref : unitRefs(mc, u))
+        digit = digit * ref.size + testutil::refDigit(mc.shape, coord, ref);
+      digits.push_back(digit);
     }
+    out.unitDigits.push_back(digits);
+    Ints vd;
+    for (const ViewAxis &axis : view.axes()) {
+      int64_t digit = 0;
+      for (const AxisRef &ref : axis.refs)
+        digit = digit * ref.size + testutil::refDigit(mc.shape, coord, ref);
+      vd.push_back(digit);
+    }
+    out.viewDigits.push_back(vd);
     Ints outside;
     for (int a = 0; a < static_cast<int>(mc.shape.size()); ++a)
       if (std::find(mc.viewAxes.begin(), mc.viewAxes.end(), a) ==
           mc.viewAxes.end())
         outside.push_back(coord[a]);
-    blockOf[flat] = blockIds.emplace(outside, blockIds.size()).first->second;
+    out.blockOf.push_back(
+        blockIds.emplace(outside, blockIds.size()).first->second);
   }
+  return out;
+}
+
+/// Brute-force index lists of every dim of the rank at `flat`.
+std::vector<Ints> bruteLists(const MeshCase &mc, const Ranks &rk,
+                             const LayoutSpec &spec, const Ints &shape,
+                             int64_t flat) {
+  std::vector<Ints> lists;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    std::vector<bf::LevelDigits> levels;
+    for (const auto &level : spec.dims[d]) {
+      bf::LevelDigits ld;
+      for (int u : level) {
+        ld.sizes.push_back(mc.units[u].size());
+        ld.digits.push_back(rk.unitDigits[flat][u]);
+      }
+      levels.push_back(ld);
+    }
+    lists.push_back(bf::levelChunk(shape[d], levels));
+  }
+  return lists;
+}
+
+struct Built {
+  std::shared_ptr<const Mesh> mesh;
+  std::unique_ptr<AxisNamespace> ns;
+  std::optional<View> view;
+};
+
+Built build(const MeshCase &mc) {
+  Built b;
+  b.mesh = testutil::makeMesh(mc.shape, mc.names, mc.order);
+  if (!b.mesh)
+    return b;
+  b.ns = std::make_unique<AxisNamespace>(b.mesh);
+  View root = View::root(b.mesh);
+  auto viewR = mc.viewExpr.empty() ? Result<View>(root)
+                                   : evaluateViewExpr(root, mc.viewExpr, *b.ns);
+  EXPECT_TRUE(viewR.ok()) << mc.desc << ": " << testutil::errorOf(viewR);
+  if (viewR.ok())
+    b.view = *viewR;
+  return b;
+}
+
+void runMeshCase(const MeshCase &mc, Stats &stats) {
+  Built b = build(mc);
+  ASSERT_TRUE(b.mesh && b.view) << mc.desc;
+  const Mesh &mesh = *b.mesh;
+  const View &view = *b.view;
+  AxisNamespace &ns = *b.ns;
+  if (mc.unitsAreViewAxes) {
+    ASSERT_EQ(view.numAxes(), static_cast<int>(mc.units.size())) << mc.desc;
+  }
+
+  testutil::FailureLog log(mc.desc);
+  Ranks rk = bruteRanks(mc, view);
+  int64_t world = rk.world;
 
   std::vector<Ints> shapes;
   for (int64_t n = 0; n <= 13; ++n)
@@ -195,36 +302,53 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
 
   for (int rank : {1, 2}) {
     for (const LayoutSpec &spec :
-         enumerateLayouts(static_cast<int>(mc.units.size()), rank)) {
+         enumerateLayouts(static_cast<int>(mc.units.size()), rank,
+                          /*multiUnitLevels=*/true)) {
       ++stats.layouts;
+      stats.multiUnitLayouts += spec.hasMultiUnitLevel();
+      bool multiAxisLevel = hasMultiAxisLevel(mc, spec);
       std::string text = layoutText(mc, spec);
       std::string where = mc.desc + " layout " + text;
       auto parsed = parseLayout(view, ns, text);
       ASSERT_TRUE(parsed.ok()) << where << ": " << parsed.error().message;
       Layout direct = directLayout(mc, spec);
-      SWEEP_EXPECT(log, parsed->dims == direct.dims &&
-                            parsed->partial == direct.partial)
-          << where << ": parsed as " << formatLayout(*mesh, *parsed);
+      // parseLayout normalizes: canonical refs within a level, size-1 levels
+      // dropped (the tests' own canonical form).
+      Layout canonical;
+      for (const SplitLevels &levels : direct.dims)
+        canonical.dims.push_back(testutil::canonicalLevels(levels));
+      canonical.partial = testutil::canonicalRefs(direct.partial);
+      SWEEP_EXPECT(log, parsed->dims == canonical.dims &&
+                            parsed->partial == canonical.partial)
+          << where << ": parsed as " << formatLayout(mesh, *parsed);
       SWEEP_EXPECT(log, equivalentLayouts(view, *parsed, direct)) << where;
+      Layout normalized = normalizeLayout(mesh, direct);
+      SWEEP_EXPECT(log, normalized.dims == canonical.dims &&
+                            normalized.partial == canonical.partial)
+          << where << ": normalizeLayout gives "
+          << formatLayout(mesh, normalized);
       const Layout &layout = *parsed;
-      // Text round trip.
-      std::string formatted = formatLayout(*mesh, layout);
+      // Text round trip: formatLayout's text parses back to the same layout.
+      std::string formatted = formatLayout(mesh, layout);
       auto reparsed = parseLayout(view, ns, formatted);
       ASSERT_TRUE(reparsed.ok()) << where << ": formatted as " << formatted
                                  << ": " << reparsed.error().message;
-      SWEEP_EXPECT(log, equivalentLayouts(view, layout, *reparsed))
-          << where << " vs " << formatted;
+      SWEEP_EXPECT(log, reparsed->dims == layout.dims &&
+                            reparsed->partial == layout.partial &&
+                            equivalentLayouts(view, layout, *reparsed))
+          << where << " vs " << formatted << ", parsed back as "
+          << formatLayout(mesh, *reparsed);
       // Replicated refs: what the layout does not use.
       int64_t used = 1;
-      for (const auto &d : spec.dims)
-        for (int u : d)
+      for (size_t d = 0; d < spec.dims.size(); ++d)
+        for (int u : spec.dimUnits(d))
           used *= mc.units[u].size();
       for (int u : spec.partial)
         used *= mc.units[u].size();
       SWEEP_EXPECT(log,
                    refsSize(replicatedRefs(view, layout)) * used == view.size())
           << where << ": replicated refs "
-          << formatAxisRefs(*mesh, replicatedRefs(view, layout));
+          << formatAxisRefs(mesh, replicatedRefs(view, layout));
 
       for (const Ints &shape : shapes) {
         if (static_cast<int>(shape.size()) != rank)
@@ -233,10 +357,14 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
         std::string sw = where + " shape " + bf::str(shape);
         Ints padded;
         for (int d = 0; d < rank; ++d) {
-          int64_t p = shape[d];
-          for (int u : spec.dims[d])
-            p = (p + mc.units[u].size() - 1) / mc.units[u].size();
-          padded.push_back(p);
+          Ints levelSizes;
+          for (const auto &level : spec.dims[d]) {
+            int64_t k = 1;
+            for (int u : level)
+              k *= mc.units[u].size();
+            levelSizes.push_back(k);
+          }
+          padded.push_back(bf::levelPadded(shape[d], levelSizes));
         }
         SWEEP_EXPECT(log, paddedShapeOf(layout, shape) == padded)
             << sw << ": padded " << bf::str(paddedShapeOf(layout, shape))
@@ -246,19 +374,16 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
         std::vector<std::vector<Ints>> nested(world);
         for (int64_t flat = 0; flat < world; ++flat) {
           ++stats.boxChecks;
-          int64_t r = rankIds[flat];
+          int64_t r = rk.rankIds[flat];
           auto box = shardOf(view, layout, shape, r);
           ASSERT_TRUE(box.ok()) << sw << " rank " << r;
           Ints split;
-          std::vector<Ints> lists;
+          for (int d = 0; d < rank; ++d)
+            for (int u : spec.dimUnits(d))
+              split.push_back(rk.unitDigits[flat][u]);
+          std::vector<Ints> lists = bruteLists(mc, rk, spec, shape, flat);
           for (int d = 0; d < rank; ++d) {
-            Ints sizes, coords;
-            for (int u : spec.dims[d]) {
-              sizes.push_back(mc.units[u].size());
-              coords.push_back(unitDigits[flat][u]);
-              split.push_back(unitDigits[flat][u]);
-            }
-            Ints list = bf::nestedChunk(shape[d], sizes, coords);
+            const Ints &list = lists[d];
             int64_t offset = list.empty() ? shape[d] : list[0];
             SWEEP_EXPECT(log, box->offset[d] == offset &&
                                   box->localShape[d] ==
@@ -273,7 +398,6 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
                                   box->paddedShape[d] >= box->localShape[d])
                 << sw << " rank " << r << " dim " << d << ": padded "
                 << box->paddedShape[d] << ", expected " << padded[d];
-            lists.push_back(list);
           }
           nested[flat] = lists;
           Ints elements = {0};
@@ -289,7 +413,7 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
                                 box->empty() == elements.empty())
               << sw << " rank " << r << ": numElements/empty";
           auto [it, fresh] =
-              held.emplace(std::make_pair(blockOf[flat], split), elements);
+              held.emplace(std::make_pair(rk.blockOf[flat], split), elements);
           if (!fresh) {
             SWEEP_EXPECT(log, it->second == elements)
                 << sw << " rank " << r << ": replicas hold different data";
@@ -303,56 +427,60 @@ void runMeshCase(const MeshCase &mc, Stats &stats) {
           for (int64_t e : elements)
             ++seen[e];
         }
+        SWEEP_EXPECT(log, !cover.empty()) << sw << ": no block";
         for (const auto &[block, seen] : cover)
           for (int64_t e = 0; e < numel; ++e)
             SWEEP_EXPECT(log, seen[e] == 1)
                 << sw << " block " << block << " element " << e << " held by "
                 << seen[e] << " shards";
 
-        // DTensor round trip.
+        // DTensor round trip. Every level must be exactly one view axis.
         auto placements = placementsFromLayout(view, layout, shape);
         if (placements.ok()) {
           ++stats.placementOk;
           ASSERT_EQ(static_cast<int>(placements->size()), view.numAxes());
-          if (mc.unitsAreViewAxes) {
-            for (int64_t flat = 0; flat < world; ++flat)
-              for (int d = 0; d < rank; ++d) {
-                std::vector<bf::DimPlacement> splits;
-                for (int a = 0; a < view.numAxes(); ++a) {
-                  const Placement &p = (*placements)[a];
-                  if (p.kind == Placement::Kind::Partial) {
-                    SWEEP_EXPECT(log, std::count(spec.partial.begin(),
-                                                 spec.partial.end(), a))
-                        << sw << ": Partial on a non-partial axis";
-                  }
-                  if ((p.kind == Placement::Kind::Shard ||
-                       p.kind == Placement::Kind::StridedShard) &&
-                      p.dim == d)
-                    splits.push_back({p.splitFactor, mc.units[a].size(),
-                                      unitDigits[flat][a]});
+          SWEEP_EXPECT(log, !(mc.unitsAreViewAxes && multiAxisLevel))
+              << sw << ": a level of several view axes exported as "
+              << formatPlacements(*placements);
+          for (int64_t flat = 0; flat < world; ++flat)
+            for (int d = 0; d < rank; ++d) {
+              std::vector<bf::DimPlacement> splits;
+              for (int a = 0; a < view.numAxes(); ++a) {
+                const Placement &p = (*placements)[a];
+                if (p.kind == Placement::Kind::Partial && mc.unitsAreViewAxes) {
+                  SWEEP_EXPECT(log, std::count(spec.partial.begin(),
+                                               spec.partial.end(), a))
+                      << sw << ": Partial on a non-partial axis";
                 }
-                SWEEP_EXPECT(log, bf::dtensorRule(shape[d], splits) ==
-                                      nested[flat][d])
-                    << sw << " placements " << formatPlacements(*placements)
-                    << " rank " << rankIds[flat] << " dim " << d
-                    << ": DTensor gives "
-                    << bf::str(bf::dtensorRule(shape[d], splits))
-                    << ", the layout " << bf::str(nested[flat][d]);
+                if ((p.kind == Placement::Kind::Shard ||
+                     p.kind == Placement::Kind::StridedShard) &&
+                    p.dim == d)
+                  splits.push_back(
+                      {p.splitFactor, rk.viewSizes[a], rk.viewDigits[flat][a]});
               }
-          }
+              SWEEP_EXPECT(log,
+                           bf::dtensorRule(shape[d], splits) == nested[flat][d])
+                  << sw << " placements " << formatPlacements(*placements)
+                  << " rank " << rk.rankIds[flat] << " dim " << d
+                  << ": DTensor gives "
+                  << bf::str(bf::dtensorRule(shape[d], splits))
+                  << ", the layout " << bf::str(nested[flat][d]);
+            }
           auto back = layoutFromPlacements(view, *placements, shape);
           ASSERT_TRUE(back.ok())
               << sw << " placements " << formatPlacements(*placements) << ": "
               << back.error().message;
           SWEEP_EXPECT(log, equivalentLayouts(view, layout, *back))
               << sw << " placements " << formatPlacements(*placements)
-              << " came back as " << formatLayout(*mesh, *back);
+              << " came back as " << formatLayout(mesh, *back);
         } else {
           ++stats.placementRejected;
-          if (mc.unitsAreViewAxes) {
+          if (mc.unitsAreViewAxes && multiAxisLevel) {
+            ++stats.multiAxisRejected; // DTensor has no such level
+          } else if (mc.unitsAreViewAxes) {
             ++stats.candidateSearches;
             SWEEP_EXPECT(log, !someDTensorListMatches(mc, spec, shape,
-                                                      unitDigits, nested))
+                                                      rk.unitDigits, nested))
                 << sw << ": a DTensor placement list gives these boxes, but "
                 << "placementsFromLayout says: " << placements.error().message;
           }
@@ -398,6 +526,18 @@ std::vector<MeshCase> sweepCases(bool flattened) {
     mc.shape = {4};
     mc.names = {"x"};
     mc.units = {{"\"x\":(1)2", {{0, 1, 2}}}, {"\"x\":(2)2", {{0, 2, 2}}}};
+    mc.viewAxes = {0};
+    mc.unitsAreViewAxes = false;
+    cases.push_back(mc);
+  }
+  {
+    MeshCase mc;
+    mc.desc = "mesh (x=8) as x:(1)2, x:(2)2, x:(4)2";
+    mc.shape = {8};
+    mc.names = {"x"};
+    mc.units = {{"\"x\":(1)2", {{0, 1, 2}}},
+                {"x:(2)2", {{0, 2, 2}}},
+                {"\"x\":(4)2", {{0, 4, 2}}}};
     mc.viewAxes = {0};
     mc.unitsAreViewAxes = false;
     cases.push_back(mc);
@@ -450,6 +590,15 @@ std::vector<MeshCase> sweepCases(bool flattened) {
     mc.viewAxes = {1, 2};
     cases.push_back(mc);
   }
+  {
+    MeshCase mc = simple({2, 3, 2});
+    mc.desc = "mesh (2,3,2) view flatten(a,b as ab)";
+    mc.viewExpr = "flatten(a,b as ab)";
+    mc.flattened = true;
+    mc.units = {{"ab", {{0, 1, 2}, {1, 1, 3}}}, whole("c", 2, 2)};
+    mc.viewAxes = {0, 1, 2};
+    cases.push_back(mc);
+  }
   std::vector<MeshCase> out;
   for (const MeshCase &mc : cases)
     if (mc.flattened == flattened)
@@ -465,20 +614,177 @@ void runSweep(bool flattened) {
     if (::testing::Test::HasFatalFailure())
       return;
   }
-  std::printf("[sweep] %zu meshes/views, %lld layouts, %lld (layout, shape) "
-              "pairs, %lld rank boxes; placementsFromLayout ok %lld, rejected "
-              "%lld (%lld checked by brute-force candidate search)\n",
-              cases.size(), (long long)stats.layouts, (long long)stats.shapes,
-              (long long)stats.boxChecks, (long long)stats.placementOk,
-              (long long)stats.placementRejected,
-              (long long)stats.candidateSearches);
+  std::printf(
+      "[sweep] %zu meshes/views, %lld layouts (%lld with a level of "
+      "several units), %lld (layout, shape) pairs, %lld rank boxes; "
+      "placementsFromLayout ok %lld, rejected %lld (%lld for a level "
+      "of several view axes, %lld checked by brute-force candidate "
+      "search)\n",
+      cases.size(), (long long)stats.layouts, (long long)stats.multiUnitLayouts,
+      (long long)stats.shapes, (long long)stats.boxChecks,
+      (long long)stats.placementOk, (long long)stats.placementRejected,
+      (long long)stats.multiAxisRejected, (long long)stats.candidateSearches);
+  // Every branch of the sweep ran.
+  EXPECT_GT(stats.multiUnitLayouts, 0);
+  EXPECT_GT(stats.boxChecks, 0);
+  EXPECT_GT(stats.placementOk, 0);
+  EXPECT_GT(stats.multiAxisRejected, 0);
+  EXPECT_GT(stats.candidateSearches, 0);
 }
 
 TEST(LayoutSweep, ShardBoxesTilingAndRoundTrips) { runSweep(false); }
 
-// A flattened view axis is one mesh dim to DTensor: Shard(d) on it is one
-// torch.chunk by the axis's size, not nested chunks by its root axes.
+// A flattened view axis is one level: Shard(d) on it, and the layout that
+// names it, chunk once by the axis's size, not by its root axes in turn.
 TEST(LayoutSweep, FlattenedViewAxesChunkByTheirProduct) { runSweep(true); }
+
+/// Everything a layout puts on the ranks, by brute force from its refs, over
+/// several shapes: each rank's index list of every dim (torch.chunk once per
+/// level), and which ranks' values reduce together (the partial group).
+Ints dataSignature(const MeshCase &mc, const Ranks &rk, const Layout &layout) {
+  Ints sig;
+  for (int64_t n = 0; n <= 13; ++n)
+    for (int64_t flat = 0; flat < rk.world; ++flat)
+      for (const SplitLevels &levels : layout.dims) {
+        std::vector<bf::LevelDigits> lds;
+        for (const AxisRefList &level : levels) {
+          bf::LevelDigits ld;
+          for (const AxisRef &ref : level) {
+            ld.sizes.push_back(ref.size);
+            ld.digits.push_back(
+                testutil::refDigit(mc.shape, rk.coords[flat], ref));
+          }
+          lds.push_back(ld);
+        }
+        Ints list = bf::levelChunk(n, lds);
+        sig.push_back(-1 - static_cast<int64_t>(list.size()));
+        sig.insert(sig.end(), list.begin(), list.end());
+      }
+  std::map<Ints, int64_t> groupIds;
+  for (int64_t flat = 0; flat < rk.world; ++flat) {
+    Ints key = rk.coords[flat];
+    for (const AxisRef &ref : layout.partial)
+      key[ref.axis] -= testutil::refDigit(mc.shape, rk.coords[flat], ref) *
+                       (mc.shape[ref.axis] / (ref.pre * ref.size));
+    sig.push_back(groupIds.emplace(key, groupIds.size()).first->second);
+  }
+  return sig;
+}
+
+/// Splits a ref of composite size into two sub-axes (major, minor).
+std::optional<std::pair<AxisRef, AxisRef>> splitRef(const AxisRef &ref) {
+  for (int64_t p = 2; p < ref.size; ++p)
+    if (ref.size % p == 0)
+      return std::make_pair(AxisRef{ref.axis, ref.pre, p},
+                            AxisRef{ref.axis, ref.pre * p, ref.size / p});
+  return std::nullopt;
+}
+
+/// Other spellings of a layout: canonical refs (and the partial refs in
+/// reverse order); the first composite ref cut into two sub-axes within its
+/// level; the same cut into two levels; a composite partial ref cut.
+std::vector<Layout> respellings(const Layout &l) {
+  std::vector<Layout> out;
+  Layout canonical = l;
+  for (SplitLevels &levels : canonical.dims)
+    levels = testutil::canonicalLevels(levels);
+  canonical.partial = testutil::canonicalRefs(l.partial);
+  std::reverse(canonical.partial.begin(), canonical.partial.end());
+  out.push_back(canonical);
+  bool cut = false;
+  for (size_t d = 0; d < l.dims.size() && !cut; ++d)
+    for (size_t v = 0; v < l.dims[d].size() && !cut; ++v)
+      for (size_t i = 0; i < l.dims[d][v].size() && !cut; ++i) {
+        auto parts = splitRef(l.dims[d][v][i]);
+        if (!parts)
+          continue;
+        cut = true;
+        Layout within = l;
+        AxisRefList &level = within.dims[d][v];
+        level[i] = parts->first;
+        level.insert(level.begin() + i + 1, parts->second);
+        out.push_back(within);
+        Layout twoLevels = l;
+        AxisRefList major(l.dims[d][v].begin(), l.dims[d][v].begin() + i);
+        AxisRefList minor(l.dims[d][v].begin() + i + 1, l.dims[d][v].end());
+        major.push_back(parts->first);
+        minor.insert(minor.begin(), parts->second);
+        twoLevels.dims[d][v] = major;
+        twoLevels.dims[d].insert(twoLevels.dims[d].begin() + v + 1, minor);
+        out.push_back(twoLevels);
+      }
+  for (size_t i = 0; i < l.partial.size(); ++i)
+    if (auto parts = splitRef(l.partial[i])) {
+      Layout p = l;
+      p.partial[i] = parts->second;
+      p.partial.push_back(parts->first);
+      out.push_back(p);
+      break;
+    }
+  return out;
+}
+
+// equivalentLayouts promises "the same data on every rank": for every pair of
+// layouts of the sweep (levels included, spelled without normalization, and
+// respelled with sub-axes) it must say so exactly when the brute-force data
+// agree for every shape.
+TEST(LayoutSweep, EquivalentExactlyWhenTheSameData) {
+  std::vector<MeshCase> cases = sweepCases(false);
+  for (const MeshCase &mc : sweepCases(true))
+    cases.push_back(mc);
+  int64_t layoutsChecked = 0, pairs = 0, equivalentPairs = 0,
+          respelledEquivalent = 0;
+  for (const MeshCase &mc : cases) {
+    Built b = build(mc);
+    ASSERT_TRUE(b.mesh && b.view) << mc.desc;
+    const Mesh &mesh = *b.mesh;
+    const View &view = *b.view;
+    Ranks rk = bruteRanks(mc, view);
+    testutil::FailureLog log("equivalence on " + mc.desc);
+    for (int rank : {1, 2}) {
+      std::vector<Layout> layouts;
+      std::vector<size_t> origin; // the enumerated layout it respells
+      for (const LayoutSpec &spec :
+           enumerateLayouts(static_cast<int>(mc.units.size()), rank, true)) {
+        size_t first = layouts.size();
+        layouts.push_back(directLayout(mc, spec));
+        origin.push_back(first);
+        for (const Layout &other : respellings(layouts[first])) {
+          layouts.push_back(other);
+          origin.push_back(first);
+        }
+      }
+      std::map<Ints, int64_t> sigIds;
+      Ints sig;
+      for (const Layout &l : layouts)
+        sig.push_back(sigIds.emplace(dataSignature(mc, rk, l), sigIds.size())
+                          .first->second);
+      layoutsChecked += static_cast<int64_t>(layouts.size());
+      for (size_t i = 0; i < layouts.size(); ++i)
+        for (size_t j = i; j < layouts.size(); ++j) {
+          ++pairs;
+          bool same = sig[i] == sig[j];
+          bool equivalent = equivalentLayouts(view, layouts[i], layouts[j]);
+          if (equivalent && i != j) {
+            ++equivalentPairs;
+            respelledEquivalent += origin[i] == origin[j];
+          }
+          SWEEP_EXPECT(log, equivalent == same)
+              << mc.desc << ": " << formatLayout(mesh, layouts[i]) << " and "
+              << formatLayout(mesh, layouts[j]) << ": equivalentLayouts says "
+              << equivalent << ", but the brute-force data are "
+              << (same ? "the same" : "different");
+        }
+    }
+  }
+  std::printf("[sweep] %lld layouts (with respellings), %lld pairs, %lld "
+              "equivalent pairs of different spellings (%lld respellings of "
+              "one layout)\n",
+              (long long)layoutsChecked, (long long)pairs,
+              (long long)equivalentPairs, (long long)respelledEquivalent);
+  EXPECT_GT(respelledEquivalent, 0);
+  EXPECT_GT(equivalentPairs, respelledEquivalent);
+}
 
 TEST(Layout, ReduceOpsRoundTripThroughText) {
   auto mesh = testutil::makeMesh({2, 2}, {"dp", "tp"});
@@ -501,132 +807,83 @@ TEST(Layout, ReduceOpsRoundTripThroughText) {
   EXPECT_FALSE(equivalentLayouts(root, *s, *m));
 }
 
-/// Merges adjacent refs that form one larger (sub-)axis: b:(1)2,b:(2)2 -> b.
-AxisRefList mergeAdjacent(const AxisRefList &refs) {
-  AxisRefList out;
-  for (const AxisRef &r : refs) {
-    if (!out.empty() && out.back().axis == r.axis &&
-        out.back().pre * out.back().size == r.pre) {
-      out.back().size *= r.size;
-      continue;
-    }
-    out.push_back(r);
-  }
-  return out;
-}
-
-// equivalentLayouts promises "the same data on every rank". Whenever it says
-// so for a layout and the same layout with adjacent sub-axes merged, every
-// rank's box must be the same for every shape.
-TEST(LayoutSweep, EquivalentLayoutsHoldTheSameBoxes) {
-  struct Case {
-    Ints shape;
-    std::vector<std::string> names;
-    AxisRefList units;
-  };
-  std::vector<Case> cases = {
-      {{4}, {"x"}, {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}}},
-      {{8}, {"x"}, {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}, AxisRef{0, 4, 2}}},
-      {{4, 2},
-       {"dp", "tp"},
-       {AxisRef{0, 1, 2}, AxisRef{0, 2, 2}, AxisRef{1, 1, 2}}},
-  };
-  int64_t merges = 0;
-  for (const Case &c : cases) {
-    auto mesh = testutil::makeMesh(c.shape, c.names);
-    View root = View::root(mesh);
-    testutil::FailureLog log("sub-axes of mesh " + bf::str(c.shape));
-    for (int rank : {1, 2})
-      for (const bf::LayoutSpec &spec :
-           bf::enumerateLayouts(static_cast<int>(c.units.size()), rank)) {
-        Layout split;
-        split.dims.resize(rank);
-        for (int d = 0; d < rank; ++d)
-          for (int u : spec.dims[d])
-            split.dims[d].push_back(c.units[u]);
-        for (int u : spec.partial)
-          split.partial.push_back(c.units[u]);
-        Layout joined = split;
-        for (AxisRefList &dim : joined.dims)
-          dim = mergeAdjacent(dim);
-        if (joined.dims == split.dims)
-          continue;
-        ++merges;
-        bool equivalent = equivalentLayouts(root, split, joined);
-        for (int64_t n0 = 0; n0 <= 13; ++n0)
-          for (int64_t n1 : {1, 5}) {
-            Ints shape = rank == 1 ? Ints{n0} : Ints{n0, n1};
-            bool same = true;
-            std::string diff;
-            for (int64_t r = 0; r < mesh->size() && same; ++r) {
-              auto a = shardOf(root, split, shape, r);
-              auto b = shardOf(root, joined, shape, r);
-              same = a.ok() && b.ok() && a->offset == b->offset &&
-                     a->localShape == b->localShape;
-              if (!same && a.ok() && b.ok())
-                diff = "rank " + std::to_string(r) + ": " + bf::str(a->offset) +
-                       "+" + bf::str(a->localShape) + " vs " +
-                       bf::str(b->offset) + "+" + bf::str(b->localShape);
-            }
-            SWEEP_EXPECT(log, !equivalent || same)
-                << formatLayout(*mesh, split) << " and "
-                << formatLayout(*mesh, joined) << " are 'equivalent' but "
-                << "differ for shape " << bf::str(shape) << ", " << diff;
-            if (rank == 1)
-              break;
-          }
-      }
-  }
-  std::printf("[sweep] %lld layouts with mergeable sub-axes\n",
-              (long long)merges);
-}
-
-// Minimal repro: on x=4, [{x:(1)2, x:(2)2}] (nested chunks 2 then 2) and
-// [{x}] (one chunk by 4) are reported equivalent, yet for 5 rows they give
-// rank 1 one row (offset 2) and two rows (offset 2) respectively.
-TEST(Layout, MergedSubAxesEquivalenceRepro) {
+// Regression (was MergedSubAxesEquivalenceRepro): on x=4, two nested levels
+// x:(1)2 then x:(2)2 are not one level over x: for 5 rows they give rank 1
+// row 2 alone and rows 2, 3 respectively. One level over both sub-axes, in
+// their order, is the whole axis.
+TEST(Layout, NestedSubAxesAreNotOneLevel) {
   auto mesh = testutil::makeMesh({4}, {"x"});
   View root = View::root(mesh);
   AxisNamespace ns(mesh);
-  auto split = parseLayout(root, ns, "[{\"x\":(1)2, \"x\":(2)2}]");
-  auto joined = parseLayout(root, ns, "[{x}]");
-  ASSERT_TRUE(split.ok() && joined.ok());
-  // Brute force: nested torch.chunk vs one torch.chunk.
-  EXPECT_EQ(bf::nestedChunk(5, {2, 2}, {0, 1}), (Ints{2}));
-  EXPECT_EQ(bf::nestedChunk(5, {4}, {1}), (Ints{2, 3}));
-  auto a = shardOf(root, *split, {5}, 1);
-  auto b = shardOf(root, *joined, {5}, 1);
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_EQ(a->localShape[0], 1);
-  EXPECT_EQ(b->localShape[0], 2);
-  EXPECT_FALSE(equivalentLayouts(root, *split, *joined))
+  auto nested = parseLayout(root, ns, "[{\"x\":(1)2, \"x\":(2)2}]");
+  auto grouped = parseLayout(root, ns, "[{(\"x\":(1)2, \"x\":(2)2)}]");
+  auto reversed = parseLayout(root, ns, "[{(\"x\":(2)2, \"x\":(1)2)}]");
+  auto whole = parseLayout(root, ns, "[{x}]");
+  ASSERT_TRUE(nested.ok() && grouped.ok() && reversed.ok() && whole.ok());
+  // By hand: torch.chunk(5, 2) = [0..2], [3, 4], each chunked by 2 again;
+  // torch.chunk(5, 4) = [0, 1], [2, 3], [4], [].
+  EXPECT_EQ(testutil::rowsOf(root, *nested, 5),
+            (std::vector<Ints>{{0, 1}, {2}, {3}, {4}}));
+  EXPECT_EQ(testutil::rowsOf(root, *whole, 5),
+            (std::vector<Ints>{{0, 1}, {2, 3}, {4}, {}}));
+  EXPECT_EQ(testutil::rowsOf(root, *grouped, 5),
+            testutil::rowsOf(root, *whole, 5));
+  // Reversed: rank r sits at chunk (r % 2) * 2 + r / 2.
+  EXPECT_EQ(testutil::rowsOf(root, *reversed, 5),
+            (std::vector<Ints>{{0, 1}, {4}, {2, 3}, {}}));
+  EXPECT_FALSE(equivalentLayouts(root, *nested, *whole))
       << "different boxes for 5 rows, yet reported equivalent";
+  EXPECT_TRUE(equivalentLayouts(root, *grouped, *whole));
+  EXPECT_FALSE(equivalentLayouts(root, *reversed, *whole));
+  EXPECT_FALSE(equivalentLayouts(root, *reversed, *nested));
+  // Normalization merges the sub-axes of one level only.
+  EXPECT_EQ(grouped->dims, whole->dims);
+  EXPECT_EQ(nested->dims.size(), 1u);
+  EXPECT_EQ(nested->dims[0].size(), 2u);
+  EXPECT_EQ(formatLayout(*mesh, *grouped), "[{x}]");
+  EXPECT_EQ(formatLayout(*mesh, *nested), "[{x:(1)2,x:(2)2}]");
+  EXPECT_EQ(formatLayout(*mesh, *reversed), "[{(x:(2)2,x:(1)2)}]");
 }
 
-// Minimal repro of the flattened-axis sweep failure: FSDP2 over a flattened
-// dp mesh of 4 ranks chunks 5 rows as torch.chunk(5, 4) = [2, 2, 1, 0].
+// Regression: FSDP2 over a flattened dp mesh of 4 ranks chunks 5 rows as
+// torch.chunk(5, 4) = [2, 2, 1, 0], whether the layout names the flattened
+// axis, groups its root axes into one level, or comes from Shard(0).
 TEST(Layout, ShardOverFlattenedAxisIsOneTorchChunk) {
   auto mesh = testutil::makeMesh({2, 2}, {"a", "b"});
   AxisNamespace ns(mesh);
-  auto view = evaluateViewExpr(View::root(mesh), "flatten(a,b as ab)", ns);
+  View root = View::root(mesh);
+  auto view = evaluateViewExpr(root, "flatten(a,b as ab)", ns);
   ASSERT_TRUE(view.ok());
   std::vector<Ints> rows = {{0, 1}, {2, 3}, {4}, {}};
   auto fromText = parseLayout(*view, ns, "[{ab}]");
+  auto fromGroup = parseLayout(root, ns, "[{(a, b)}]");
+  auto fromName = parseLayout(root, ns, "[{ab}]");
   auto fromDTensor = layoutFromPlacements(*view, {Placement::shard(0)}, {5});
   ASSERT_TRUE(fromText.ok()) << fromText.error().message;
-  for (const Result<Layout> *layout : {&fromText, &fromDTensor}) {
-    if (!layout->ok())
-      continue; // rejecting the import would be acceptable; a wrong box not
-    for (int64_t r = 0; r < 4; ++r) {
-      auto box = shardOf(*view, **layout, {5}, r);
-      ASSERT_TRUE(box.ok());
-      int64_t offset = rows[r].empty() ? 5 : rows[r][0];
-      EXPECT_EQ(box->offset[0], offset)
-          << "rank " << r << " of " << formatLayout(*mesh, **layout);
-      EXPECT_EQ(box->localShape[0], static_cast<int64_t>(rows[r].size()))
-          << "rank " << r << " of " << formatLayout(*mesh, **layout);
-    }
-  }
+  ASSERT_TRUE(fromGroup.ok()) << fromGroup.error().message;
+  ASSERT_TRUE(fromName.ok()) << fromName.error().message;
+  ASSERT_TRUE(fromDTensor.ok()) << fromDTensor.error().message;
+  for (const Layout *layout :
+       {&*fromText, &*fromGroup, &*fromName, &*fromDTensor})
+    EXPECT_EQ(testutil::rowsOf(*view, *layout, 5), rows)
+        << formatLayout(*mesh, *layout);
+  EXPECT_EQ(formatLayout(*mesh, *fromDTensor), "[{(a,b)}]");
+  // Two levels, a then b: 5 -> 3, 2 -> 2, 1, 1, 1.
+  auto nested = parseLayout(root, ns, "[{a, b}]");
+  ASSERT_TRUE(nested.ok());
+  EXPECT_EQ(testutil::rowsOf(root, *nested, 5),
+            (std::vector<Ints>{{0, 1}, {2}, {3}, {4}}));
+  EXPECT_FALSE(equivalentLayouts(root, *nested, *fromGroup));
+  // And back to DTensor: the one level is the flattened axis.
+  auto back = placementsFromLayout(*view, *fromText, {5});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(formatPlacements(*back), "S(0)");
+  // Two levels on a root view are two mesh dims.
+  auto nestedBack = placementsFromLayout(root, *nested, {8});
+  ASSERT_TRUE(nestedBack.ok()) << nestedBack.error().message;
+  EXPECT_EQ(formatPlacements(*nestedBack), "S(0),S(0)");
+  // One level over two mesh dims has no DTensor form.
+  EXPECT_FALSE(placementsFromLayout(root, *fromGroup, {8}).ok());
 }
 
 TEST(Layout, EquivalenceAcrossRefGranularity) {
@@ -636,9 +893,75 @@ TEST(Layout, EquivalenceAcrossRefGranularity) {
   auto a = parseLayout(root, ns, "[{dp, tp}]");
   auto b = parseLayout(root, ns, "[{\"dp\":(1)2, \"dp\":(2)2, tp}]");
   auto c = parseLayout(root, ns, "[{\"dp\":(2)2, \"dp\":(1)2, tp}]");
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  EXPECT_TRUE(equivalentLayouts(root, *a, *b));
+  auto d = parseLayout(root, ns, "[{(\"dp\":(1)2, \"dp\":(2)2), tp}]");
+  auto e = parseLayout(root, ns, "[{(\"dp\":(2)2, \"dp\":(1)2), tp}]");
+  auto f = parseLayout(root, ns, "[{(dp, tp)}]");
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok() && d.ok() && e.ok() && f.ok());
+  // Two levels of sub-axes are not the one level dp.
+  EXPECT_FALSE(equivalentLayouts(root, *a, *b));
   EXPECT_FALSE(equivalentLayouts(root, *a, *c));
+  // One level of both sub-axes, in order, is dp.
+  EXPECT_TRUE(equivalentLayouts(root, *a, *d));
+  EXPECT_FALSE(equivalentLayouts(root, *a, *e));
+  // One level over dp and tp is neither.
+  EXPECT_FALSE(equivalentLayouts(root, *a, *f));
+  EXPECT_FALSE(equivalentLayouts(root, *b, *f));
+  // Brute force: 9 rows, rank 2 (dp=1, tp=0).
+  EXPECT_EQ(bf::levelChunk(9, {{{4}, {1}}, {{2}, {0}}}), (Ints{3, 4}));
+  EXPECT_EQ(bf::levelChunk(9, {{{2}, {0}}, {{2}, {1}}, {{2}, {0}}}), (Ints{3}));
+  EXPECT_EQ(bf::levelChunk(9, {{{4, 2}, {1, 0}}}), (Ints{4, 5}));
+  for (const auto &[layout, rows] :
+       std::vector<std::pair<const Layout *, Ints>>{
+           {&*a, {3, 4}}, {&*b, {3}}, {&*f, {4, 5}}}) {
+    auto box = shardOf(root, *layout, {9}, 2);
+    ASSERT_TRUE(box.ok());
+    EXPECT_EQ(box->offset[0], rows[0]) << formatLayout(*mesh, *layout);
+    EXPECT_EQ(box->localShape[0], static_cast<int64_t>(rows.size()))
+        << formatLayout(*mesh, *layout);
+  }
+}
+
+// The text forms of the spec: each braced name is a level, `(a, b)` one
+// level, a flattened name one level; formatLayout prints a multi-ref level as
+// `(a,b)`, and size-1 levels disappear.
+TEST(Layout, LevelTextForms) {
+  auto mesh = testutil::makeMesh({2, 2, 2, 1}, {"r", "s", "tp", "u"});
+  AxisNamespace ns(mesh);
+  View root = View::root(mesh);
+  auto view = evaluateViewExpr(root, "flatten(r,s as dp_all)", ns);
+  ASSERT_TRUE(view.ok()) << view.error().message;
+  AxisRef r{0, 1, 2}, s{1, 1, 2}, tp{2, 1, 2};
+  struct Case {
+    const View *view;
+    std::string text;
+    SplitLevels dim0;
+    std::string formatted;
+  };
+  std::vector<Case> cases = {
+      {&root, "[{tp, r}, {}]", {{tp}, {r}}, "[{tp,r}, {}]"},
+      {&root, "[{(r, s)}, {}]", {{r, s}}, "[{(r,s)}, {}]"},
+      {&root, "[{(s, r), tp}, {}]", {{s, r}, {tp}}, "[{(s,r),tp}, {}]"},
+      {&*view, "[{dp_all}, {}]", {{r, s}}, "[{(r,s)}, {}]"},
+      {&*view, "[{tp, dp_all}, {}]", {{tp}, {r, s}}, "[{tp,(r,s)}, {}]"},
+      {&*view, "[{(dp_all, tp)}, {}]", {{r, s, tp}}, "[{(r,s,tp)}, {}]"},
+      {&root, "[{u, tp, r}, {}]", {{tp}, {r}}, "[{tp,r}, {}]"},
+      {&root, "[{(tp, u), r}, {}]", {{tp}, {r}}, "[{tp,r}, {}]"},
+  };
+  for (const Case &c : cases) {
+    auto l = parseLayout(*c.view, ns, c.text);
+    ASSERT_TRUE(l.ok()) << c.text << ": " << l.error().message;
+    ASSERT_EQ(l->rank(), 2) << c.text;
+    EXPECT_EQ(l->dims[0], c.dim0) << c.text;
+    EXPECT_TRUE(l->dims[1].empty()) << c.text;
+    AxisRefList all;
+    for (const AxisRefList &level : c.dim0)
+      all.insert(all.end(), level.begin(), level.end());
+    EXPECT_EQ(l->dimRefs(0), all) << c.text;
+    EXPECT_EQ(formatLayout(*mesh, *l), c.formatted) << c.text;
+    auto again = parseLayout(*c.view, ns, c.formatted);
+    ASSERT_TRUE(again.ok()) << c.formatted << ": " << again.error().message;
+    EXPECT_EQ(again->dims, l->dims) << c.formatted;
+  }
 }
 
 } // namespace

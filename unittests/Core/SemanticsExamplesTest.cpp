@@ -225,12 +225,90 @@ TEST(Semantics, Fsdp2PaddingOfUnevenShards) {
   auto mesh = testutil::makeMesh({5}, {"dp"});
   View root = View::root(mesh);
   Layout layout;
-  layout.dims = {{AxisRef{0, 1, 5}}, {}};
+  layout.dims = {{{AxisRef{0, 1, 5}}}, {}};
   EXPECT_EQ(paddedShapeOf(layout, {7, 3}), (Ints{2, 3}));
   for (int64_t r = 0; r < 5; ++r) {
     auto box = shardOf(root, layout, {7, 3}, r);
     ASSERT_TRUE(box.ok());
     EXPECT_EQ(box->paddedShape, (Ints{2, 3}));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Levels
+//===----------------------------------------------------------------------===//
+
+/// Row counts of ranks 0..3 and the padded size for 5 rows.
+std::pair<Ints, int64_t> fiveRowCounts(const View &view, const Layout &layout) {
+  Ints counts;
+  int64_t padded = -1;
+  for (int64_t r = 0; r < view.mesh().size(); ++r) {
+    auto box = shardOf(view, layout, {5}, r);
+    EXPECT_TRUE(box.ok());
+    if (!box.ok())
+      return {};
+    counts.push_back(box->localShape[0]);
+    padded = box->paddedShape[0];
+  }
+  return {counts, padded};
+}
+
+// semantics.md: five rows on a 2x2 mesh. One level over (a, b) chunks once:
+// 2, 2, 1, 0 rows; two levels a then b nest: 3, 2 -> 2, 1, 1, 1.
+TEST(Semantics, FiveRowsOneLevelVersusTwo) {
+  auto mesh = testutil::makeMesh({2, 2}, {"a", "b"});
+  View root = View::root(mesh);
+  AxisNamespace ns(mesh);
+  auto one = parseLayout(root, ns, "[{(a, b)}]");
+  auto two = parseLayout(root, ns, "[{a, b}]");
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ(fiveRowCounts(root, *one),
+            std::make_pair(Ints{2, 2, 1, 0}, int64_t{2}));
+  EXPECT_EQ(fiveRowCounts(root, *two),
+            std::make_pair(Ints{2, 1, 1, 1}, int64_t{2}));
+  // The last rank of the one-level layout is empty: offset is the dim size.
+  auto last = shardOf(root, *one, {5}, 3);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(last->offset[0], 5);
+  // A flattened name is one level too; with 8 rows both agree.
+  auto view = evaluateViewExpr(root, "flatten(a,b as dp_all)", ns);
+  ASSERT_TRUE(view.ok());
+  auto flat = parseLayout(*view, ns, "[{dp_all}]");
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(fiveRowCounts(*view, *flat), fiveRowCounts(root, *one));
+  for (int64_t r = 0; r < 4; ++r) {
+    auto x = shardOf(root, *one, {8}, r);
+    auto y = shardOf(root, *two, {8}, r);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->offset, (Ints{2 * r}));
+    EXPECT_EQ(y->offset, x->offset);
+    EXPECT_EQ(y->localShape, (Ints{2}));
+  }
+  EXPECT_EQ(chunkNested(5, {4}, {1}).size, 2);
+  EXPECT_EQ(chunkNested(5, {2, 2}, {0, 1}).size, 1);
+  EXPECT_EQ(chunkNested(5, {2, 2}, {0, 1}).offset, 2);
+}
+
+// FSDP2 + TP: [{tp, dp}] gives each TP shard to FSDP2, which chunks it once
+// over the (flattened) dp group: 13 rows on (r=2, s=2, tp=2) with dp =
+// flatten(r, s) -- tp chunks 7 | 6, then dp chunks 7 as 2,2,2,1.
+TEST(Semantics, Fsdp2OverFlattenedDpWithTp) {
+  auto mesh = testutil::makeMesh({2, 2, 2}, {"r", "s", "tp"});
+  View root = View::root(mesh);
+  AxisNamespace ns(mesh);
+  auto view = evaluateViewExpr(root, "flatten(r,s as dp)", ns);
+  ASSERT_TRUE(view.ok());
+  auto layout = parseLayout(*view, ns, "[{tp, dp}]");
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  // Rank = r*4 + s*2 + tp; dp index = r*2 + s.
+  std::vector<std::pair<int64_t, int64_t>> rows = {
+      {0, 2}, {7, 2}, {2, 2}, {9, 2}, {4, 2}, {11, 2}, {6, 1}, {13, 0}};
+  for (int64_t rank = 0; rank < 8; ++rank) {
+    auto box = shardOf(*view, *layout, {13}, rank);
+    ASSERT_TRUE(box.ok());
+    EXPECT_EQ(box->offset[0], rows[rank].first) << "rank " << rank;
+    EXPECT_EQ(box->localShape[0], rows[rank].second) << "rank " << rank;
+    EXPECT_EQ(box->paddedShape[0], 2);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "BruteForce.h"
 
+#include "meshplan/Core/Layout.h"
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Core/MeshView.h"
 
@@ -54,6 +55,59 @@ inline std::string joinNames(const std::vector<std::string> &names,
   std::string out;
   for (size_t i = 0; i < names.size(); ++i)
     out += (i ? sep : "") + names[i];
+  return out;
+}
+
+/// Digit of a mesh coordinate along a ref, from the ref's definition: reshape
+/// the axis (size n) to (pre, size, n / (pre * size)), take the middle index.
+inline int64_t refDigit(const bf::Ints &meshShape, const bf::Ints &coord,
+                        const meshplan::AxisRef &ref) {
+  int64_t post = meshShape[ref.axis] / (ref.pre * ref.size);
+  return (coord[ref.axis] / post) % ref.size;
+}
+
+/// The tests' own canonical ref list (what normalizeLayout promises within a
+/// level): size-1 refs dropped, adjacent refs that form one larger (sub-)axis
+/// merged, e.g. b:(1)2,b:(2)2 -> b:(1)4.
+inline meshplan::AxisRefList canonicalRefs(const meshplan::AxisRefList &refs) {
+  meshplan::AxisRefList out;
+  for (const meshplan::AxisRef &r : refs) {
+    if (r.size == 1)
+      continue;
+    if (!out.empty() && out.back().axis == r.axis &&
+        out.back().pre * out.back().size == r.pre) {
+      out.back().size *= r.size;
+      continue;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+/// Canonical levels: refs canonical within each level, size-1 levels dropped.
+inline meshplan::SplitLevels
+canonicalLevels(const meshplan::SplitLevels &levels) {
+  meshplan::SplitLevels out;
+  for (const meshplan::AxisRefList &level : levels) {
+    meshplan::AxisRefList refs = canonicalRefs(level);
+    if (!refs.empty())
+      out.push_back(refs);
+  }
+  return out;
+}
+
+/// Rows of dim 0 that ranks 0..size-1 hold under a 1-D layout (shardOf).
+inline std::vector<bf::Ints> rowsOf(const meshplan::View &view,
+                                    const meshplan::Layout &layout, int64_t n) {
+  std::vector<bf::Ints> out;
+  for (int64_t r = 0; r < view.mesh().size(); ++r) {
+    auto box = meshplan::shardOf(view, layout, {n}, r);
+    EXPECT_TRUE(box.ok());
+    bf::Ints rows;
+    for (int64_t i = 0; box.ok() && i < box->localShape[0]; ++i)
+      rows.push_back(box->offset[0] + i);
+    out.push_back(rows);
+  }
   return out;
 }
 
