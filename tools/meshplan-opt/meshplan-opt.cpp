@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Dialect/Dist/IR/DistDialect.h"
+#include "meshplan/Dialect/Dist/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -14,6 +15,7 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 
 int main(int argc, char **argv) {
+  meshplan::dist::registerDistPasses();
   mlir::DialectRegistry registry;
   registry.insert<meshplan::dist::DistDialect, mlir::func::FuncDialect,
                   mlir::arith::ArithDialect, mlir::tensor::TensorDialect>();

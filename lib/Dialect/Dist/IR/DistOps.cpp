@@ -176,6 +176,21 @@ static LogicalResult verifyStep(Operation *op, Value input, Value result,
                                 ArrayAttr axes, std::optional<StringRef> comm,
                                 StepSpec spec, ArrayAttr dstAxes,
                                 SymbolTableCollection &symbols) {
+  // Rank-local form: shapes are this rank's, the group is explicit.
+  if (!getLayout(input.getType()) && !getLayout(result.getType())) {
+    auto group = op->getAttrOfType<DenseI64ArrayAttr>("group");
+    if (!group)
+      return op->emitOpError()
+             << "has neither layouts (global form) nor a group "
+                "(rank-local form)";
+    if (group.empty())
+      return op->emitOpError() << "has an empty group";
+    return success();
+  }
+  if (op->hasAttr("group"))
+    return op->emitOpError()
+           << "has layouts and a group; a group belongs to the rank-local "
+              "form only";
   auto pair = resolveLayouts(op, input, result, symbols);
   if (failed(pair))
     return failure();
@@ -305,6 +320,13 @@ LogicalResult BroadcastOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (failed(verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
                         spec(StepKind::Broadcast), {}, symbols)))
     return failure();
+  if (!getLayout(getInput().getType())) {
+    if (getRoot() >= static_cast<int64_t>(getGroup()->size()))
+      return emitOpError() << "root " << getRoot()
+                           << " is outside the group of " << getGroup()->size()
+                           << " ranks";
+    return success();
+  }
   auto view =
       lookupView(*this, getLayout(getInput().getType()).getMesh(), symbols);
   auto refs = coreAxisRefs(view->mesh(), getAxes());

@@ -86,13 +86,18 @@ def Dist_RedistributeOp : Dist_LayoutOp<"redistribute"> {
 // the layout in exactly one way, which its verifier checks with core.
 //===----------------------------------------------------------------------===//
 
+// Global form: operand and result carry layouts and the verifier checks the
+// step with core. Rank-local form (after dist-specialize-rank): plain local
+// tensors, and `group` lists this rank's group members in order.
 class Dist_CollectiveOp<string mnemonic, dag extraArgs, string extraFormat>
     : Dist_LayoutOp<mnemonic> {
   let arguments = !con((ins AnyRankedTensor:$input, ArrayAttr:$axes),
                        extraArgs,
-                       (ins OptionalAttr<FlatSymbolRefAttr>:$comm));
+                       (ins OptionalAttr<FlatSymbolRefAttr>:$comm,
+                            OptionalAttr<DenseI64ArrayAttr>:$group));
   let assemblyFormat = "$input " # extraFormat #
-      " `over` custom<DistAxisList>($axes) (`comm` `=` $comm^)? attr-dict"
+      " `over` custom<DistAxisList>($axes) (`comm` `=` $comm^)?"
+      " (`group` `=` $group^)? attr-dict"
       " `:` type($input) `->` type($result)";
 }
 
