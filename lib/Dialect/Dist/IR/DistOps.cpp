@@ -335,3 +335,83 @@ LogicalResult BroadcastOp::verifySymbolUses(SymbolTableCollection &symbols) {
                          << refsSize(*refs) << " ranks";
   return success();
 }
+
+//===----------------------------------------------------------------------===//
+// Model ops
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Dialect/Dist/IR/DistInterfaces.cpp.inc"
+
+LogicalResult MatmulOp::verify() {
+  auto a = cast<RankedTensorType>(getLhs().getType());
+  auto b = cast<RankedTensorType>(getRhs().getType());
+  auto c = cast<RankedTensorType>(getResult().getType());
+  if (a.getRank() != 2 || b.getRank() != 2 || c.getRank() != 2)
+    return emitOpError() << "takes 2-d operands and result";
+  if (a.getDimSize(1) != b.getDimSize(0) ||
+      c.getDimSize(0) != a.getDimSize(0) || c.getDimSize(1) != b.getDimSize(1))
+    return emitOpError() << "shapes do not multiply: " << a << " x " << b
+                         << " -> " << c;
+  return success();
+}
+
+std::optional<RuleLayouts>
+MatmulOp::inferLayouts(const View &view, ArrayRef<const Layout *> operands,
+                       ArrayRef<const Layout *> results) {
+  return matmulRule(view, operands[0], operands[1], results[0]);
+}
+
+LogicalResult BitcastOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getRank() != out.getRank() || in.getRank() == 0 ||
+      in.getShape().drop_back() != out.getShape().drop_back())
+    return emitOpError() << "may change only the last dim (" << in << " -> "
+                         << out << ")";
+  if (!in.getElementType().isIntOrFloat() ||
+      !out.getElementType().isIntOrFloat() ||
+      in.getDimSize(in.getRank() - 1) *
+              in.getElementType().getIntOrFloatBitWidth() !=
+          out.getDimSize(out.getRank() - 1) *
+              out.getElementType().getIntOrFloatBitWidth())
+    return emitOpError() << "changes the number of bits in the last dim ("
+                         << in << " -> " << out << ")";
+  return success();
+}
+
+std::optional<RuleLayouts>
+BitcastOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
+                        ArrayRef<const Layout *> results) {
+  auto in = cast<RankedTensorType>(getInput().getType()).getShape();
+  auto out = cast<RankedTensorType>(getResult().getType()).getShape();
+  return bitcastRule(operands[0], results[0],
+                     std::vector<int64_t>(in.begin(), in.end()),
+                     std::vector<int64_t>(out.begin(), out.end()));
+}
+
+LogicalResult ReduceSumOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  SmallVector<int64_t> kept;
+  for (int64_t d = 0; d < in.getRank(); ++d) {
+    if (llvm::is_contained(getDims(), d))
+      continue;
+    kept.push_back(in.getDimSize(d));
+  }
+  for (int64_t d : getDims())
+    if (d < 0 || d >= in.getRank())
+      return emitOpError() << "dim " << d << " is out of range for " << in;
+  if (ArrayRef<int64_t>(kept) != out.getShape() ||
+      in.getElementType() != out.getElementType())
+    return emitOpError() << "result " << out << " is not " << in
+                         << " summed over the given dims";
+  return success();
+}
+
+std::optional<RuleLayouts>
+ReduceSumOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
+                          ArrayRef<const Layout *> results) {
+  std::vector<int> dims(getDims().begin(), getDims().end());
+  return reduceSumRule(operands[0], results[0], dims,
+                       cast<RankedTensorType>(getInput().getType()).getRank());
+}

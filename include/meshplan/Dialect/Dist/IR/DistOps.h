@@ -2,7 +2,10 @@
 #ifndef MESHPLAN_DIALECT_DIST_IR_DISTOPS_H
 #define MESHPLAN_DIALECT_DIST_IR_DISTOPS_H
 
+#include "meshplan/Core/LayoutRules.h"
 #include "meshplan/Dialect/Dist/IR/DistAttrs.h"
+
+#include "meshplan/Dialect/Dist/IR/DistInterfaces.h.inc"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OpDefinition.h"

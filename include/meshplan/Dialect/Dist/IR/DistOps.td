@@ -3,6 +3,7 @@
 #define MESHPLAN_DIALECT_DIST_IR_DISTOPS_TD
 
 include "meshplan/Dialect/Dist/IR/DistAttrs.td"
+include "meshplan/Dialect/Dist/IR/DistInterfaces.td"
 include "mlir/IR/SymbolInterfaces.td"
 include "mlir/Interfaces/SideEffectInterfaces.td"
 
@@ -140,6 +141,57 @@ def Dist_MarkPartialOp : Dist_CollectiveOp<"mark_partial",
 def Dist_BroadcastOp : Dist_CollectiveOp<"broadcast",
     (ins I64Attr:$root), "`root` $root"> {
   let summary = "Copies the value of the group's member `root` to all members";
+}
+
+//===----------------------------------------------------------------------===//
+// Model ops: the few whose layout rules are not elementwise. Elementwise math
+// uses upstream `arith` ops on tensors.
+//===----------------------------------------------------------------------===//
+
+class Dist_ModelOp<string mnemonic, list<Trait> traits = []>
+    : Dist_Op<mnemonic, !listconcat(traits, [Pure,
+        DeclareOpInterfaceMethods<Dist_LayoutRuleOpInterface>])>;
+
+def Dist_MatmulOp : Dist_ModelOp<"matmul"> {
+  let summary = "C[M,N] = A[M,K] x B[K,N]";
+  let description = [{
+    Linear layers under tensor parallelism: a column-wise weight
+    (`B` split on N) gives `C` split on N; a row-wise weight (`A` and `B` split
+    on K by the same axes) gives `C` partial(sum) over them.
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($result)
+  }];
+  let hasVerifier = 1;
+}
+
+def Dist_BitcastOp : Dist_ModelOp<"bitcast"> {
+  let summary = "Reinterprets the last dim's bytes as another element type";
+  let description = [{
+    `view(dtype)`: fp32 x n as bf16 x 2n, or fp8 x 4n as fp32 x n. Each rank
+    keeps its own bytes when the last dim splits evenly in both shapes, which
+    is what makes a stochastic-rounding optimizer update on an FSDP shard a
+    purely local computation.
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+def Dist_ReduceSumOp : Dist_ModelOp<"reduce_sum"> {
+  let summary = "Sums over dims (removing them)";
+  let description = [{
+    A split of a reduced dim becomes a pending partial(sum) of the result: the
+    cross-rank reduction is left to a later all_reduce or reduce_scatter.
+  }];
+  let arguments = (ins AnyRankedTensor:$input, DenseI64ArrayAttr:$dims);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat =
+      "$input `dims` `=` $dims attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
 }
 
 #endif // MESHPLAN_DIALECT_DIST_IR_DISTOPS_TD

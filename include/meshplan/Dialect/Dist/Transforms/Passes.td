@@ -4,6 +4,31 @@
 
 include "mlir/Pass/PassBase.td"
 
+def DistPropagateLayouts : Pass<"dist-propagate-layouts", "mlir::ModuleOp"> {
+  let summary = "Fills in missing layouts, forward and backward";
+  let description = [{
+    Starting from the layouts the IR states (annotations, function
+    signatures), each op's layout rule (the `LayoutRuleOpInterface`, or core's
+    elementwise rule for ops with the `Elementwise` trait) assigns layouts to
+    the values that have none: forward from operands to results first, then
+    backward from results to operands, until nothing changes. Stated layouts
+    always win. Where an op needs an operand in another layout than the one it
+    has, a `dist.redistribute` is inserted; `dist-lower-redistribute` turns it
+    into collectives. A tensor that still has no layout is an error naming
+    its producer.
+
+    Before:
+    ```mlir
+    %w = dist.annotate %arg0 : tensor<8x4xf32> -> tensor<8x4xf32, #dist.layout<@m, [ {"dp"}, {} ]>>
+    %s = arith.mulf %w, %w : tensor<8x4xf32, #dist.layout<@m, [ {"dp"}, {} ]>>  // typed by hand
+    %t = arith.addf %s, %arg1 : tensor<8x4xf32>
+    ```
+    After: `%arg1` and `%t` get `#dist.layout<@m, [ {"dp"}, {} ]>` (elementwise
+    ops keep one layout; the SR update on an FSDP shard stays local).
+  }];
+  let dependentDialects = ["::meshplan::dist::DistDialect"];
+}
+
 def DistLowerRedistribute : Pass<"dist-lower-redistribute", "mlir::ModuleOp"> {
   let summary = "Turns every dist.redistribute into the collectives core plans";
   let description = [{
