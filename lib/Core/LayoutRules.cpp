@@ -38,7 +38,8 @@ static AxisRefList refsOf(const SplitLevels &levels) {
 
 /// Drops from `levels` every level that shares a factor with `used`.
 static SplitLevels without(const Mesh &mesh, const SplitLevels &levels,
-                           const AxisRefList &used, const AxisRefList &universe) {
+                           const AxisRefList &used,
+                           const AxisRefList &universe) {
   AxisRefList usedF = splitIntoFactors(mesh, used, universe);
   SplitLevels out;
   for (const AxisRefList &level : levels) {

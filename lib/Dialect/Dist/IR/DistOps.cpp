@@ -374,8 +374,8 @@ LogicalResult BitcastOp::verify() {
               in.getElementType().getIntOrFloatBitWidth() !=
           out.getDimSize(out.getRank() - 1) *
               out.getElementType().getIntOrFloatBitWidth())
-    return emitOpError() << "changes the number of bits in the last dim ("
-                         << in << " -> " << out << ")";
+    return emitOpError() << "changes the number of bits in the last dim (" << in
+                         << " -> " << out << ")";
   return success();
 }
 

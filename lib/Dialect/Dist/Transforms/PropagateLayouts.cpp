@@ -66,8 +66,8 @@ private:
       auto attr = func.getArgAttrOfType<LayoutAttr>(i, "dist.layout");
       if (!attr) {
         if (func.getArgAttr(i, "dist.layout"))
-          return func.emitError() << "argument " << i
-                                  << ": dist.layout must be a #dist.layout";
+          return func.emitError()
+                 << "argument " << i << ": dist.layout must be a #dist.layout";
         continue;
       }
       auto tensor = dyn_cast<RankedTensorType>(arg.getType());
@@ -163,10 +163,9 @@ private:
     if (auto ruled = dyn_cast<LayoutRuleOpInterface>(op))
       return ruled.inferLayouts(*view, ins, outs);
     if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1)
-      return elementwiseRule(static_cast<int>(ins.size()),
-                             std::vector<const Layout *>(ins.begin(),
-                                                         ins.end()),
-                             outs[0]);
+      return elementwiseRule(
+          static_cast<int>(ins.size()),
+          std::vector<const Layout *>(ins.begin(), ins.end()), outs[0]);
     return std::nullopt;
   }
 
@@ -214,8 +213,7 @@ private:
         auto target = RankedTensorType::get(
             type.getShape(), type.getElementType(),
             layoutAttr(op->getContext(), meshName, view->mesh(), need));
-        operand.set(RedistributeOp::create(b, op->getLoc(), target,
-                                           operand.get()));
+        operand.set(redistributed(operand.get(), target, op->getLoc()));
       }
       b.setInsertionPointAfter(op);
       for (auto [result, give] : llvm::zip(op->getResults(), r->results)) {
@@ -232,6 +230,23 @@ private:
       }
     }
     return success();
+  }
+
+  /// One redistribute per (value, layout), right after the value is
+  /// defined, so it dominates every use that needs it.
+  Value redistributed(Value v, RankedTensorType target, Location loc) {
+    auto key = std::make_pair(v, Type(target));
+    auto it = redistributes.find(key);
+    if (it != redistributes.end())
+      return it->second;
+    OpBuilder b(v.getContext());
+    if (Operation *def = v.getDefiningOp())
+      b.setInsertionPointAfter(def);
+    else
+      b.setInsertionPointToStart(cast<BlockArgument>(v).getOwner());
+    Value r = RedistributeOp::create(b, loc, target, v);
+    redistributes[key] = r;
+    return r;
   }
 
   LogicalResult checkComplete() {
@@ -268,6 +283,7 @@ private:
   FlatSymbolRefAttr meshName;
   const View *view = nullptr;
   llvm::DenseMap<Attribute, Layout> cache;
+  llvm::DenseMap<std::pair<Value, Type>, Value> redistributes;
 };
 
 struct PropagateLayoutsPass
