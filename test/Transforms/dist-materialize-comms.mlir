@@ -22,11 +22,12 @@ func.func @managed_flatten(%g: tensor<8xf32, #dist.layout<@ft, [{}], partial(avg
 
 // -----
 
-// FP8 amax all-reduce over fsdp on (ddp, fsdp, abcd) = (2, 2, 2), and the
-// weight all-gather over fsdp: one comm. An existing comm is reused.
+// Motivating failure 1: the FP8 amax all-reduce over fsdp on
+// (ddp, fsdp, abcd) = (2, 2, 2), reached through a submesh of a submesh, and
+// the weight all-gather over fsdp: one comm, the existing one.
 dist.mesh @world ["ddp" = 2, "fsdp" = 2, "abcd" = 2]
-dist.comm @fsdp_group on @world axes {"fsdp"}
-// CHECK:     dist.comm @fsdp_group on @world axes {"fsdp"}
+dist.comm @fsdp_group on @world axes {"fsdp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
+// CHECK:     dist.comm @fsdp_group on @world axes {"fsdp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
 // CHECK-NOT: dist.comm
 // CHECK-LABEL: func.func @fp8
 func.func @fp8(%amax: tensor<1xf32, #dist.layout<@world, [{}], partial(max) = {"fsdp"}>>,

@@ -44,6 +44,18 @@ dist.comm @c on @m axes {"x":(1)3}
 
 // -----
 
+dist.mesh @m ["ddp" = 2, "fsdp" = 2]
+// expected-error @+1 {{'dist.comm' op view "slice(ddp,fsdp).slice(fsdp)" groups ranks by [fsdp] but the comm's axes are [ddp]}}
+dist.comm @c on @m axes {"ddp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
+
+// -----
+
+dist.mesh @m ["ddp" = 2, "fsdp" = 2]
+// expected-error @+1 {{'dist.comm' op view "slice(ddp).slice(fsdp)": column 12 (slice): axis "fsdp" is not in the view (axes: ddp)}}
+dist.comm @c on @m axes {"fsdp"} view = #dist.view<"slice(ddp).slice(fsdp)">
+
+// -----
+
 // expected-error @+1 {{unknown reduce op "mean"; expected one of sum, avg, max, min, product}}
 func.func private @f(tensor<8xf32, #dist.layout<@m, [{}], partial(mean) = {"dp"}>>)
 

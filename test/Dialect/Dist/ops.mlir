@@ -17,6 +17,10 @@ dist.comm @comm_fsdp on @world axes {"fsdp"}
 dist.comm @comm_dp on @ft axes {"dp_replicate", "dp_shard"}
 // CHECK: dist.comm @comm_sub on @sub axes {"x":(2)4}
 dist.comm @comm_sub on @sub axes {"x":(2)4}
+// CHECK: dist.comm @amax on @world axes {"fsdp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
+dist.comm @amax on @world axes {"fsdp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
+// CHECK: dist.comm @dp on @ft axes {"dp_replicate", "dp_shard"} view = #dist.view<"slice(dp_replicate,dp_shard).flatten(dp_replicate,dp_shard as dp)">
+dist.comm @dp on @ft axes {"dp_replicate", "dp_shard"} view = #dist.view<"slice(dp_replicate,dp_shard).flatten(dp_replicate,dp_shard as dp)">
 
 // CHECK-LABEL: func.func @layouts
 // CHECK-SAME: tensor<16x8xf32, #dist.layout<@world, [{"abcd", "fsdp"}, {}]>>

@@ -112,6 +112,19 @@ LogicalResult CommOp::verifySymbolUses(SymbolTableCollection &symbols) {
   auto ok = checkRefsCompatible(view->mesh(), *refs, "comm");
   if (!ok)
     return emitOpError() << ok.error().message;
+  if (auto from = getViewAttr()) {
+    AxisNamespace names(view->meshHandle());
+    auto viewed = evaluateViewExpr(*view, from.getExpr().getValue(), names);
+    if (!viewed)
+      return emitOpError() << "view \"" << from.getExpr().getValue()
+                           << "\": " << viewed.error().message;
+    std::string viewKey = partitionKeyOf(view->mesh(), viewed->refs());
+    std::string axesKey = partitionKeyOf(view->mesh(), *refs);
+    if (viewKey != axesKey)
+      return emitOpError() << "view \"" << from.getExpr().getValue()
+                           << "\" groups ranks by " << viewKey
+                           << " but the comm's axes are " << axesKey;
+  }
   return success();
 }
 

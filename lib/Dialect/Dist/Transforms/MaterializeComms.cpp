@@ -89,7 +89,8 @@ struct MaterializeCommsPass
             b, meshOp.getLoc(),
             b.getStringAttr(
                 commName(layout.getMesh().getValue(), mesh, canonical)),
-            layout.getMesh(), axisRefsAttr(op->getContext(), mesh, canonical));
+            layout.getMesh(), axisRefsAttr(op->getContext(), mesh, canonical),
+            /*view=*/nullptr);
         // Renames on a clash with an existing symbol.
         meshes.symbolTable().insert(comm, b.getInsertionPoint());
         it->second = FlatSymbolRefAttr::get(comm.getSymNameAttr());

@@ -65,4 +65,17 @@ def Dist_LayoutAttr : Dist_Attr<"Layout", "layout"> {
   }];
 }
 
+def Dist_ViewAttr : Dist_Attr<"View", "view"> {
+  let summary = "A view of a mesh, as the expression that made it";
+  let description = [{
+    `#dist.view<"slice(ddp,fsdp).slice(fsdp)">`: slices, flattens and
+    unflattens chained with `.`, evaluated by meshplan's core over the root
+    mesh (a submesh of a submesh is an ordinary view). A `dist.comm` may say
+    which view it comes from; its verifier checks the view's groups are the
+    comm's.
+  }];
+  let parameters = (ins "::mlir::StringAttr":$expr);
+  let assemblyFormat = "`<` $expr `>`";
+}
+
 #endif // MESHPLAN_DIALECT_DIST_IR_DISTATTRS_TD

@@ -43,15 +43,17 @@ def Dist_CommOp : Dist_Op<"comm", [Symbol,
   let description = [{
     ```mlir
     dist.comm @comm_fsdp on @world axes {"fsdp"}
+    dist.comm @amax on @world axes {"fsdp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
     ```
     Each group holds the ranks that differ only along `axes` (major to minor),
     in mixed-radix order. `dist-materialize-comms` creates one per distinct
     partition; collectives then name it with `comm = @...`.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, FlatSymbolRefAttr:$mesh,
-                       ArrayAttr:$axes);
+                       ArrayAttr:$axes, OptionalAttr<Dist_ViewAttr>:$view);
   let assemblyFormat = [{
-    $sym_name `on` $mesh `axes` custom<DistAxisList>($axes) attr-dict
+    $sym_name `on` $mesh `axes` custom<DistAxisList>($axes)
+    (`view` `=` qualified($view)^)? attr-dict
   }];
 }
 
