@@ -15,7 +15,7 @@ build_dir=${1:-build}
 shift || true
 
 status=0
-for name in bench-core-queries; do
+for name in bench-core-queries bench-propagation; do
   program="$build_dir/bin/$name"
   if [[ ! -x "$program" ]]; then
     echo "run.sh: $program not found; build it first:" >&2

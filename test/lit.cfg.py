@@ -17,6 +17,13 @@ config.environment["PATH"] = os.pathsep.join(
 # Variables must be scoped to their CHECK-LABEL block (as in Shardy's suite).
 config.environment["FILECHECK_OPTS"] = "-enable-var-scope"
 
+# MESHPLAN_VERIFY_ROUNDTRIP=1 runs every meshplan-opt call with
+# --verify-roundtrip (print, parse back, compare), as CIRCT's suite does.
+opt = os.path.join(config.meshplan_tools_dir, "meshplan-opt")
+if os.environ.get("MESHPLAN_VERIFY_ROUNDTRIP", "0") not in ("", "0"):
+    opt += " --verify-roundtrip"
+config.substitutions.append(("%meshplan-opt", opt))
+
 utils = os.path.join(config.test_source_root, "Utils")
 config.substitutions.append(("%meshplan", os.path.join(config.meshplan_tools_dir, "meshplan")))
 # %expect-error CMD: CMD must exit with code 2 and print nothing on stdout;

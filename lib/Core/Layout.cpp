@@ -152,6 +152,30 @@ bool equivalentLayouts(const View &view, const Layout &a, const Layout &b) {
   return pa.empty() || a.reduceOp == b.reduceOp;
 }
 
+bool sameShards(const View &view, const Layout &a, const Layout &b,
+                const std::vector<int64_t> &shape) {
+  if (a.dims.size() != shape.size() || b.dims.size() != shape.size())
+    return false;
+  const Mesh &mesh = view.mesh();
+  AxisRefList universe = view.refs();
+  for (const Layout *l : {&a, &b}) {
+    AxisRefList used = l->usedRefs();
+    universe.insert(universe.end(), used.begin(), used.end());
+  }
+  Layout fa = a, fb = b;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    int dim = static_cast<int>(d);
+    int64_t n = shape[d];
+    AxisRefList ra = a.dimRefs(dim), rb = b.dimRefs(dim);
+    if (n % refsSize(ra) == 0 && n % refsSize(rb) == 0) {
+      // Even: only the ordered factors matter.
+      fa.dims[d] = {ra};
+      fb.dims[d] = {rb};
+    }
+  }
+  return equivalentLayouts(view, fa, fb);
+}
+
 DimShard chunkNested(int64_t n, const std::vector<int64_t> &sizes,
                      const std::vector<int64_t> &coords) {
   int64_t length = n, offset = 0, padded = n;

@@ -30,6 +30,8 @@ std::string_view stepKindName(StepKind kind) {
     return "permute";
   case StepKind::MarkPartial:
     return "mark_partial";
+  case StepKind::Broadcast:
+    return "broadcast";
   }
   return "?";
 }
@@ -420,6 +422,7 @@ private:
       break;
     case StepKind::LocalSlice:
     case StepKind::MarkPartial:
+    case StepKind::Broadcast:
       step.bytesPerRank = 0;
       break;
     }
@@ -437,6 +440,166 @@ private:
 };
 
 } // namespace
+
+Result<Layout> applyStep(const View &view, const Layout &before,
+                         const StepSpec &step,
+                         const std::vector<int64_t> &shape) {
+  const Mesh &mesh = view.mesh();
+  std::string name(stepKindName(step.kind));
+  if (before.rank() != static_cast<int>(shape.size()))
+    return makeError("layout has " + std::to_string(before.rank()) +
+                     " dims but the tensor has " +
+                     std::to_string(shape.size()));
+  auto axesOk = checkRefsCompatible(mesh, step.axes, name + " axes");
+  if (!axesOk)
+    return axesOk.error();
+  AxisRefList universe = view.refs();
+  for (const AxisRefList *list : {&step.axes, &step.dstAxes}) {
+    for (const AxisRef &ref : *list)
+      if (!refsCover(mesh, view.refs(), {ref}))
+        return makeError(name + ": axis \"" + formatAxisRef(mesh, ref) +
+                         "\" is not in the view (axes: " + view.axisNameList() +
+                         ")");
+    universe.insert(universe.end(), list->begin(), list->end());
+  }
+  AxisRefList used = before.usedRefs();
+  universe.insert(universe.end(), used.begin(), used.end());
+  auto nest = checkRefsNest(mesh, universe, name + " axes and layout");
+  if (!nest)
+    return nest.error();
+  auto factors = [&](const AxisRefList &refs) {
+    return splitIntoFactors(mesh, refs, universe);
+  };
+  AxisRefList axesF = factors(step.axes);
+  AxisRefList usedF = factors(used);
+  AxisRefList partialF = factors(before.partial);
+  auto checkDim = [&](int d, const char *what) -> Result<void> {
+    if (d < 0 || d >= before.rank())
+      return makeError(name + ": " + what + " " + std::to_string(d) +
+                       " is out of range for a " +
+                       std::to_string(before.rank()) + "-d tensor");
+    return {};
+  };
+  auto axesText = "{" + formatAxisRefs(mesh, step.axes) + "}";
+  // Removes from dim d the minor-most levels whose refs are exactly the
+  // step's axes.
+  auto strip = [&](Layout &l, int d) -> Result<void> {
+    SplitLevels &levels = l.dims[d];
+    AxisRefList tail;
+    for (size_t k = 1; k <= levels.size(); ++k) {
+      const AxisRefList &level = levels[levels.size() - k];
+      tail.insert(tail.begin(), level.begin(), level.end());
+      if (factors(tail) == axesF) {
+        levels.resize(levels.size() - k);
+        return {};
+      }
+    }
+    return makeError(name + ": axes " + axesText +
+                     " are not the minor-most levels of dim " +
+                     std::to_string(d) + " (its axes: {" +
+                     formatAxisRefs(mesh, l.dimRefs(d)) + "})");
+  };
+  auto requireAll = [&](const AxisRefList &set, const char *what,
+                        bool wantIn) -> Result<void> {
+    for (const AxisRef &f : axesF)
+      if ((std::find(set.begin(), set.end(), f) != set.end()) != wantIn)
+        return makeError(name + ": axis \"" + formatAxisRef(mesh, f) +
+                         "\" is " + (wantIn ? "not " : "") + what +
+                         " in the operand's layout");
+    return {};
+  };
+  auto removePartial = [&](Layout &l) {
+    AxisRefList rest;
+    for (const AxisRef &f : partialF)
+      if (std::find(axesF.begin(), axesF.end(), f) == axesF.end())
+        rest.push_back(f);
+    l.partial = canonicalizeRefs(mesh, rest);
+  };
+  auto checkOp = [&]() -> Result<void> {
+    if (step.op != before.reduceOp)
+      return makeError(name + ": reduce op " +
+                       std::string(reduceOpName(step.op)) +
+                       " differs from the operand's pending " +
+                       std::string(reduceOpName(before.reduceOp)));
+    return {};
+  };
+  if (step.axes.empty() && step.kind != StepKind::Broadcast)
+    return makeError(name + ": empty axis list");
+
+  Layout after = before;
+  Result<void> ok;
+  switch (step.kind) {
+  case StepKind::AllGather:
+    if (!(ok = checkDim(step.dim, "dim")))
+      return ok.error();
+    if (!(ok = strip(after, step.dim)))
+      return ok.error();
+    break;
+  case StepKind::LocalSlice:
+    if (!(ok = checkDim(step.dim, "dim")))
+      return ok.error();
+    if (!(ok = requireAll(usedF, "split or partial", false)))
+      return ok.error();
+    after.dims[step.dim].push_back(step.axes);
+    break;
+  case StepKind::ReduceScatter:
+    if (!(ok = checkDim(step.dim, "dim")) ||
+        !(ok = requireAll(partialF, "partial", true)) || !(ok = checkOp()))
+      return ok.error();
+    removePartial(after);
+    after.dims[step.dim].push_back(step.axes);
+    break;
+  case StepKind::AllReduce:
+    if (!(ok = requireAll(partialF, "partial", true)) || !(ok = checkOp()))
+      return ok.error();
+    removePartial(after);
+    break;
+  case StepKind::AllToAll:
+    if (!(ok = checkDim(step.dim, "source dim")) ||
+        !(ok = checkDim(step.dstDim, "target dim")))
+      return ok.error();
+    if (step.dim == step.dstDim)
+      return makeError(name + ": source and target dim are both " +
+                       std::to_string(step.dim));
+    if (!(ok = strip(after, step.dim)))
+      return ok.error();
+    after.dims[step.dstDim].push_back(step.axes);
+    break;
+  case StepKind::Permute: {
+    if (!(ok = checkDim(step.dim, "dim")))
+      return ok.error();
+    AxisRefList dstF = factors(step.dstAxes);
+    if (!std::is_permutation(axesF.begin(), axesF.end(), dstF.begin(),
+                             dstF.end()))
+      return makeError(name + ": {" + formatAxisRefs(mesh, step.dstAxes) +
+                       "} is not a reordering of " + axesText);
+    if (!(ok = strip(after, step.dim)))
+      return ok.error();
+    if (shape[step.dim] % refsSize(before.dimRefs(step.dim)) != 0)
+      return makeError(name + ": dim " + std::to_string(step.dim) + " (size " +
+                       std::to_string(shape[step.dim]) +
+                       ") is not split evenly, so boxes differ in size and "
+                       "cannot be permuted");
+    after.dims[step.dim].push_back(step.dstAxes);
+    break;
+  }
+  case StepKind::MarkPartial:
+    if (!(ok = requireAll(usedF, "split or partial", false)))
+      return ok.error();
+    if (!before.partial.empty() && !(ok = checkOp()))
+      return ok.error();
+    after.partial.insert(after.partial.end(), step.axes.begin(),
+                         step.axes.end());
+    after.reduceOp = step.op;
+    break;
+  case StepKind::Broadcast:
+    break;
+  }
+  auto valid = verifyLayout(view, after);
+  if (!valid)
+    return valid.error().within(name);
+  return normalizeLayout(mesh, after);
+}
 
 /// Sets the digits of `refs` in a position to the mixed-radix digits of
 /// `index` (first ref most significant).

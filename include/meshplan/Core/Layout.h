@@ -74,6 +74,13 @@ AxisRefList replicatedRefs(const View &view, const Layout &layout);
 /// pending reduction (compared on the finest common factors).
 bool equivalentLayouts(const View &view, const Layout &a, const Layout &b);
 
+/// True when both layouts give every rank the same box of a tensor of this
+/// shape, with the same pending reduction. Stronger than equivalentLayouts
+/// on *even* dims (size divisible by the product of the dim's refs in both
+/// layouts), where nested and flat chunking of the same ordered refs agree.
+bool sameShards(const View &view, const Layout &a, const Layout &b,
+                const std::vector<int64_t> &shape);
+
 /// One dim of one rank's shard.
 struct DimShard {
   int64_t offset = 0; ///< global offset; the dim size when the shard is empty

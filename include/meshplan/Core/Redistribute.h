@@ -38,7 +38,8 @@ enum class StepKind {
   AllToAll,
   LocalSlice,
   Permute,
-  MarkPartial
+  MarkPartial,
+  Broadcast ///< not planned by planRedistribute; layout unchanged
 };
 std::string_view stepKindName(StepKind kind);
 
@@ -60,6 +61,25 @@ struct RedistributeStep {
     return kind != StepKind::LocalSlice && kind != StepKind::MarkPartial;
   }
 };
+
+/// One step's operands, as a dialect op or a runtime instruction states it.
+struct StepSpec {
+  StepKind kind = StepKind::AllGather;
+  AxisRefList axes;
+  int dim = -1;
+  int dstDim = -1;
+  AxisRefList dstAxes; ///< permute only
+  ReduceOp op = ReduceOp::Sum;
+};
+
+/// The layout a step produces from `before`, or an error saying why the step
+/// does not apply (e.g. the axes are not the minor-most levels of the dim).
+/// Steps that append to a dim append their axes as one level; compare
+/// results with sameShards. Every step planRedistribute emits satisfies
+/// sameShards(applyStep(before, step), step.after).
+Result<Layout> applyStep(const View &view, const Layout &before,
+                         const StepSpec &step,
+                         const std::vector<int64_t> &shape);
 
 /// For a permute step: the rank this rank sends its shard to, and the rank it
 /// receives its new shard from. O(number of refs).

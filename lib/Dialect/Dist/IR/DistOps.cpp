@@ -1,0 +1,430 @@
+//===- DistOps.cpp - dist operations: syntax and verifiers ----------------===//
+//
+// Verifiers that need the mesh run in verifySymbolUses, where the dist.mesh
+// symbol can be looked up; every semantic check is a call into core.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Dialect/Dist/IR/CoreBridge.h"
+#include "meshplan/Dialect/Dist/IR/DistDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+
+using namespace mlir;
+using namespace meshplan;
+using namespace meshplan::dist;
+
+//===----------------------------------------------------------------------===//
+// Custom directives
+//===----------------------------------------------------------------------===//
+
+/// `["ddp" = 2, "fsdp" = 2]`
+static ParseResult parseDistMeshAxes(OpAsmParser &parser, ArrayAttr &names,
+                                     DenseI64ArrayAttr &shape) {
+  SmallVector<Attribute> nameAttrs;
+  SmallVector<int64_t> sizes;
+  if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Square, [&] {
+        std::string name;
+        int64_t size;
+        if (parser.parseString(&name) || parser.parseEqual() ||
+            parser.parseInteger(size))
+          return failure();
+        nameAttrs.push_back(parser.getBuilder().getStringAttr(name));
+        sizes.push_back(size);
+        return success();
+      }))
+    return failure();
+  names = parser.getBuilder().getArrayAttr(nameAttrs);
+  shape = parser.getBuilder().getDenseI64ArrayAttr(sizes);
+  return success();
+}
+
+static void printDistMeshAxes(OpAsmPrinter &p, Operation *, ArrayAttr names,
+                              DenseI64ArrayAttr shape) {
+  p << '[';
+  llvm::interleaveComma(
+      llvm::zip(names, shape.asArrayRef()), p, [&](auto pair) {
+        auto [name, size] = pair;
+        p << '"' << cast<StringAttr>(name).getValue() << "\" = " << size;
+      });
+  p << ']';
+}
+
+// Named apart from meshplan::dist::parseAxisList, which the generated code
+// (inside namespace meshplan::dist) would find first.
+static ParseResult parseDistAxisList(OpAsmParser &parser, ArrayAttr &axes) {
+  return meshplan::dist::parseAxisList(parser, axes);
+}
+
+static void printDistAxisList(OpAsmPrinter &p, Operation *, ArrayAttr axes) {
+  meshplan::dist::printAxisList(p, axes);
+}
+
+#define GET_OP_CLASSES
+#include "meshplan/Dialect/Dist/IR/DistOps.cpp.inc"
+
+//===----------------------------------------------------------------------===//
+// Helpers
+//===----------------------------------------------------------------------===//
+
+/// The dist.mesh a symbol names, or an error on `op`.
+static FailureOr<MeshOp> lookupMesh(Operation *op, FlatSymbolRefAttr name,
+                                    SymbolTableCollection &symbols) {
+  auto mesh = symbols.lookupNearestSymbolFrom<MeshOp>(op, name);
+  if (!mesh)
+    return op->emitOpError()
+           << "refers to " << name << ", which is not a dist.mesh";
+  return mesh;
+}
+
+/// The core view (whole mesh) of a dist.mesh symbol.
+static FailureOr<View> lookupView(Operation *op, FlatSymbolRefAttr name,
+                                  SymbolTableCollection &symbols) {
+  auto mesh = lookupMesh(op, name, symbols);
+  if (failed(mesh))
+    return failure();
+  auto core = coreMesh(*mesh);
+  if (!core)
+    return op->emitOpError()
+           << "mesh " << name << " is invalid: " << core.error().message;
+  return View::root(std::make_shared<const Mesh>(std::move(*core)));
+}
+
+//===----------------------------------------------------------------------===//
+// dist.mesh, dist.comm
+//===----------------------------------------------------------------------===//
+
+LogicalResult MeshOp::verify() {
+  auto core = coreMesh(*this);
+  if (!core)
+    return emitOpError() << core.error().message;
+  return success();
+}
+
+LogicalResult CommOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto view = lookupView(*this, getMeshAttr(), symbols);
+  if (failed(view))
+    return failure();
+  auto refs = coreAxisRefs(view->mesh(), getAxes());
+  if (!refs)
+    return emitOpError() << refs.error().message;
+  auto ok = checkRefsCompatible(view->mesh(), *refs, "comm");
+  if (!ok)
+    return emitOpError() << ok.error().message;
+  if (auto from = getViewAttr()) {
+    AxisNamespace names(view->meshHandle());
+    auto viewed = evaluateViewExpr(*view, from.getExpr().getValue(), names);
+    if (!viewed)
+      return emitOpError() << "view \"" << from.getExpr().getValue()
+                           << "\": " << viewed.error().message;
+    std::string viewKey = partitionKeyOf(view->mesh(), viewed->refs());
+    std::string axesKey = partitionKeyOf(view->mesh(), *refs);
+    if (viewKey != axesKey)
+      return emitOpError() << "view \"" << from.getExpr().getValue()
+                           << "\" groups ranks by " << viewKey
+                           << " but the comm's axes are " << axesKey;
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Layout ops
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Both ends of a layout-changing op, resolved against their mesh.
+struct LayoutPair {
+  std::optional<View> view;
+  Layout in, out;
+  std::vector<int64_t> shape;
+};
+} // namespace
+
+/// Checks operand and result are the same tensor with layouts on one mesh,
+/// and converts both layouts to core.
+static FailureOr<LayoutPair> resolveLayouts(Operation *op, Value input,
+                                            Value result,
+                                            SymbolTableCollection &symbols) {
+  auto inType = cast<RankedTensorType>(input.getType());
+  auto outType = cast<RankedTensorType>(result.getType());
+  if (inType.getShape() != outType.getShape() ||
+      inType.getElementType() != outType.getElementType())
+    return op->emitOpError()
+           << "changes the tensor itself (" << inType << " -> " << outType
+           << "); only the layout may change";
+  LayoutAttr inLayout = getLayout(inType), outLayout = getLayout(outType);
+  if (!inLayout)
+    return op->emitOpError() << "operand has no #dist.layout encoding";
+  if (!outLayout)
+    return op->emitOpError() << "result has no #dist.layout encoding";
+  if (inLayout.getMesh() != outLayout.getMesh())
+    return op->emitOpError()
+           << "operand is on mesh " << inLayout.getMesh()
+           << " but the result is on mesh " << outLayout.getMesh();
+  auto view = lookupView(op, inLayout.getMesh(), symbols);
+  if (failed(view))
+    return failure();
+  LayoutPair pair;
+  pair.shape.assign(inType.getShape().begin(), inType.getShape().end());
+  for (auto [layout, which, out] :
+       {std::tuple{inLayout, "operand", &pair.in},
+        std::tuple{outLayout, "result", &pair.out}}) {
+    if (layout.getRank() != static_cast<int64_t>(pair.shape.size()))
+      return op->emitOpError()
+             << which << " layout has " << layout.getRank()
+             << " dims but the tensor has " << pair.shape.size();
+    auto core = coreLayout(*view, layout);
+    if (!core)
+      return op->emitOpError() << which << " layout: " << core.error().message;
+    *out = std::move(*core);
+  }
+  pair.view = *view;
+  return pair;
+}
+
+/// Verifies that the result layout is what core says `spec` makes of the
+/// operand's, and that an attached comm groups the same ranks.
+static LogicalResult verifyStep(Operation *op, Value input, Value result,
+                                ArrayAttr axes, std::optional<StringRef> comm,
+                                StepSpec spec, ArrayAttr dstAxes,
+                                SymbolTableCollection &symbols) {
+  // Rank-local form: shapes are this rank's, the group is explicit.
+  if (!getLayout(input.getType()) && !getLayout(result.getType())) {
+    auto group = op->getAttrOfType<DenseI64ArrayAttr>("group");
+    if (!group)
+      return op->emitOpError()
+             << "has neither layouts (global form) nor a group "
+                "(rank-local form)";
+    if (group.empty())
+      return op->emitOpError() << "has an empty group";
+    return success();
+  }
+  if (op->hasAttr("group"))
+    return op->emitOpError()
+           << "has layouts and a group; a group belongs to the rank-local "
+              "form only";
+  auto pair = resolveLayouts(op, input, result, symbols);
+  if (failed(pair))
+    return failure();
+  const View &view = *pair->view;
+  const Mesh &mesh = view.mesh();
+  auto refs = coreAxisRefs(mesh, axes);
+  if (!refs)
+    return op->emitOpError() << refs.error().message;
+  spec.axes = *refs;
+  if (dstAxes) {
+    auto dst = coreAxisRefs(mesh, dstAxes);
+    if (!dst)
+      return op->emitOpError() << dst.error().message;
+    spec.dstAxes = *dst;
+  }
+  auto expected = applyStep(view, pair->in, spec, pair->shape);
+  if (!expected)
+    return op->emitOpError() << expected.error().message;
+  if (!sameShards(view, *expected, pair->out, pair->shape))
+    return op->emitOpError()
+           << "result layout " << formatLayout(mesh, pair->out)
+           << " is not what " << stepKindName(spec.kind) << " makes of "
+           << formatLayout(mesh, pair->in) << " (expected "
+           << formatLayout(mesh, *expected) << ")";
+  if (comm) {
+    auto commOp = symbols.lookupNearestSymbolFrom<CommOp>(
+        op, FlatSymbolRefAttr::get(op->getContext(), *comm));
+    if (!commOp)
+      return op->emitOpError()
+             << "refers to @" << *comm << ", which is not a dist.comm";
+    auto commRefs = coreAxisRefs(mesh, commOp.getAxes());
+    if (!commRefs ||
+        commOp.getMeshAttr() != getLayout(input.getType()).getMesh())
+      return op->emitOpError()
+             << "comm @" << *comm << " is not on the operand's mesh";
+    if (partitionKeyOf(mesh, *commRefs) != partitionKeyOf(mesh, spec.axes))
+      return op->emitOpError()
+             << "comm @" << *comm << " groups ranks by "
+             << partitionKeyOf(mesh, *commRefs) << " but the op's axes are "
+             << partitionKeyOf(mesh, spec.axes);
+  }
+  return success();
+}
+
+LogicalResult AnnotateOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto inType = cast<RankedTensorType>(getInput().getType());
+  auto outType = cast<RankedTensorType>(getResult().getType());
+  if (getLayout(inType))
+    return emitOpError() << "operand already has a layout; use "
+                            "dist.redistribute to change it";
+  LayoutAttr layout = getLayout(outType);
+  if (!layout)
+    return emitOpError() << "result has no #dist.layout encoding";
+  if (inType.getShape() != outType.getShape() ||
+      inType.getElementType() != outType.getElementType())
+    return emitOpError() << "changes the tensor itself (" << inType << " -> "
+                         << outType << "); only the layout may be added";
+  auto view = lookupView(*this, layout.getMesh(), symbols);
+  if (failed(view))
+    return failure();
+  if (layout.getRank() != inType.getRank())
+    return emitOpError() << "layout has " << layout.getRank()
+                         << " dims but the tensor has " << inType.getRank();
+  auto core = coreLayout(*view, layout);
+  if (!core)
+    return emitOpError() << "layout: " << core.error().message;
+  return success();
+}
+
+LogicalResult RedistributeOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return resolveLayouts(*this, getInput(), getResult(), symbols);
+}
+
+static StepSpec spec(StepKind kind, int64_t dim = -1, int64_t dstDim = -1,
+                     ReduceKind op = ReduceKind::Sum) {
+  StepSpec s;
+  s.kind = kind;
+  s.dim = static_cast<int>(dim);
+  s.dstDim = static_cast<int>(dstDim);
+  s.op = coreReduceOp(op);
+  return s;
+}
+
+LogicalResult AllGatherOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::AllGather, getDim()), {}, symbols);
+}
+
+LogicalResult
+ReduceScatterOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::ReduceScatter, getDim(), -1, getReduce()),
+                    {}, symbols);
+}
+
+LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::AllReduce, -1, -1, getReduce()), {},
+                    symbols);
+}
+
+LogicalResult AllToAllOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::AllToAll, getSrcDim(), getDstDim()), {},
+                    symbols);
+}
+
+LogicalResult PermuteOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::Permute, getDim()), getDstAxes(), symbols);
+}
+
+LogicalResult LocalSliceOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::LocalSlice, getDim()), {}, symbols);
+}
+
+LogicalResult MarkPartialOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                    spec(StepKind::MarkPartial, -1, -1, getReduce()), {},
+                    symbols);
+}
+
+LogicalResult BroadcastOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (getRoot() < 0)
+    return emitOpError() << "root " << getRoot() << " is negative";
+  if (failed(verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
+                        spec(StepKind::Broadcast), {}, symbols)))
+    return failure();
+  if (!getLayout(getInput().getType())) {
+    if (getRoot() >= static_cast<int64_t>(getGroup()->size()))
+      return emitOpError() << "root " << getRoot()
+                           << " is outside the group of " << getGroup()->size()
+                           << " ranks";
+    return success();
+  }
+  auto view =
+      lookupView(*this, getLayout(getInput().getType()).getMesh(), symbols);
+  auto refs = coreAxisRefs(view->mesh(), getAxes());
+  if (refs && getRoot() >= refsSize(*refs))
+    return emitOpError() << "root " << getRoot() << " is outside the group of "
+                         << refsSize(*refs) << " ranks";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Model ops
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Dialect/Dist/IR/DistInterfaces.cpp.inc"
+
+LogicalResult MatmulOp::verify() {
+  auto a = cast<RankedTensorType>(getLhs().getType());
+  auto b = cast<RankedTensorType>(getRhs().getType());
+  auto c = cast<RankedTensorType>(getResult().getType());
+  if (a.getRank() != 2 || b.getRank() != 2 || c.getRank() != 2)
+    return emitOpError() << "takes 2-d operands and result";
+  if (a.getDimSize(1) != b.getDimSize(0) ||
+      c.getDimSize(0) != a.getDimSize(0) || c.getDimSize(1) != b.getDimSize(1))
+    return emitOpError() << "shapes do not multiply: " << a << " x " << b
+                         << " -> " << c;
+  return success();
+}
+
+std::optional<RuleLayouts>
+MatmulOp::inferLayouts(const View &view, ArrayRef<const Layout *> operands,
+                       ArrayRef<const Layout *> results) {
+  return matmulRule(view, operands[0], operands[1], results[0]);
+}
+
+LogicalResult BitcastOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getRank() != out.getRank() || in.getRank() == 0 ||
+      in.getShape().drop_back() != out.getShape().drop_back())
+    return emitOpError() << "may change only the last dim (" << in << " -> "
+                         << out << ")";
+  if (!in.getElementType().isIntOrFloat() ||
+      !out.getElementType().isIntOrFloat() ||
+      in.getDimSize(in.getRank() - 1) *
+              in.getElementType().getIntOrFloatBitWidth() !=
+          out.getDimSize(out.getRank() - 1) *
+              out.getElementType().getIntOrFloatBitWidth())
+    return emitOpError() << "changes the number of bits in the last dim (" << in
+                         << " -> " << out << ")";
+  return success();
+}
+
+std::optional<RuleLayouts>
+BitcastOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
+                        ArrayRef<const Layout *> results) {
+  auto in = cast<RankedTensorType>(getInput().getType()).getShape();
+  auto out = cast<RankedTensorType>(getResult().getType()).getShape();
+  return bitcastRule(operands[0], results[0],
+                     std::vector<int64_t>(in.begin(), in.end()),
+                     std::vector<int64_t>(out.begin(), out.end()));
+}
+
+LogicalResult ReduceSumOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  SmallVector<int64_t> kept;
+  for (int64_t d = 0; d < in.getRank(); ++d) {
+    if (llvm::is_contained(getDims(), d))
+      continue;
+    kept.push_back(in.getDimSize(d));
+  }
+  for (int64_t d : getDims())
+    if (d < 0 || d >= in.getRank())
+      return emitOpError() << "dim " << d << " is out of range for " << in;
+  if (ArrayRef<int64_t>(kept) != out.getShape() ||
+      in.getElementType() != out.getElementType())
+    return emitOpError() << "result " << out << " is not " << in
+                         << " summed over the given dims";
+  return success();
+}
+
+std::optional<RuleLayouts>
+ReduceSumOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
+                          ArrayRef<const Layout *> results) {
+  std::vector<int> dims(getDims().begin(), getDims().end());
+  return reduceSumRule(operands[0], results[0], dims,
+                       cast<RankedTensorType>(getInput().getType()).getRank());
+}

@@ -1,0 +1,282 @@
+// Every verifier error of the dist dialect, one case per split.
+// RUN: %meshplan-opt %s -split-input-file -verify-diagnostics
+
+// expected-error @+1 {{'dist.mesh' op axis "dp" appears twice}}
+dist.mesh @m ["dp" = 2, "dp" = 2]
+
+// -----
+
+// expected-error @+1 {{'dist.mesh' op axis "dp" has size 0; sizes must be >= 1}}
+dist.mesh @m ["dp" = 0]
+
+// -----
+
+// expected-error @+1 {{'dist.mesh' op managed axis "ddp" is not an axis of the mesh (axes: dp, tp)}}
+dist.mesh @m ["dp" = 2, "tp" = 2] managed = ["ddp"]
+
+// -----
+
+// expected-error @+1 {{'dist.mesh' op device order lists 3 ranks but the mesh has 4 devices}}
+dist.mesh @m ["dp" = 2, "tp" = 2] order = [0, 1, 2]
+
+// -----
+
+// expected-error @+1 {{'dist.comm' op refers to @nowhere, which is not a dist.mesh}}
+dist.comm @c on @nowhere axes {"dp"}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+// expected-error @+1 {{'dist.comm' op axis "fsdp" is not in the mesh (axes: dp, tp)}}
+dist.comm @c on @m axes {"fsdp"}
+
+// -----
+
+dist.mesh @m ["x" = 8]
+// expected-error @+1 {{'dist.comm' op comm uses overlapping parts of axis "x": x:(1)4 and x:(2)2}}
+dist.comm @c on @m axes {"x":(1)4, "x":(2)2}
+
+// -----
+
+dist.mesh @m ["x" = 8]
+// expected-error @+1 {{'dist.comm' op sub-axis "x":(1)3: pre-size * size (3) must divide the size of x (8)}}
+dist.comm @c on @m axes {"x":(1)3}
+
+// -----
+
+dist.mesh @m ["ddp" = 2, "fsdp" = 2]
+// expected-error @+1 {{'dist.comm' op view "slice(ddp,fsdp).slice(fsdp)" groups ranks by [fsdp] but the comm's axes are [ddp]}}
+dist.comm @c on @m axes {"ddp"} view = #dist.view<"slice(ddp,fsdp).slice(fsdp)">
+
+// -----
+
+dist.mesh @m ["ddp" = 2, "fsdp" = 2]
+// expected-error @+1 {{'dist.comm' op view "slice(ddp).slice(fsdp)": column 12 (slice): axis "fsdp" is not in the view (axes: ddp)}}
+dist.comm @c on @m axes {"fsdp"} view = #dist.view<"slice(ddp).slice(fsdp)">
+
+// -----
+
+// expected-error @+1 {{unknown reduce op "mean"; expected one of sum, avg, max, min, product}}
+func.func private @f(tensor<8xf32, #dist.layout<@m, [{}], partial(mean) = {"dp"}>>)
+
+// -----
+
+// expected-error @+1 {{sub-axis "x": pre-size and size must be >= 1}}
+func.func private @f(tensor<8xf32, #dist.layout<@m, [{"x":(0)2}]>>)
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.annotate' op operand already has a layout; use dist.redistribute to change it}}
+  %0 = dist.annotate %a : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{"tp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op result has no #dist.layout encoding}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op changes the tensor itself ('tensor<8xf32>' -> 'tensor<8xf16, #dist.layout<@m, [{"dp"}]>>'); only the layout may be added}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf16, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op layout has 2 dims but the tensor has 1}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"dp"}, {}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op layout: dim 0: axis "fsdp" is not in the mesh (axes: dp, tp)}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"fsdp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8x4xf32>) {
+  // expected-error @+1 {{'dist.annotate' op layout: layout uses axis "dp" twice}}
+  %0 = dist.annotate %a : tensor<8x4xf32> -> tensor<8x4xf32, #dist.layout<@m, [{"dp"}, {"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["r" = 2, "s" = 2] managed = ["r"]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op layout: managed axis "r" cannot split tensor dim 0}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"r"}]>>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.annotate' op refers to @nowhere, which is not a dist.mesh}}
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.redistribute' op operand is on mesh @m but the result is on mesh @n}}
+  %0 = dist.redistribute %a : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@n, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.redistribute' op operand has no #dist.layout encoding}}
+  %0 = dist.redistribute %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"tp", "dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op all_gather: axes {tp} are not the minor-most levels of dim 0 (its axes: {tp,dp})}}
+  %0 = dist.all_gather %a dim 0 over {"tp"} : tensor<8xf32, #dist.layout<@m, [{"tp", "dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"tp", "dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op result layout [{}] is not what all_gather makes of [{tp,dp}] (expected [{tp}])}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"tp", "dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op all_gather: dim 1 is out of range for a 1-d tensor}}
+  %0 = dist.all_gather %a dim 1 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.all_reduce' op all_reduce: axis "tp" is not partial in the operand's layout}}
+  %0 = dist.all_reduce %a sum over {"tp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.reduce_scatter' op reduce_scatter: reduce op max differs from the operand's pending sum}}
+  %0 = dist.reduce_scatter %a dim 0 max over {"dp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.local_slice' op local_slice: axis "dp" is split or partial in the operand's layout}}
+  %0 = dist.local_slice %a dim 0 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{"tp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8x4xf32, #dist.layout<@m, [{"dp"}, {}]>>) {
+  // expected-error @+1 {{'dist.all_to_all' op all_to_all: source and target dim are both 0}}
+  %0 = dist.all_to_all %a dim 0 to 0 over {"dp"} : tensor<8x4xf32, #dist.layout<@m, [{"dp"}, {}]>> -> tensor<8x4xf32, #dist.layout<@m, [{"dp"}, {}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp", "tp"}]>>) {
+  // expected-error @+1 {{'dist.permute' op permute: {dp} is not a reordering of {dp,tp}}}
+  %0 = dist.permute %a dim 0 to {"dp"} over {"dp", "tp"} : tensor<8xf32, #dist.layout<@m, [{"dp", "tp"}]>> -> tensor<8xf32, #dist.layout<@m, [{"tp", "dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<7xf32, #dist.layout<@m, [{"dp", "tp"}]>>) {
+  // expected-error @+1 {{'dist.permute' op permute: dim 0 (size 7) is not split evenly, so boxes differ in size and cannot be permuted}}
+  %0 = dist.permute %a dim 0 to {"tp", "dp"} over {"dp", "tp"} : tensor<7xf32, #dist.layout<@m, [{"dp", "tp"}]>> -> tensor<7xf32, #dist.layout<@m, [{"tp", "dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.mark_partial' op mark_partial: reduce op max differs from the operand's pending sum}}
+  %0 = dist.mark_partial %a max over {"tp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<8xf32, #dist.layout<@m, [{}], partial(max) = {"dp", "tp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+dist.comm @c on @m axes {"tp"}
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op comm @c groups ranks by [tp] but the op's axes are [dp]}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} comm = @c : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op refers to @c, which is not a dist.comm}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} comm = @c : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.broadcast' op root 2 is outside the group of 2 ranks}}
+  %0 = dist.broadcast %a root 2 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.all_reduce' op all_reduce: empty axis list}}
+  %0 = dist.all_reduce %a sum over {} : tensor<8xf32, #dist.layout<@m, [{}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
