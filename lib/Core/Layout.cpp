@@ -156,12 +156,6 @@ bool sameShards(const View &view, const Layout &a, const Layout &b,
                 const std::vector<int64_t> &shape) {
   if (a.dims.size() != shape.size() || b.dims.size() != shape.size())
     return false;
-  const Mesh &mesh = view.mesh();
-  AxisRefList universe = view.refs();
-  for (const Layout *l : {&a, &b}) {
-    AxisRefList used = l->usedRefs();
-    universe.insert(universe.end(), used.begin(), used.end());
-  }
   Layout fa = a, fb = b;
   for (size_t d = 0; d < shape.size(); ++d) {
     int dim = static_cast<int>(d);

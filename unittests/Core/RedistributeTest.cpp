@@ -500,6 +500,8 @@ std::string execute(const World &w, const RedistributeStep &step,
             x = identityOf(op);
       break;
     }
+    case StepKind::Broadcast:
+      return "planRedistribute emitted a broadcast, which it never plans";
     }
   }
   data = std::move(next);
@@ -528,6 +530,8 @@ int64_t expectedBytes(const RedistributeStep &step, const Ints &shape) {
   case StepKind::LocalSlice:
   case StepKind::MarkPartial:
     return 0;
+  case StepKind::Broadcast:
+    return -1; // never planned; the simulator reports it
   }
   return -1;
 }

@@ -26,7 +26,7 @@ static ParseResult parseDistMeshAxes(OpAsmParser &parser, ArrayAttr &names,
   SmallVector<int64_t> sizes;
   if (parser.parseCommaSeparatedList(OpAsmParser::Delimiter::Square, [&] {
         std::string name;
-        int64_t size;
+        int64_t size = 0;
         if (parser.parseString(&name) || parser.parseEqual() ||
             parser.parseInteger(size))
           return failure();
@@ -328,24 +328,25 @@ LogicalResult MarkPartialOp::verifySymbolUses(SymbolTableCollection &symbols) {
 }
 
 LogicalResult BroadcastOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  if (getRoot() < 0)
-    return emitOpError() << "root " << getRoot() << " is negative";
+  // The generated accessor is unsigned; read the stored i64.
+  int64_t root = getRootAttr().getInt();
+  if (root < 0)
+    return emitOpError() << "root " << root << " is negative";
   if (failed(verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
                         spec(StepKind::Broadcast), {}, symbols)))
     return failure();
+  int64_t groupSize;
   if (!getLayout(getInput().getType())) {
-    if (getRoot() >= static_cast<int64_t>(getGroup()->size()))
-      return emitOpError() << "root " << getRoot()
-                           << " is outside the group of " << getGroup()->size()
-                           << " ranks";
-    return success();
+    groupSize = static_cast<int64_t>(getGroup()->size());
+  } else {
+    auto view =
+        lookupView(*this, getLayout(getInput().getType()).getMesh(), symbols);
+    auto refs = coreAxisRefs(view->mesh(), getAxes());
+    groupSize = refs ? refsSize(*refs) : 1;
   }
-  auto view =
-      lookupView(*this, getLayout(getInput().getType()).getMesh(), symbols);
-  auto refs = coreAxisRefs(view->mesh(), getAxes());
-  if (refs && getRoot() >= refsSize(*refs))
-    return emitOpError() << "root " << getRoot() << " is outside the group of "
-                         << refsSize(*refs) << " ranks";
+  if (root >= groupSize)
+    return emitOpError() << "root " << root << " is outside the group of "
+                         << groupSize << " ranks";
   return success();
 }
 
