@@ -159,4 +159,72 @@ std::optional<RuleLayouts> reduceSumRule(const Layout *operand,
   return out;
 }
 
+std::optional<RuleLayouts> reshapeRule(const Layout *operand,
+                                       const Layout *result,
+                                       const std::vector<int64_t> &inShape,
+                                       const std::vector<int64_t> &outShape) {
+  if (!operand && !result)
+    return std::nullopt;
+  // Groups of dims with equal products, as [begin, end) in each shape.
+  struct Group {
+    size_t inBegin, inEnd, outBegin, outEnd;
+  };
+  std::vector<Group> groups;
+  size_t i = 0, o = 0;
+  while (i < inShape.size() || o < outShape.size()) {
+    Group g{i, i, o, o};
+    int64_t pi = 1, po = 1;
+    if (i < inShape.size())
+      pi *= inShape[i++];
+    if (o < outShape.size())
+      po *= outShape[o++];
+    while (pi != po) {
+      if (pi < po && i < inShape.size())
+        pi *= inShape[i++];
+      else if (po < pi && o < outShape.size())
+        po *= outShape[o++];
+      else
+        break; // zero-size dims: nothing left to match
+    }
+    g.inEnd = i;
+    g.outEnd = o;
+    groups.push_back(g);
+  }
+  Layout in = replicatedLayout(static_cast<int>(inShape.size()));
+  Layout out = replicatedLayout(static_cast<int>(outShape.size()));
+  const Layout &known = operand ? *operand : *result;
+  bool fromIn = operand != nullptr;
+  for (const Group &g : groups) {
+    size_t nIn = g.inEnd - g.inBegin, nOut = g.outEnd - g.outBegin;
+    // The major dim on the known side, and whether the rest is unsplit.
+    size_t knownBegin = fromIn ? g.inBegin : g.outBegin;
+    size_t knownCount = fromIn ? nIn : nOut;
+    if (knownCount == 0)
+      continue;
+    bool restUnsplit = true;
+    for (size_t d = knownBegin + 1; d < knownBegin + knownCount; ++d)
+      restUnsplit &= known.dims[d].empty();
+    const SplitLevels &levels = known.dims[knownBegin];
+    int64_t split = 1;
+    for (const AxisRefList &level : levels)
+      split *= levelSize(level);
+    int64_t inMajor = nIn ? inShape[g.inBegin] : 1;
+    int64_t outMajor = nOut ? outShape[g.outBegin] : 1;
+    bool keep =
+        restUnsplit && nIn > 0 && nOut > 0 &&
+        (nIn == 1 && nOut == 1 ? true
+                               : inMajor % split == 0 && outMajor % split == 0);
+    if (keep) {
+      in.dims[g.inBegin] = levels;
+      out.dims[g.outBegin] = levels;
+    }
+  }
+  in.partial = out.partial = known.partial;
+  in.reduceOp = out.reduceOp = known.reduceOp;
+  RuleLayouts rules;
+  rules.operands = {in};
+  rules.results = {out};
+  return rules;
+}
+
 } // namespace meshplan

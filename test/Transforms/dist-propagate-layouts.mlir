@@ -115,3 +115,30 @@ func.func @conflict(%a: tensor<8x4xf32> {dist.layout = #dist.layout<@m, [{"dp"},
   %0 = arith.addf %a, %b : tensor<8x4xf32>
   return %0 : tensor<8x4xf32>
 }
+
+// -----
+
+// reshape: merging [8, 4] -> [32] keeps dim 0's split (each rank keeps whole
+// rows); splitting [32] -> [4, 8] gives it to the new major dim.
+dist.mesh @m ["dp" = 2]
+// CHECK-LABEL: func.func @reshape
+// CHECK-NOT: dist.redistribute
+// CHECK: dist.reshape %{{.*}} : tensor<8x4xf32, #dist.layout<@m, [{"dp"}, {}]>> -> tensor<32xf32, #dist.layout<@m, [{"dp"}]>>
+// CHECK: dist.reshape %{{.*}} : tensor<32xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<4x8xf32, #dist.layout<@m, [{"dp"}, {}]>>
+func.func @reshape(%x: tensor<8x4xf32> {dist.layout = #dist.layout<@m, [{"dp"}, {}]>}) -> tensor<4x8xf32> {
+  %0 = dist.reshape %x : tensor<8x4xf32> -> tensor<32xf32>
+  %1 = dist.reshape %0 : tensor<32xf32> -> tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}
+
+// -----
+
+// A merge whose minor dim is split cannot keep whole rows: unsplit first.
+dist.mesh @m ["tp" = 2]
+// CHECK-LABEL: func.func @reshape_minor_split
+// CHECK: %[[R:.*]] = dist.redistribute %{{.*}} : tensor<8x4xf32, #dist.layout<@m, [{}, {"tp"}]>> -> tensor<8x4xf32, #dist.layout<@m, [{}, {}]>>
+// CHECK: dist.reshape %[[R]] : tensor<8x4xf32, #dist.layout<@m, [{}, {}]>> -> tensor<32xf32, #dist.layout<@m, [{}]>>
+func.func @reshape_minor_split(%x: tensor<8x4xf32> {dist.layout = #dist.layout<@m, [{}, {"tp"}]>}) -> tensor<32xf32> {
+  %0 = dist.reshape %x : tensor<8x4xf32> -> tensor<32xf32>
+  return %0 : tensor<32xf32>
+}

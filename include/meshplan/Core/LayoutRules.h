@@ -59,6 +59,18 @@ std::optional<RuleLayouts> reduceSumRule(const Layout *operand,
                                          const std::vector<int> &dims,
                                          int operandRank);
 
+/// Reshape between shapes with the same element count. Dims are matched in
+/// groups of equal products (an unchanged dim, several merged into one, one
+/// split into several). A group keeps its split only where that is exact:
+/// an unchanged dim keeps its levels; a merge keeps the major dim's levels
+/// when the other merged dims are unsplit and the major dim splits evenly;
+/// a split gives the old levels to the new major dim when it splits evenly.
+/// Otherwise the group is unsplit (replicated over those axes).
+std::optional<RuleLayouts> reshapeRule(const Layout *operand,
+                                       const Layout *result,
+                                       const std::vector<int64_t> &inShape,
+                                       const std::vector<int64_t> &outShape);
+
 } // namespace meshplan
 
 #endif // MESHPLAN_CORE_LAYOUTRULES_H

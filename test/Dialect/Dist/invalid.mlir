@@ -280,3 +280,142 @@ func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}]>>) {
   %0 = dist.all_reduce %a sum over {} : tensor<8xf32, #dist.layout<@m, [{}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
   return
 }
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.all_gather' op has neither layouts (global form) nor a group (rank-local form)}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} : tensor<8xf32> -> tensor<16xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.all_gather' op has an empty group}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} group = [] : tensor<8xf32> -> tensor<16xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op has layouts and a group; a group belongs to the rank-local form only}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} group = [0, 1] : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op changes the tensor itself}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<16xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op result has no #dist.layout encoding}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}, {}]>>) {
+  // expected-error @+1 {{'dist.redistribute' op operand layout has 2 dims but the tensor has 1}}
+  %0 = dist.redistribute %a : tensor<8xf32, #dist.layout<@m, [{"dp"}, {}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.redistribute' op result layout: dim 0: axis "tp" is not in the mesh (axes: dp)}}
+  %0 = dist.redistribute %a : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{"tp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+dist.comm @c on @n axes {"dp"}
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op comm @c is not on the operand's mesh}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} comm = @c : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.broadcast' op root -1 is negative}}
+  %0 = dist.broadcast %a root -1 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.matmul' op shapes do not multiply: 'tensor<4x8xf32>' x 'tensor<4x8xf32>' -> 'tensor<4x8xf32>'}}
+  %0 = dist.matmul %a, %b : tensor<4x8xf32>, tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8x2xf32>, %b: tensor<8x2xf32>) {
+  // expected-error @+1 {{'dist.matmul' op takes 2-d operands and result}}
+  %0 = dist.matmul %a, %b : tensor<4x8x2xf32>, tensor<8x2xf32> -> tensor<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.bitcast' op changes the number of bits in the last dim ('tensor<4x8xf32>' -> 'tensor<4x8xbf16>')}}
+  %0 = dist.bitcast %a : tensor<4x8xf32> -> tensor<4x8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.bitcast' op may change only the last dim ('tensor<4x8xf32>' -> 'tensor<2x16xf32>')}}
+  %0 = dist.bitcast %a : tensor<4x8xf32> -> tensor<2x16xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.reduce_sum' op dim 2 is out of range for 'tensor<4x8xf32>'}}
+  %0 = dist.reduce_sum %a dims = [2] : tensor<4x8xf32> -> tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.reduce_sum' op result 'tensor<8xf32>' is not 'tensor<4x8xf32>' summed over the given dims}}
+  %0 = dist.reduce_sum %a dims = [1] : tensor<4x8xf32> -> tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.reshape' op changes the elements ('tensor<4x8xf32>' -> 'tensor<30xf32>')}}
+  %0 = dist.reshape %a : tensor<4x8xf32> -> tensor<30xf32>
+  return
+}

@@ -35,6 +35,19 @@ func.func @layouts(
   return
 }
 
+// CHECK-LABEL: func.func @model
+func.func @model(%x: tensor<4x8xf32>, %w: tensor<8x16xf32>) {
+  // CHECK: dist.matmul %{{.*}}, %{{.*}} : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  %0 = dist.matmul %x, %w : tensor<4x8xf32>, tensor<8x16xf32> -> tensor<4x16xf32>
+  // CHECK: dist.bitcast %{{.*}} : tensor<4x16xf32> -> tensor<4x32xbf16>
+  %1 = dist.bitcast %0 : tensor<4x16xf32> -> tensor<4x32xbf16>
+  // CHECK: dist.reduce_sum %{{.*}} dims = [1] : tensor<4x32xbf16> -> tensor<4xbf16>
+  %2 = dist.reduce_sum %1 dims = [1] : tensor<4x32xbf16> -> tensor<4xbf16>
+  // CHECK: dist.reshape %{{.*}} : tensor<4x16xf32> -> tensor<64xf32>
+  %3 = dist.reshape %0 : tensor<4x16xf32> -> tensor<64xf32>
+  return
+}
+
 // CHECK-LABEL: func.func @steps
 func.func @steps(%arg0: tensor<16x8xf32>) {
   // CHECK: dist.annotate %{{.*}} : tensor<16x8xf32> -> tensor<16x8xf32, #dist.layout<@world, [{"abcd", "fsdp"}, {}]>>

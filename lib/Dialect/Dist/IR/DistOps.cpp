@@ -429,3 +429,23 @@ ReduceSumOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
   return reduceSumRule(operands[0], results[0], dims,
                        cast<RankedTensorType>(getInput().getType()).getRank());
 }
+
+LogicalResult ReshapeOp::verify() {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  if (in.getNumElements() != out.getNumElements() ||
+      in.getElementType() != out.getElementType())
+    return emitOpError() << "changes the elements (" << in << " -> " << out
+                         << ")";
+  return success();
+}
+
+std::optional<RuleLayouts>
+ReshapeOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
+                        ArrayRef<const Layout *> results) {
+  auto in = cast<RankedTensorType>(getInput().getType()).getShape();
+  auto out = cast<RankedTensorType>(getResult().getType()).getShape();
+  return reshapeRule(operands[0], results[0],
+                     std::vector<int64_t>(in.begin(), in.end()),
+                     std::vector<int64_t>(out.begin(), out.end()));
+}

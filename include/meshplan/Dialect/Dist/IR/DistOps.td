@@ -183,6 +183,19 @@ def Dist_BitcastOp : Dist_ModelOp<"bitcast"> {
   let hasVerifier = 1;
 }
 
+def Dist_ReshapeOp : Dist_ModelOp<"reshape"> {
+  let summary = "Same elements, another shape (row-major)";
+  let description = [{
+    A dim's split survives a reshape only where each rank keeps whole
+    rows: unchanged dims, a merge whose major dim splits evenly (and whose
+    other dims are unsplit), a split whose new major dim splits evenly.
+  }];
+  let arguments = (ins AnyRankedTensor:$input);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$input attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
 def Dist_ReduceSumOp : Dist_ModelOp<"reduce_sum"> {
   let summary = "Sums over dims (removing them)";
   let description = [{
