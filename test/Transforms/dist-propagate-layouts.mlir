@@ -3,21 +3,23 @@
 
 // Motivating failure 2: a bf16 stochastic-rounding AdamW update, written with
 // bitcasts and integer ops, on an FSDP-sharded parameter. Every value takes
-// the parameter's layout; nothing is gathered.
-dist.mesh @world ["dp" = 4]
+// the parameter's layout; nothing is gathered. The packed parameter storage
+// (bf16 pairs viewed as fp32, DTensor's failing view(dtype)) stays local too.
+dist.mesh @world ["dp" = 4, "tp" = 2]
 // CHECK-LABEL: func.func @sr_adamw
-// CHECK-SAME: (%{{.*}}: tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {}]>>, %{{.*}}: tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {}]>>, %{{.*}}: tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {}]>>, %{{.*}}: tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {}]>>)
-// CHECK-SAME: -> tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {}]>>
+// CHECK-SAME: (%{{.*}}: tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {"tp"}]>>, %{{.*}}: tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>>, %{{.*}}: tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>>, %{{.*}}: tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {"tp"}]>>)
+// CHECK-SAME: -> tensor<1024x128xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>>
 // CHECK-NOT: dist.redistribute
-// CHECK: arith.bitcast %{{.*}} : tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {}]>> to tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {}]>>
-// CHECK: arith.select %{{.*}} : tensor<1024x256xi1, #dist.layout<@world, [{"dp"}, {}]>>, tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {}]>>
-// CHECK: arith.truncf %{{.*}} : tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {}]>> to tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {}]>>
+// CHECK: arith.bitcast %{{.*}} : tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>> to tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {"tp"}]>>
+// CHECK: arith.select %{{.*}} : tensor<1024x256xi1, #dist.layout<@world, [{"dp"}, {"tp"}]>>, tensor<1024x256xi32, #dist.layout<@world, [{"dp"}, {"tp"}]>>
+// CHECK: arith.truncf %{{.*}} : tensor<1024x256xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>> to tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {"tp"}]>>
+// CHECK: dist.bitcast %{{.*}} : tensor<1024x256xbf16, #dist.layout<@world, [{"dp"}, {"tp"}]>> -> tensor<1024x128xf32, #dist.layout<@world, [{"dp"}, {"tp"}]>>
 // LOWERED-LABEL: func.func @sr_adamw
 // LOWERED-NOT: {{dist\.(all_gather|all_reduce|reduce_scatter|all_to_all|permute|redistribute|broadcast)}}
 // LOWERED: return
-func.func @sr_adamw(%p: tensor<1024x256xbf16> {dist.layout = #dist.layout<@world, [{"dp"}, {}]>},
+func.func @sr_adamw(%p: tensor<1024x256xbf16> {dist.layout = #dist.layout<@world, [{"dp"}, {"tp"}]>},
                     %g: tensor<1024x256xf32>, %m: tensor<1024x256xf32>,
-                    %rand: tensor<1024x256xi32>) -> tensor<1024x256xbf16> {
+                    %rand: tensor<1024x256xi32>) -> tensor<1024x128xf32> {
   %beta = arith.constant dense<0.9> : tensor<1024x256xf32>
   %lr = arith.constant dense<1.0e-3> : tensor<1024x256xf32>
   %low_mask = arith.constant dense<65535> : tensor<1024x256xi32>
@@ -37,7 +39,8 @@ func.func @sr_adamw(%p: tensor<1024x256xbf16> {dist.layout = #dist.layout<@world
   %rounded = arith.select %round_up, %up, %high : tensor<1024x256xi1>, tensor<1024x256xi32>
   %f = arith.bitcast %rounded : tensor<1024x256xi32> to tensor<1024x256xf32>
   %out = arith.truncf %f : tensor<1024x256xf32> to tensor<1024x256xbf16>
-  return %out : tensor<1024x256xbf16>
+  %packed = dist.bitcast %out : tensor<1024x256xbf16> -> tensor<1024x128xf32>
+  return %packed : tensor<1024x128xf32>
 }
 
 // -----
