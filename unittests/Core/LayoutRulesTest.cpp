@@ -11,6 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TestHelpers.h"
+
 #include "meshplan/Core/LayoutRules.h"
 
 #include <gtest/gtest.h>
@@ -31,38 +33,8 @@ std::shared_ptr<const Mesh> mesh2x2() {
   return std::make_shared<const Mesh>(*Mesh::create({{"a", 2}, {"b", 2}}));
 }
 
-/// Every layout of a rank-r tensor: each axis replicated or one level of a
-/// dim, in every order within a dim.
 std::vector<Layout> layouts(const View &view, int rank) {
-  std::vector<Layout> out;
-  int n = view.numAxes();
-  int choices = 1 + rank;
-  int total = 1;
-  for (int i = 0; i < n; ++i)
-    total *= choices;
-  std::set<std::vector<std::vector<int>>> seen;
-  for (int code = 0; code < total; ++code) {
-    std::vector<int> assign(n);
-    for (int i = 0, c = code; i < n; ++i, c /= choices)
-      assign[i] = c % choices;
-    std::vector<int> perm(n);
-    for (int i = 0; i < n; ++i)
-      perm[i] = i;
-    do {
-      std::vector<std::vector<int>> dims(rank);
-      for (int i : perm)
-        if (assign[i] > 0)
-          dims[assign[i] - 1].push_back(i);
-      if (!seen.insert(dims).second)
-        continue;
-      Layout l = replicatedLayout(rank);
-      for (int d = 0; d < rank; ++d)
-        for (int i : dims[d])
-          l.dims[d].push_back(view.axes()[i].refs);
-      out.push_back(l);
-    } while (std::next_permutation(perm.begin(), perm.end()));
-  }
-  return out;
+  return testutil::wholeAxisLayouts(view, rank, /*withPartial=*/false);
 }
 
 /// Row-major linear indices of a rank's box.

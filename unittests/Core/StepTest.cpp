@@ -8,6 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TestHelpers.h"
+
 #include "meshplan/Core/Redistribute.h"
 
 #include <gtest/gtest.h>
@@ -15,51 +17,6 @@
 using namespace meshplan;
 
 namespace {
-
-/// Every layout of a tensor of the given rank on a root view whose axes are
-/// all whole axes: each axis replicated, partial (sum), or one level of one
-/// dim, in every order.
-std::vector<Layout> allLayouts(const View &view, int rank) {
-  std::vector<Layout> out;
-  int n = view.numAxes();
-  // Assignment per axis: 0 = replicated, 1 = partial, 2 + d = dim d.
-  int choices = 2 + rank;
-  int64_t total = 1;
-  for (int i = 0; i < n; ++i)
-    total *= choices;
-  for (int64_t code = 0; code < total; ++code) {
-    std::vector<int> assign(n);
-    int64_t c = code;
-    for (int i = 0; i < n; ++i) {
-      assign[i] = static_cast<int>(c % choices);
-      c /= choices;
-    }
-    // Orders within dims: permute the axis indices and keep distinct results.
-    std::vector<int> perm(n);
-    for (int i = 0; i < n; ++i)
-      perm[i] = i;
-    std::vector<std::vector<std::vector<int>>> seen;
-    do {
-      std::vector<std::vector<int>> dims(rank);
-      for (int i : perm)
-        if (assign[i] >= 2)
-          dims[assign[i] - 2].push_back(i);
-      if (std::find(seen.begin(), seen.end(), dims) != seen.end())
-        continue;
-      seen.push_back(dims);
-      Layout l = replicatedLayout(rank);
-      for (int d = 0; d < rank; ++d)
-        for (int i : dims[d])
-          l.dims[d].push_back(view.axes()[i].refs);
-      for (int i = 0; i < n; ++i)
-        if (assign[i] == 1)
-          l.partial.insert(l.partial.end(), view.axes()[i].refs.begin(),
-                           view.axes()[i].refs.end());
-      out.push_back(l);
-    } while (std::next_permutation(perm.begin(), perm.end()));
-  }
-  return out;
-}
 
 TEST(Step, EveryPlannedStepIsWhatApplyStepMakesOfItsOperand) {
   struct Case {
@@ -79,8 +36,8 @@ TEST(Step, EveryPlannedStepIsWhatApplyStepMakesOfItsOperand) {
   for (const Case &c : cases) {
     auto mesh = std::make_shared<const Mesh>(*Mesh::create(c.axes));
     View view = View::root(mesh);
-    std::vector<Layout> layouts =
-        allLayouts(view, static_cast<int>(c.shape.size()));
+    std::vector<Layout> layouts = testutil::wholeAxisLayouts(
+        view, static_cast<int>(c.shape.size()), /*withPartial=*/true);
     for (const Layout &from : layouts) {
       for (const Layout &to : layouts) {
         auto plan = planRedistribute(view, from, to, c.shape);

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -107,6 +108,52 @@ inline std::vector<bf::Ints> rowsOf(const meshplan::View &view,
     for (int64_t i = 0; box.ok() && i < box->localShape[0]; ++i)
       rows.push_back(box->offset[0] + i);
     out.push_back(rows);
+  }
+  return out;
+}
+
+/// Every layout of a rank-`rank` tensor on `view` in which each view axis is
+/// replicated, partial(sum) (when `withPartial`), or one level of one dim,
+/// in every order within a dim. Distinct layouts only.
+inline std::vector<meshplan::Layout>
+wholeAxisLayouts(const meshplan::View &view, int rank, bool withPartial) {
+  std::vector<meshplan::Layout> out;
+  int n = view.numAxes();
+  int first = withPartial ? 2 : 1; // 0 replicated, 1 partial, then dims
+  int choices = first + rank;
+  int64_t total = 1;
+  for (int i = 0; i < n; ++i)
+    total *= choices;
+  std::set<std::pair<std::vector<std::vector<int>>, std::vector<int>>> seen;
+  for (int64_t code = 0; code < total; ++code) {
+    std::vector<int> assign(n);
+    int64_t c = code;
+    for (int i = 0; i < n; ++i, c /= choices)
+      assign[i] = static_cast<int>(c % choices);
+    std::vector<int> perm(n);
+    for (int i = 0; i < n; ++i)
+      perm[i] = i;
+    do {
+      std::vector<std::vector<int>> dims(rank);
+      std::vector<int> partial;
+      for (int i : perm) {
+        if (assign[i] >= first)
+          dims[assign[i] - first].push_back(i);
+        else if (assign[i] == 1 && withPartial)
+          partial.push_back(i);
+      }
+      std::sort(partial.begin(), partial.end());
+      if (!seen.insert({dims, partial}).second)
+        continue;
+      meshplan::Layout l = meshplan::replicatedLayout(rank);
+      for (int d = 0; d < rank; ++d)
+        for (int i : dims[d])
+          l.dims[d].push_back(view.axes()[i].refs);
+      for (int i : partial)
+        l.partial.insert(l.partial.end(), view.axes()[i].refs.begin(),
+                         view.axes()[i].refs.end());
+      out.push_back(l);
+    } while (std::next_permutation(perm.begin(), perm.end()));
   }
   return out;
 }
