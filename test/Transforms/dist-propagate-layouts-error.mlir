@@ -24,3 +24,19 @@ dist.mesh @m ["dp" = 2]
 func.func @rank(%a: tensor<8xf32> {dist.layout = #dist.layout<@m, [{"dp"}, {}]>}) {
   return
 }
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+// expected-error @+1 {{argument 0: dist.layout must be a #dist.layout}}
+func.func @not_a_layout(%a: tensor<8xf32> {dist.layout = "dp"}) {
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+// expected-error @+1 {{argument 0: dist.layout needs a ranked tensor without an encoding}}
+func.func @not_a_tensor(%a: f32 {dist.layout = #dist.layout<@m, [{"dp"}]>}) {
+  return
+}

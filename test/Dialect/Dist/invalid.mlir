@@ -6,6 +6,12 @@ dist.mesh @m ["dp" = 2, "dp" = 2]
 
 // -----
 
+// Only reachable in generic form: the custom syntax pairs names and sizes.
+// expected-error @+1 {{'dist.mesh' op mesh lists 2 axis names but 1 sizes}}
+"dist.mesh"() <{sym_name = "m", axis_names = ["dp", "tp"], shape = array<i64: 2>}> : () -> ()
+
+// -----
+
 // expected-error @+1 {{'dist.mesh' op axis "dp" has size 0; sizes must be >= 1}}
 dist.mesh @m ["dp" = 0]
 
