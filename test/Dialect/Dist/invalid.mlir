@@ -425,3 +425,12 @@ func.func @f(%a: tensor<4x8xf32>) {
   %0 = dist.reshape %a : tensor<4x8xf32> -> tensor<30xf32>
   return
 }
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{unknown reduce op "mean"; expected one of sum, avg, max, min, product}}
+  %0 = dist.all_reduce %a mean over {"dp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}

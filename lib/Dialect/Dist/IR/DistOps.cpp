@@ -61,6 +61,24 @@ static void printDistAxisList(OpAsmPrinter &p, Operation *, ArrayAttr axes) {
   meshplan::dist::printAxisList(p, axes);
 }
 
+/// `sum`, `max`, ...: the reduce op as a bare keyword.
+static ParseResult parseDistReduce(OpAsmParser &parser, ReduceKindAttr &kind) {
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef word;
+  if (parser.parseKeyword(&word))
+    return failure();
+  auto value = symbolizeReduceKind(word);
+  if (!value)
+    return parser.emitError(loc, "unknown reduce op \"")
+           << word << "\"; expected one of sum, avg, max, min, product";
+  kind = ReduceKindAttr::get(parser.getContext(), *value);
+  return success();
+}
+
+static void printDistReduce(OpAsmPrinter &p, Operation *, ReduceKindAttr kind) {
+  p << stringifyReduceKind(kind.getValue());
+}
+
 #define GET_OP_CLASSES
 #include "meshplan/Dialect/Dist/IR/DistOps.cpp.inc"
 

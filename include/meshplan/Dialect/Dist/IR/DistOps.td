@@ -110,12 +110,13 @@ def Dist_AllGatherOp : Dist_CollectiveOp<"all_gather",
 }
 
 def Dist_ReduceScatterOp : Dist_CollectiveOp<"reduce_scatter",
-    (ins I64Attr:$dim, Dist_ReduceOpAttr:$reduce), "`dim` $dim $reduce"> {
+    (ins I64Attr:$dim, Dist_ReduceOpAttr:$reduce),
+    "`dim` $dim custom<DistReduce>($reduce)"> {
   let summary = "Reduces partial axes and splits a dim by them";
 }
 
 def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce",
-    (ins Dist_ReduceOpAttr:$reduce), "$reduce"> {
+    (ins Dist_ReduceOpAttr:$reduce), "custom<DistReduce>($reduce)"> {
   let summary = "Reduces partial axes; the result is replicated over them";
 }
 
@@ -136,7 +137,7 @@ def Dist_LocalSliceOp : Dist_CollectiveOp<"local_slice",
 }
 
 def Dist_MarkPartialOp : Dist_CollectiveOp<"mark_partial",
-    (ins Dist_ReduceOpAttr:$reduce), "$reduce"> {
+    (ins Dist_ReduceOpAttr:$reduce), "custom<DistReduce>($reduce)"> {
   let summary = "Declares replicated axes partial (no data moves)";
 }
 
