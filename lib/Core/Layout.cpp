@@ -170,19 +170,30 @@ bool sameShards(const View &view, const Layout &a, const Layout &b,
   return equivalentLayouts(view, fa, fb);
 }
 
-DimShard chunkNested(int64_t n, const std::vector<int64_t> &sizes,
-                     const std::vector<int64_t> &coords) {
-  int64_t length = n, offset = 0, padded = n;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    int64_t k = sizes[i];
+namespace {
+/// Nested torch.chunk, one level at a time: the one implementation behind
+/// chunkNested and shardOf.
+struct NestedChunk {
+  int64_t n, length, offset = 0, padded;
+  explicit NestedChunk(int64_t n) : n(n), length(n), padded(n) {}
+  void level(int64_t k, int64_t coord) {
     int64_t chunk = (length + k - 1) / k;
-    int64_t start = std::min(coords[i] * chunk, length);
+    int64_t start = std::min(coord * chunk, length);
     offset += start;
     length = std::min(chunk, length - start);
     padded = (padded + k - 1) / k;
   }
   // torch reports an empty shard at the end of the dim.
-  return DimShard{length == 0 ? n : offset, length, padded};
+  DimShard result() const { return {length == 0 ? n : offset, length, padded}; }
+};
+} // namespace
+
+DimShard chunkNested(int64_t n, const std::vector<int64_t> &sizes,
+                     const std::vector<int64_t> &coords) {
+  NestedChunk chunk(n);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    chunk.level(sizes[i], coords[i]);
+  return chunk.result();
 }
 
 bool ShardBox::empty() const {
@@ -211,22 +222,25 @@ Result<ShardBox> shardOf(const View &view, const Layout &layout,
   auto position = mesh.positionOf(rank);
   if (!position)
     return position.error();
+  size_t numDims = globalShape.size();
   ShardBox box;
-  std::vector<int64_t> sizes, coords;
-  for (size_t d = 0; d < globalShape.size(); ++d) {
-    sizes.clear();
-    coords.clear();
+  box.offset.resize(numDims);
+  box.localShape.resize(numDims);
+  box.paddedShape.resize(numDims);
+  for (size_t d = 0; d < numDims; ++d) {
+    NestedChunk chunk(globalShape[d]);
     for (const AxisRefList &level : layout.dims[d]) {
-      int64_t coord = 0;
-      for (const AxisRef &ref : level)
+      int64_t coord = 0, size = 1;
+      for (const AxisRef &ref : level) {
         coord = coord * ref.size + ref.coordinateAt(mesh, *position);
-      sizes.push_back(levelSize(level));
-      coords.push_back(coord);
+        size *= ref.size;
+      }
+      chunk.level(size, coord);
     }
-    DimShard s = chunkNested(globalShape[d], sizes, coords);
-    box.offset.push_back(s.offset);
-    box.localShape.push_back(s.size);
-    box.paddedShape.push_back(s.padded);
+    DimShard s = chunk.result();
+    box.offset[d] = s.offset;
+    box.localShape[d] = s.size;
+    box.paddedShape[d] = s.padded;
   }
   return box;
 }
