@@ -1,0 +1,189 @@
+//===- Spec.h - The parallelism spec: what layout the user wants ----------===//
+//
+// A spec states *what* parallelism to use for one model: an N-D device mesh
+// with named axes, which axes replicate and which shard the parameters (data
+// parallel: DDP / FSDP / HSDP), which axis splits which modules (tensor
+// parallel, by module-name pattern), which axes are left to other uses
+// (extra axes), and the numerics (mixed precision, float8 all-gather, the
+// optimizer, gradient accumulation). The planner derives *how* from it.
+//
+// Reading a spec has two stages, so that errors come as early as possible:
+//   parseSpec    the document alone: JSON syntax, keys, types, values, the
+//                mesh, and how the sections use its axes;
+//   resolveSpec  against the model: tensor-parallel patterns match modules of
+//                the right kind and sizes divide heads and weight dims; float8
+//                selects linear modules only.
+// Every error starts with the JSON pointer of the offending value (or "line
+// L, column C" for malformed JSON) and says what was expected; see
+// docs/spec.md for the format and docs/spec.schema.json for its schema.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_FRONTEND_SPEC_H
+#define MESHPLAN_FRONTEND_SPEC_H
+
+#include "meshplan/Core/Mesh.h"
+#include "meshplan/Core/Result.h"
+#include "meshplan/Frontend/Model.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshplan::frontend {
+
+/// torch's ParallelStyles: ColwiseParallel shards a linear's output features
+/// (weight dim 0) or an embedding's features (dim 1); RowwiseParallel a
+/// linear's input features (dim 1) or an embedding's vocabulary (dim 0);
+/// SequenceParallel keeps a norm's weight replicated and shards its
+/// activations along the sequence.
+enum class TPStyle { Colwise, Rowwise, SequenceParallel };
+inline constexpr std::array<std::string_view, 3> kTPStyleNames = {
+    "colwise", "rowwise", "sequence_parallel"};
+std::string_view tpStyleName(TPStyle style);
+
+enum class Float8Scaling { Tensorwise };
+inline constexpr std::array<std::string_view, 1> kFloat8ScalingNames = {
+    "tensorwise"};
+
+enum class OptimizerKind { AdamW };
+inline constexpr std::array<std::string_view, 1> kOptimizerNames = {"adamw"};
+
+/// Dtypes each dtype-valued key accepts.
+inline constexpr std::array<std::string_view, 3> kComputeDTypeNames = {
+    "float32", "bfloat16", "float16"};
+inline constexpr std::array<std::string_view, 2> kOptimizerDTypeNames = {
+    "float32", "bfloat16"};
+
+struct MeshSpec {
+  std::vector<MeshAxis> axes; ///< `managed` set from "managed_axes"
+  std::optional<std::vector<int64_t>> deviceOrder;
+};
+
+struct DataParallelSpec {
+  std::vector<std::string> replicateAxes; ///< DDP / HSDP replicas
+  std::vector<std::string> shardAxes;     ///< FSDP: one level over them all
+  bool reshardAfterForward = true;
+};
+
+struct TPRule {
+  std::string pattern;
+  TPStyle style = TPStyle::Colwise;
+};
+
+struct TensorParallelSpec {
+  std::string axis;
+  std::vector<TPRule> plan;
+};
+
+struct MixedPrecisionSpec {
+  DType paramDtype = DType::Float32;  ///< compute / all-gather dtype
+  DType reduceDtype = DType::Float32; ///< gradient reduction dtype
+};
+
+struct Float8Spec {
+  bool enabled = true;
+  bool allGather = false; ///< all-gather FSDP shards as float8
+  /// Patterns selecting the modules to convert; empty: every linear module.
+  std::vector<std::string> modules;
+  /// Patterns of modules to keep in high precision (torchtitan's
+  /// filter_fqns).
+  std::vector<std::string> exclude;
+  Float8Scaling scaling = Float8Scaling::Tensorwise;
+  bool powerOf2Scales = false;
+};
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::AdamW;
+  double lr = 8e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weightDecay = 0.1;
+  /// dtype of the parameters the optimizer updates (the master weights).
+  DType paramDtype = DType::Float32;
+  /// Round fp32 updates to bf16 stochastically (needs bfloat16 params).
+  bool stochasticRounding = false;
+  uint64_t seed = 0;
+};
+
+struct Spec {
+  std::string description;
+  /// A preset name or a path to a model JSON file (relative to the spec).
+  std::string model;
+  std::optional<int64_t> worldSize;
+  MeshSpec mesh;
+  DataParallelSpec dataParallel;
+  std::optional<TensorParallelSpec> tensorParallel;
+  std::vector<std::string> extraAxes;
+  MixedPrecisionSpec mixedPrecision;
+  std::optional<Float8Spec> float8; ///< absent: no float8
+  OptimizerSpec optimizer;
+  int64_t gradientAccumulationSteps = 1;
+};
+
+struct SpecOptions {
+  /// The world size the job runs with (e.g. from the command line); the mesh
+  /// must have exactly this many devices. Checked as well as "world_size".
+  std::optional<int64_t> worldSize;
+};
+
+/// Parses a spec document and checks everything that does not need the
+/// model (see file comment).
+Result<Spec> parseSpec(std::string_view jsonText,
+                       const SpecOptions &options = {});
+
+/// The core mesh of a parsed spec.
+Result<Mesh> buildMesh(const MeshSpec &mesh);
+
+/// What the spec does to one module.
+struct ModuleAssignment {
+  std::optional<TPStyle> tpStyle;
+  int tpRule = -1; ///< index into tensor_parallel.plan
+  bool float8 = false;
+};
+
+/// What the spec does to one parameter.
+struct ParamAssignment {
+  std::string name; ///< full name: "layers.0.attention.wq.weight"
+  int module = -1;  ///< index into ResolvedSpec::modules
+  std::vector<int64_t> shape;
+  DType dtype = DType::Float32;
+  int tpDim = -1; ///< dim split over the TP axis; -1 if none
+  bool float8 = false;
+};
+
+/// A spec checked against its model.
+struct ResolvedSpec {
+  Spec spec;
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<const Mesh> mesh;
+  std::vector<ModuleEntry> modules;          ///< forward order
+  std::vector<ModuleAssignment> assignments; ///< parallel to modules
+  std::vector<ParamAssignment> params;       ///< forward order
+};
+
+/// Checks a parsed spec against its model (see file comment).
+Result<ResolvedSpec> resolveSpec(Spec spec, std::shared_ptr<const Model> model);
+
+/// The model a spec names: a preset, or a model file whose path is relative
+/// to `baseDir`. Errors about the name start with "/model"; errors inside a
+/// model file start with that file's path.
+Result<std::shared_ptr<const Model>> loadSpecModel(const Spec &spec,
+                                                   const std::string &baseDir);
+
+/// parseSpec + loadSpecModel + resolveSpec.
+Result<ResolvedSpec> loadSpec(std::string_view jsonText,
+                              const std::string &baseDir,
+                              const SpecOptions &options = {});
+/// Reads a spec file and loads it (model paths are relative to the file);
+/// errors are prefixed with the file's path.
+Result<ResolvedSpec> loadSpecFile(const std::string &path,
+                                  const SpecOptions &options = {});
+
+} // namespace meshplan::frontend
+
+#endif // MESHPLAN_FRONTEND_SPEC_H

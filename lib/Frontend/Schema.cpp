@@ -1,0 +1,216 @@
+//===- Schema.cpp - The key tables behind the spec and model parsers ------===//
+//
+// The one definition of which keys each object accepts. docs/spec.md and the
+// JSON Schemas in docs/ describe these tables; unittests/Frontend/SchemaTest
+// checks the schemas against them.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Frontend/Schema.h"
+#include "meshplan/Frontend/Model.h"
+#include "meshplan/Frontend/Spec.h"
+
+#include <cassert>
+
+namespace meshplan::frontend {
+
+std::string_view jsonTypeName(JsonType type) {
+  switch (type) {
+  case JsonType::Object:
+    return "object";
+  case JsonType::Array:
+    return "array";
+  case JsonType::String:
+    return "string";
+  case JsonType::Integer:
+    return "integer";
+  case JsonType::Number:
+    return "number";
+  case JsonType::Boolean:
+    return "boolean";
+  }
+  return "?";
+}
+
+const KeyRule *SectionRule::find(std::string_view key) const {
+  for (const KeyRule &rule : keys)
+    if (rule.name == key)
+      return &rule;
+  return nullptr;
+}
+
+std::string SectionRule::keyList() const {
+  std::string out;
+  for (const KeyRule &rule : keys) {
+    if (!out.empty())
+      out += ", ";
+    out += rule.name;
+  }
+  return out;
+}
+
+template <size_t N>
+static std::vector<std::string_view>
+names(const std::array<std::string_view, N> &array) {
+  return std::vector<std::string_view>(array.begin(), array.end());
+}
+
+using T = JsonType;
+
+const std::vector<SectionRule> &specSections() {
+  static const std::vector<SectionRule> sections = {
+      {"",
+       {
+           {.name = "$schema", .type = T::String},
+           {.name = "description", .type = T::String},
+           {.name = "model", .type = T::String, .required = true},
+           {.name = "world_size", .type = T::Integer},
+           {.name = "mesh",
+            .type = T::Object,
+            .required = true,
+            .section = "mesh"},
+           {.name = "data_parallel",
+            .type = T::Object,
+            .section = "data_parallel"},
+           {.name = "tensor_parallel",
+            .type = T::Object,
+            .section = "tensor_parallel"},
+           {.name = "extra_axes", .type = T::Array, .items = T::String},
+           {.name = "mixed_precision",
+            .type = T::Object,
+            .section = "mixed_precision"},
+           {.name = "float8", .type = T::Object, .section = "float8"},
+           {.name = "optimizer", .type = T::Object, .section = "optimizer"},
+           {.name = "gradient_accumulation_steps", .type = T::Integer},
+       }},
+      {"mesh",
+       {
+           {.name = "axes",
+            .type = T::Array,
+            .required = true,
+            .items = T::Object,
+            .section = "mesh_axis"},
+           {.name = "device_order", .type = T::Array, .items = T::Integer},
+           {.name = "managed_axes", .type = T::Array, .items = T::String},
+       }},
+      {"mesh_axis",
+       {
+           {.name = "name", .type = T::String, .required = true},
+           {.name = "size", .type = T::Integer, .required = true},
+       }},
+      {"data_parallel",
+       {
+           {.name = "replicate_axes", .type = T::Array, .items = T::String},
+           {.name = "shard_axes", .type = T::Array, .items = T::String},
+           {.name = "reshard_after_forward", .type = T::Boolean},
+       }},
+      {"tensor_parallel",
+       {
+           {.name = "axis", .type = T::String, .required = true},
+           {.name = "plan",
+            .type = T::Array,
+            .required = true,
+            .items = T::Object,
+            .section = "tp_rule"},
+       }},
+      {"tp_rule",
+       {
+           {.name = "pattern", .type = T::String, .required = true},
+           {.name = "style",
+            .type = T::String,
+            .required = true,
+            .values = names(kTPStyleNames)},
+       }},
+      {"mixed_precision",
+       {
+           {.name = "param_dtype",
+            .type = T::String,
+            .values = names(kComputeDTypeNames)},
+           {.name = "reduce_dtype",
+            .type = T::String,
+            .values = names(kComputeDTypeNames)},
+       }},
+      {"float8",
+       {
+           {.name = "enabled", .type = T::Boolean},
+           {.name = "all_gather", .type = T::Boolean},
+           {.name = "modules", .type = T::Array, .items = T::String},
+           {.name = "exclude", .type = T::Array, .items = T::String},
+           {.name = "scaling",
+            .type = T::String,
+            .values = names(kFloat8ScalingNames)},
+           {.name = "power_of_2_scales", .type = T::Boolean},
+       }},
+      {"optimizer",
+       {
+           {.name = "name",
+            .type = T::String,
+            .values = names(kOptimizerNames)},
+           {.name = "lr", .type = T::Number},
+           {.name = "betas", .type = T::Array, .items = T::Number, .length = 2},
+           {.name = "eps", .type = T::Number},
+           {.name = "weight_decay", .type = T::Number},
+           {.name = "param_dtype",
+            .type = T::String,
+            .values = names(kOptimizerDTypeNames)},
+           {.name = "stochastic_rounding", .type = T::Boolean},
+           {.name = "seed", .type = T::Integer},
+       }},
+  };
+  return sections;
+}
+
+const std::vector<SectionRule> &modelSections() {
+  static const std::vector<SectionRule> sections = {
+      {"",
+       {
+           {.name = "$schema", .type = T::String},
+           {.name = "name", .type = T::String, .required = true},
+           {.name = "description", .type = T::String},
+           {.name = "modules",
+            .type = T::Array,
+            .required = true,
+            .items = T::Object,
+            .section = "module"},
+       }},
+      {"module",
+       {
+           {.name = "name", .type = T::String, .required = true},
+           {.name = "kind",
+            .type = T::String,
+            .required = true,
+            .values = names(kModuleKindNames)},
+           {.name = "parameters",
+            .type = T::Array,
+            .items = T::Object,
+            .section = "parameter"},
+           {.name = "children",
+            .type = T::Array,
+            .items = T::Object,
+            .section = "module"},
+           {.name = "n_heads", .type = T::Integer},
+           {.name = "n_kv_heads", .type = T::Integer},
+       }},
+      {"parameter",
+       {
+           {.name = "name", .type = T::String, .required = true},
+           {.name = "shape",
+            .type = T::Array,
+            .required = true,
+            .items = T::Integer},
+           {.name = "dtype", .type = T::String, .values = names(kDTypeNames)},
+       }},
+  };
+  return sections;
+}
+
+const SectionRule &findSection(const std::vector<SectionRule> &sections,
+                               std::string_view name) {
+  for (const SectionRule &section : sections)
+    if (section.name == name)
+      return section;
+  assert(false && "unknown section");
+  return sections.front();
+}
+
+} // namespace meshplan::frontend

@@ -1,0 +1,821 @@
+//===- Spec.cpp - The parallelism spec ------------------------------------===//
+
+#include "meshplan/Frontend/Spec.h"
+#include "meshplan/Frontend/Presets.h"
+
+#include "JsonSupport.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace meshplan::frontend {
+
+using namespace detail;
+
+std::string_view tpStyleName(TPStyle style) {
+  return kTPStyleNames[static_cast<int>(style)];
+}
+
+static const SectionRule &section(std::string_view name) {
+  return findSection(specSections(), name);
+}
+
+/// The checked object at `key` of `parent`, or null when absent.
+static const Json *sectionOf(const Json &parent, std::string_view key) {
+  return member(parent, key);
+}
+
+static const std::string &str(const Json &value) {
+  return value.get_ref<const std::string &>();
+}
+
+static DType dtypeOf(const Json &value) { return *parseDType(str(value)); }
+
+static std::string shapeString(const std::vector<int64_t> &shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+//===----------------------------------------------------------------------===//
+// Sections
+//===----------------------------------------------------------------------===//
+
+static Result<MeshSpec> parseMesh(const Json &value) {
+  const std::string ptr = "/mesh";
+  MESHPLAN_TRY(checkObject(value, ptr, section("mesh")));
+  MeshSpec mesh;
+  const Json &axes = *member(value, "axes");
+  const std::string axesPtr = "/mesh/axes";
+  if (axes.empty())
+    return errorAt(axesPtr, "expected at least one axis");
+  std::map<std::string, size_t> seen;
+  int64_t product = 1;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    std::string axisPtr = childPointer(axesPtr, i);
+    MESHPLAN_TRY(checkObject(axes[i], axisPtr, section("mesh_axis")));
+    std::string namePtr = childPointer(axisPtr, "name");
+    const std::string &name = str(*member(axes[i], "name"));
+    if (!isIdentifier(name))
+      return errorAt(namePtr, "invalid axis name " + quote(name) +
+                                  "; expected letters, digits and '_', not "
+                                  "starting with a digit");
+    auto [it, inserted] = seen.emplace(name, i);
+    if (!inserted)
+      return errorAt(
+          namePtr, "duplicate axis " + quote(name) + " (also at " +
+                       childPointer(childPointer(axesPtr, it->second), "name") +
+                       ")");
+    std::string sizePtr = childPointer(axisPtr, "size");
+    auto size = readInt(*member(axes[i], "size"), sizePtr, 1, kMaxMeshDevices);
+    MESHPLAN_TRY(size);
+    if (product > kMaxMeshDevices / *size)
+      return errorAt(sizePtr, "the mesh would have more than 2^40 devices");
+    product *= *size;
+    mesh.axes.push_back({name, *size, false});
+  }
+
+  if (const Json *order = member(value, "device_order")) {
+    const std::string orderPtr = "/mesh/device_order";
+    if (static_cast<int64_t>(order->size()) != product)
+      return errorAt(orderPtr, "expected " + std::to_string(product) +
+                                   " rank ids (one per mesh position), got " +
+                                   std::to_string(order->size()));
+    auto ids = readIntArray(*order, orderPtr, 0, INT64_MAX);
+    MESHPLAN_TRY(ids);
+    std::map<int64_t, size_t> where;
+    for (size_t i = 0; i < ids->size(); ++i) {
+      auto [it, inserted] = where.emplace((*ids)[i], i);
+      if (!inserted)
+        return errorAt(childPointer(orderPtr, i),
+                       "rank " + std::to_string((*ids)[i]) +
+                           " appears twice (also at " +
+                           childPointer(orderPtr, it->second) + ")");
+    }
+    mesh.deviceOrder = std::move(*ids);
+  }
+
+  if (const Json *managed = member(value, "managed_axes")) {
+    const std::string managedPtr = "/mesh/managed_axes";
+    std::vector<std::string_view> known;
+    for (const MeshAxis &axis : mesh.axes)
+      known.push_back(axis.name);
+    std::map<std::string, size_t> listed;
+    for (size_t i = 0; i < managed->size(); ++i) {
+      std::string itemPtr = childPointer(managedPtr, i);
+      const std::string &name = str((*managed)[i]);
+      auto it = seen.find(name);
+      if (it == seen.end())
+        return errorAt(itemPtr, "unknown axis " + quote(name) +
+                                    "; the mesh has " + joinNames(known) +
+                                    didYouMean(name, known));
+      auto [at, inserted] = listed.emplace(name, i);
+      if (!inserted)
+        return errorAt(itemPtr, "axis " + quote(name) +
+                                    " is listed twice (also at " +
+                                    childPointer(managedPtr, at->second) + ")");
+      mesh.axes[it->second].managed = true;
+    }
+  }
+  return mesh;
+}
+
+static Result<DataParallelSpec> parseDataParallel(const Json &value) {
+  MESHPLAN_TRY(checkObject(value, "/data_parallel", section("data_parallel")));
+  DataParallelSpec dp;
+  if (const Json *v = member(value, "replicate_axes"))
+    dp.replicateAxes = *readStringArray(*v, "/data_parallel/replicate_axes");
+  if (const Json *v = member(value, "shard_axes"))
+    dp.shardAxes = *readStringArray(*v, "/data_parallel/shard_axes");
+  if (const Json *v = member(value, "reshard_after_forward"))
+    dp.reshardAfterForward = v->get<bool>();
+  return dp;
+}
+
+static Result<TensorParallelSpec> parseTensorParallel(const Json &value) {
+  const std::string ptr = "/tensor_parallel";
+  MESHPLAN_TRY(checkObject(value, ptr, section("tensor_parallel")));
+  TensorParallelSpec tp;
+  tp.axis = str(*member(value, "axis"));
+  const Json &plan = *member(value, "plan");
+  const std::string planPtr = "/tensor_parallel/plan";
+  if (plan.empty())
+    return errorAt(planPtr, "expected at least one rule {pattern, style}");
+  for (size_t i = 0; i < plan.size(); ++i) {
+    std::string rulePtr = childPointer(planPtr, i);
+    MESHPLAN_TRY(checkObject(plan[i], rulePtr, section("tp_rule")));
+    TPRule rule;
+    rule.pattern = str(*member(plan[i], "pattern"));
+    if (auto ok = checkPattern(rule.pattern); !ok)
+      return ok.error().within(childPointer(rulePtr, "pattern"));
+    auto style =
+        readEnum(*member(plan[i], "style"), childPointer(rulePtr, "style"),
+                 "style", section("tp_rule").find("style")->values);
+    MESHPLAN_TRY(style);
+    rule.style = static_cast<TPStyle>(*style);
+    tp.plan.push_back(std::move(rule));
+  }
+  return tp;
+}
+
+static Result<MixedPrecisionSpec> parseMixedPrecision(const Json &value) {
+  MESHPLAN_TRY(
+      checkObject(value, "/mixed_precision", section("mixed_precision")));
+  MixedPrecisionSpec mp;
+  if (const Json *v = member(value, "param_dtype"))
+    mp.paramDtype = dtypeOf(*v);
+  if (const Json *v = member(value, "reduce_dtype"))
+    mp.reduceDtype = dtypeOf(*v);
+  return mp;
+}
+
+static Result<std::vector<std::string>> readPatterns(const Json &value,
+                                                     const std::string &ptr) {
+  auto patterns = readStringArray(value, ptr);
+  MESHPLAN_TRY(patterns);
+  for (size_t i = 0; i < patterns->size(); ++i)
+    if (auto ok = checkPattern((*patterns)[i]); !ok)
+      return ok.error().within(childPointer(ptr, i));
+  return patterns;
+}
+
+static Result<Float8Spec> parseFloat8(const Json &value) {
+  MESHPLAN_TRY(checkObject(value, "/float8", section("float8")));
+  Float8Spec f8;
+  if (const Json *v = member(value, "enabled"))
+    f8.enabled = v->get<bool>();
+  if (const Json *v = member(value, "all_gather"))
+    f8.allGather = v->get<bool>();
+  if (const Json *v = member(value, "modules")) {
+    auto patterns = readPatterns(*v, "/float8/modules");
+    MESHPLAN_TRY(patterns);
+    if (patterns->empty())
+      return errorAt("/float8/modules",
+                     "expected at least one pattern (leave the key out to "
+                     "convert every linear module)");
+    f8.modules = std::move(*patterns);
+  }
+  if (const Json *v = member(value, "exclude")) {
+    auto patterns = readPatterns(*v, "/float8/exclude");
+    MESHPLAN_TRY(patterns);
+    f8.exclude = std::move(*patterns);
+  }
+  // "scaling" has one value so far; checkObject has checked it.
+  if (const Json *v = member(value, "power_of_2_scales"))
+    f8.powerOf2Scales = v->get<bool>();
+  return f8;
+}
+
+static Result<OptimizerSpec> parseOptimizer(const Json &value) {
+  const std::string ptr = "/optimizer";
+  MESHPLAN_TRY(checkObject(value, ptr, section("optimizer")));
+  OptimizerSpec opt;
+  auto positive = [&](const char *key, double &out, bool allowZero,
+                      std::string_view what) -> Result<void> {
+    const Json *v = member(value, key);
+    if (!v)
+      return {};
+    std::string keyPtr = childPointer(ptr, key);
+    auto d = readNumber(*v, keyPtr);
+    MESHPLAN_TRY(d);
+    if (allowZero ? *d < 0 : *d <= 0)
+      return errorAt(keyPtr, "expected " + std::string(what) +
+                                 (allowZero ? " >= 0" : " > 0") + ", got " +
+                                 describe(*v));
+    out = *d;
+    return {};
+  };
+  MESHPLAN_TRY(positive("lr", opt.lr, false, "a learning rate"));
+  MESHPLAN_TRY(positive("eps", opt.eps, false, "an epsilon"));
+  MESHPLAN_TRY(
+      positive("weight_decay", opt.weightDecay, true, "a weight decay"));
+  if (const Json *betas = member(value, "betas")) {
+    double *out[2] = {&opt.beta1, &opt.beta2};
+    for (size_t i = 0; i < 2; ++i) {
+      std::string betaPtr = childPointer(childPointer(ptr, "betas"), i);
+      auto b = readNumber((*betas)[i], betaPtr);
+      MESHPLAN_TRY(b);
+      if (*b < 0 || *b >= 1)
+        return errorAt(betaPtr, "expected a beta in [0, 1), got " +
+                                    describe((*betas)[i]));
+      *out[i] = *b;
+    }
+  }
+  if (const Json *v = member(value, "param_dtype"))
+    opt.paramDtype = dtypeOf(*v);
+  if (const Json *v = member(value, "stochastic_rounding"))
+    opt.stochasticRounding = v->get<bool>();
+  if (const Json *v = member(value, "seed")) {
+    auto seed = readUInt64(*v, childPointer(ptr, "seed"));
+    MESHPLAN_TRY(seed);
+    opt.seed = *seed;
+  }
+  if (opt.stochasticRounding && opt.paramDtype != DType::BFloat16)
+    return errorAt("/optimizer/stochastic_rounding",
+                   "stochastic rounding rounds updates to bfloat16 "
+                   "parameters; set param_dtype to \"bfloat16\" (it is \"" +
+                       std::string(dtypeName(opt.paramDtype)) + "\")");
+  return opt;
+}
+
+//===----------------------------------------------------------------------===//
+// Axis roles
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// One place where the spec names a mesh axis for some role.
+struct AxisUse {
+  std::string name;
+  std::string pointer;
+  std::string role;
+  bool splitsTensors; ///< shard and TP axes cut tensor dims
+};
+} // namespace
+
+static std::vector<AxisUse> axisUses(const Spec &spec) {
+  std::vector<AxisUse> uses;
+  auto add = [&](const std::vector<std::string> &names, const std::string &ptr,
+                 const std::string &role, bool splits) {
+    for (size_t i = 0; i < names.size(); ++i)
+      uses.push_back({names[i], childPointer(ptr, i), role, splits});
+  };
+  add(spec.dataParallel.replicateAxes, "/data_parallel/replicate_axes",
+      "a replicate axis", false);
+  add(spec.dataParallel.shardAxes, "/data_parallel/shard_axes", "a shard axis",
+      true);
+  if (spec.tensorParallel)
+    uses.push_back({spec.tensorParallel->axis, "/tensor_parallel/axis",
+                    "the tensor-parallel axis", true});
+  add(spec.extraAxes, "/extra_axes", "an extra axis", false);
+  return uses;
+}
+
+/// Every use names a mesh axis; no axis has two roles; every axis has one;
+/// managed axes (whose live size is known only at run time) do not split
+/// tensors.
+static Result<void> checkAxisRoles(const Spec &spec) {
+  std::vector<std::string_view> known;
+  for (const MeshAxis &axis : spec.mesh.axes)
+    known.push_back(axis.name);
+  std::map<std::string, const AxisUse *> used;
+  std::vector<AxisUse> uses = axisUses(spec);
+  for (const AxisUse &use : uses) {
+    auto axis =
+        std::find_if(spec.mesh.axes.begin(), spec.mesh.axes.end(),
+                     [&](const MeshAxis &a) { return a.name == use.name; });
+    if (axis == spec.mesh.axes.end())
+      return errorAt(use.pointer, "unknown axis " + quote(use.name) +
+                                      "; the mesh has " + joinNames(known) +
+                                      didYouMean(use.name, known));
+    auto [it, inserted] = used.emplace(use.name, &use);
+    if (!inserted)
+      return errorAt(use.pointer,
+                     "axis " + quote(use.name) + " is already used as " +
+                         it->second->role + " (" + it->second->pointer +
+                         "); each mesh axis has exactly one role");
+    if (axis->managed && use.splitsTensors)
+      return errorAt(use.pointer,
+                     "axis " + quote(use.name) +
+                         " is managed (its live size is known only at run "
+                         "time), so it cannot be " +
+                         use.role + "; managed axes replicate");
+  }
+  for (size_t i = 0; i < spec.mesh.axes.size(); ++i) {
+    const std::string &name = spec.mesh.axes[i].name;
+    if (!used.count(name))
+      return errorAt("/mesh/axes/" + std::to_string(i) + "/name",
+                     "axis " + quote(name) +
+                         " has no role; name it in data_parallel "
+                         "(replicate_axes or shard_axes), tensor_parallel.axis "
+                         "or extra_axes");
+  }
+  return {};
+}
+
+static std::string meshProduct(const MeshSpec &mesh) {
+  std::string out;
+  for (const MeshAxis &axis : mesh.axes)
+    out += (out.empty() ? "" : " x ") + axis.name + "=" +
+           std::to_string(axis.size);
+  return out;
+}
+
+Result<Mesh> buildMesh(const MeshSpec &mesh) {
+  return Mesh::create(mesh.axes, mesh.deviceOrder);
+}
+
+//===----------------------------------------------------------------------===//
+// parseSpec
+//===----------------------------------------------------------------------===//
+
+Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
+  auto doc = parseJson(jsonText);
+  MESHPLAN_TRY(doc);
+  const Json &root = *doc;
+  MESHPLAN_TRY(checkObject(root, "", section("")));
+  Spec spec;
+  if (const Json *v = member(root, "description"))
+    spec.description = str(*v);
+  spec.model = str(*member(root, "model"));
+  if (spec.model.empty())
+    return errorAt("/model", "expected a preset (" + presetNameList() +
+                                 ") or a path to a model JSON file, got an "
+                                 "empty string");
+  if (const Json *v = member(root, "world_size")) {
+    auto world = readInt(*v, "/world_size", 1, kMaxMeshDevices);
+    MESHPLAN_TRY(world);
+    spec.worldSize = *world;
+  }
+
+  auto mesh = parseMesh(*sectionOf(root, "mesh"));
+  MESHPLAN_TRY(mesh);
+  spec.mesh = std::move(*mesh);
+  if (const Json *v = sectionOf(root, "data_parallel")) {
+    auto dp = parseDataParallel(*v);
+    MESHPLAN_TRY(dp);
+    spec.dataParallel = std::move(*dp);
+  }
+  if (const Json *v = sectionOf(root, "tensor_parallel")) {
+    auto tp = parseTensorParallel(*v);
+    MESHPLAN_TRY(tp);
+    spec.tensorParallel = std::move(*tp);
+  }
+  if (const Json *v = member(root, "extra_axes"))
+    spec.extraAxes = *readStringArray(*v, "/extra_axes");
+  if (const Json *v = sectionOf(root, "mixed_precision")) {
+    auto mp = parseMixedPrecision(*v);
+    MESHPLAN_TRY(mp);
+    spec.mixedPrecision = *mp;
+  }
+  if (const Json *v = sectionOf(root, "float8")) {
+    auto f8 = parseFloat8(*v);
+    MESHPLAN_TRY(f8);
+    spec.float8 = std::move(*f8);
+  }
+  if (const Json *v = sectionOf(root, "optimizer")) {
+    auto opt = parseOptimizer(*v);
+    MESHPLAN_TRY(opt);
+    spec.optimizer = *opt;
+  }
+  if (const Json *v = member(root, "gradient_accumulation_steps")) {
+    auto steps = readInt(*v, "/gradient_accumulation_steps", 1, 1 << 30);
+    MESHPLAN_TRY(steps);
+    spec.gradientAccumulationSteps = *steps;
+  }
+
+  // Cross-section checks, in the order a reader would fix them.
+  int64_t devices = 1;
+  for (const MeshAxis &axis : spec.mesh.axes)
+    devices *= axis.size;
+  if (spec.worldSize && *spec.worldSize != devices)
+    return errorAt("/world_size", "world size " +
+                                      std::to_string(*spec.worldSize) +
+                                      " does not match the mesh, which has " +
+                                      std::to_string(devices) + " devices (" +
+                                      meshProduct(spec.mesh) + ")");
+  if (options.worldSize && *options.worldSize != devices)
+    return errorAt("/mesh/axes", "the mesh has " + std::to_string(devices) +
+                                     " devices (" + meshProduct(spec.mesh) +
+                                     "), but the world size is " +
+                                     std::to_string(*options.worldSize));
+  if (auto core = buildMesh(spec.mesh); !core)
+    return core.error().within("/mesh");
+  MESHPLAN_TRY(checkAxisRoles(spec));
+  if (spec.float8 && spec.float8->enabled && spec.float8->allGather &&
+      spec.dataParallel.shardAxes.empty())
+    return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
+                                         "data_parallel.shard_axes is empty");
+  return spec;
+}
+
+//===----------------------------------------------------------------------===//
+// resolveSpec: checks against the model
+//===----------------------------------------------------------------------===//
+
+/// Module paths with layer numbers replaced by "*": the vocabulary for
+/// "did you mean" on patterns.
+static std::vector<std::string>
+generalizedPaths(const std::vector<ModuleEntry> &modules) {
+  std::set<std::string> seen;
+  std::vector<std::string> out;
+  for (const ModuleEntry &entry : modules) {
+    std::string path, segment;
+    auto flush = [&]() {
+      bool digits = !segment.empty() &&
+                    std::all_of(segment.begin(), segment.end(), [](char c) {
+                      return std::isdigit(static_cast<unsigned char>(c));
+                    });
+      path += digits ? "*" : segment;
+      segment.clear();
+    };
+    for (char c : entry.path) {
+      if (c == '.') {
+        flush();
+        path += '.';
+      } else {
+        segment += c;
+      }
+    }
+    flush();
+    if (seen.insert(path).second)
+      out.push_back(path);
+  }
+  return out;
+}
+
+static Error noMatch(const std::string &pointer, const std::string &pattern,
+                     const Model &model,
+                     const std::vector<ModuleEntry> &modules) {
+  std::vector<std::string> paths = generalizedPaths(modules);
+  std::vector<std::string_view> candidates(paths.begin(), paths.end());
+  std::string hint = didYouMean(pattern, candidates);
+  if (hint.empty() && !paths.empty()) {
+    // Show what names look like: the first few generalized paths.
+    std::vector<std::string_view> some(
+        candidates.begin(),
+        candidates.begin() + std::min<size_t>(candidates.size(), 6));
+    hint = "; module names look like " + joinNames(some);
+  }
+  return errorAt(pointer, "pattern " + quote(pattern) +
+                              " matches no module or parameter of model " +
+                              quote(model.name) + hint);
+}
+
+/// The weight dim a TP style splits for a module kind, or nullopt if the
+/// style does not apply to it.
+static std::optional<int> tpDimFor(TPStyle style, ModuleKind kind) {
+  switch (style) {
+  case TPStyle::Colwise:
+    if (kind == ModuleKind::Linear || kind == ModuleKind::Output)
+      return 0;
+    if (kind == ModuleKind::Embedding)
+      return 1;
+    return std::nullopt;
+  case TPStyle::Rowwise:
+    if (kind == ModuleKind::Linear || kind == ModuleKind::Output)
+      return 1;
+    if (kind == ModuleKind::Embedding)
+      return 0;
+    return std::nullopt;
+  case TPStyle::SequenceParallel:
+    if (kind == ModuleKind::Norm)
+      return -1; // weight stays replicated; activations are split
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+static std::string_view styleTargets(TPStyle style) {
+  return style == TPStyle::SequenceParallel
+             ? "norm modules"
+             : "linear, output and embedding modules";
+}
+
+namespace {
+struct Resolver {
+  const Spec &spec;
+  const Model &model;
+  const std::vector<ModuleEntry> &modules;
+  std::vector<ModuleAssignment> &assignments;
+
+  int64_t axisSize(const std::string &name) const {
+    for (const MeshAxis &axis : spec.mesh.axes)
+      if (axis.name == name)
+        return axis.size;
+    return 1;
+  }
+
+  /// The nearest attention module enclosing module i, or -1.
+  int attentionOf(int i) const {
+    for (int p = modules[i].parent; p >= 0; p = modules[p].parent)
+      if (modules[p].module->kind == ModuleKind::Attention)
+        return p;
+    return -1;
+  }
+
+  Result<void> resolveTensorParallel() {
+    if (!spec.tensorParallel)
+      return {};
+    const TensorParallelSpec &tp = *spec.tensorParallel;
+    const int64_t size = axisSize(tp.axis);
+    const std::string where =
+        " over " + quote(tp.axis) + " (size " + std::to_string(size) + ")";
+    for (size_t r = 0; r < tp.plan.size(); ++r) {
+      const TPRule &rule = tp.plan[r];
+      std::string rulePtr = childPointer("/tensor_parallel/plan", r);
+      std::string patternPtr = childPointer(rulePtr, "pattern");
+      std::string stylePtr = childPointer(rulePtr, "style");
+      std::vector<int> hits = matchModules(modules, rule.pattern);
+      if (hits.empty())
+        return noMatch(patternPtr, rule.pattern, model, modules);
+      for (int i : hits) {
+        const Module &m = *modules[i].module;
+        const std::string &path = modules[i].path;
+        std::optional<int> dim = tpDimFor(rule.style, m.kind);
+        if (!dim)
+          return errorAt(stylePtr,
+                         std::string(tpStyleName(rule.style)) + " applies to " +
+                             std::string(styleTargets(rule.style)) +
+                             ", but pattern " + quote(rule.pattern) +
+                             " selects " + std::string(moduleKindName(m.kind)) +
+                             " module " + quote(path));
+        ModuleAssignment &a = assignments[i];
+        if (a.tpStyle)
+          return errorAt(patternPtr,
+                         "module " + quote(path) +
+                             " is already planned by /tensor_parallel/plan/" +
+                             std::to_string(a.tpRule) + " (" +
+                             std::string(tpStyleName(*a.tpStyle)) + ")");
+        a.tpStyle = rule.style;
+        a.tpRule = static_cast<int>(r);
+        if (*dim < 0)
+          continue;
+        for (const Parameter &p : m.params) {
+          // Colwise splits the bias with the output features; rowwise
+          // leaves it replicated (it is added after the reduction).
+          int d = p.shape.size() == 1 ? (*dim == 0 ? 0 : -1) : *dim;
+          if (d < 0)
+            continue;
+          if (p.shape[d] % size != 0)
+            return errorAt(rulePtr,
+                           std::string(tpStyleName(rule.style)) + where +
+                               " splits dim " + std::to_string(d) + " of " +
+                               quote(path + "." + p.name) + " (shape " +
+                               shapeString(p.shape) + "), but " +
+                               std::to_string(size) + " does not divide " +
+                               std::to_string(p.shape[d]));
+        }
+      }
+    }
+    // Splitting an attention's projections splits its heads.
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const ModuleAssignment &a = assignments[i];
+      if (!a.tpStyle || *a.tpStyle == TPStyle::SequenceParallel)
+        continue;
+      int att = attentionOf(static_cast<int>(i));
+      if (att < 0)
+        continue;
+      const Module &attention = *modules[att].module;
+      for (auto [count, what] : {std::pair{attention.nHeads, "n_heads"},
+                                 std::pair{attention.nKvHeads, "n_kv_heads"}}) {
+        if (count % size != 0)
+          return errorAt(childPointer("/tensor_parallel/plan", a.tpRule),
+                         std::string(tpStyleName(*a.tpStyle)) + where + " on " +
+                             quote(modules[i].path) + " splits the heads of " +
+                             quote(modules[att].path) + ", but " +
+                             std::to_string(size) + " does not divide its " +
+                             what + " " + std::to_string(count));
+      }
+    }
+    return {};
+  }
+
+  Result<void> resolveFloat8() {
+    if (!spec.float8 || !spec.float8->enabled)
+      return {};
+    const Float8Spec &f8 = *spec.float8;
+    std::vector<int> origin(modules.size(), -2); // -2: not selected
+    if (f8.modules.empty()) {
+      for (size_t i = 0; i < modules.size(); ++i)
+        if (modules[i].module->kind == ModuleKind::Linear)
+          origin[i] = -1;
+    }
+    for (size_t k = 0; k < f8.modules.size(); ++k) {
+      std::string ptr = childPointer("/float8/modules", k);
+      std::vector<int> hits = matchModules(modules, f8.modules[k]);
+      if (hits.empty())
+        return noMatch(ptr, f8.modules[k], model, modules);
+      // A pattern selects the linear modules among its matches (as
+      // torchao's module filter only ever sees nn.Linear); one that
+      // selects no linear module asks for float8 on other weights.
+      bool anyLinear = false;
+      for (int i : hits) {
+        if (modules[i].module->kind != ModuleKind::Linear)
+          continue;
+        anyLinear = true;
+        if (origin[i] == -2)
+          origin[i] = static_cast<int>(k);
+      }
+      if (!anyLinear) {
+        const ModuleEntry &first = modules[hits.front()];
+        ModuleKind kind = first.module->kind;
+        return errorAt(ptr, "pattern " + quote(f8.modules[k]) + " selects " +
+                                std::string(moduleKindName(kind)) + " module " +
+                                quote(first.path) +
+                                (hits.size() > 1 ? " and no linear module"
+                                                 : std::string()) +
+                                "; float8 applies to linear modules only" +
+                                (kind == ModuleKind::Output
+                                     ? " (the output projection stays in high "
+                                       "precision, as in torchtitan)"
+                                     : ""));
+      }
+    }
+    for (size_t k = 0; k < f8.exclude.size(); ++k) {
+      std::string ptr = childPointer("/float8/exclude", k);
+      std::vector<int> hits = matchModules(modules, f8.exclude[k]);
+      if (hits.empty())
+        return noMatch(ptr, f8.exclude[k], model, modules);
+      for (int i : hits)
+        origin[i] = -2;
+    }
+    const int64_t tpSize =
+        spec.tensorParallel ? axisSize(spec.tensorParallel->axis) : 1;
+    bool any = false;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      if (origin[i] == -2)
+        continue;
+      any = true;
+      assignments[i].float8 = true;
+      // torch._scaled_mm needs both dims of each rank's weight divisible by
+      // 16.
+      const Parameter *w = modules[i].module->findParam("weight");
+      std::vector<int64_t> local = w->shape;
+      const ModuleAssignment &a = assignments[i];
+      if (a.tpStyle == TPStyle::Colwise)
+        local[0] /= tpSize;
+      else if (a.tpStyle == TPStyle::Rowwise)
+        local[1] /= tpSize;
+      if (local[0] % 16 != 0 || local[1] % 16 != 0) {
+        std::string ptr = origin[i] >= 0
+                              ? childPointer("/float8/modules", origin[i])
+                              : std::string("/float8");
+        std::string perRank =
+            local != w->shape
+                ? " (per tensor-parallel rank " + shapeString(local) + ")"
+                : "";
+        return errorAt(ptr, "linear " + quote(modules[i].path) +
+                                " has weight shape " + shapeString(w->shape) +
+                                perRank +
+                                "; float8 matmuls need both dims divisible "
+                                "by 16 (exclude it with \"exclude\")");
+      }
+    }
+    if (!any)
+      return errorAt("/float8", "float8 selects no linear module of model " +
+                                    quote(model.name));
+    return {};
+  }
+};
+} // namespace
+
+Result<ResolvedSpec> resolveSpec(Spec spec,
+                                 std::shared_ptr<const Model> model) {
+  ResolvedSpec out;
+  auto mesh = buildMesh(spec.mesh);
+  if (!mesh)
+    return mesh.error().within("/mesh");
+  out.mesh = std::make_shared<const Mesh>(std::move(*mesh));
+  out.model = std::move(model);
+  out.modules = flattenModules(*out.model);
+  out.assignments.assign(out.modules.size(), ModuleAssignment{});
+  Resolver resolver{spec, *out.model, out.modules, out.assignments};
+  MESHPLAN_TRY(resolver.resolveTensorParallel());
+  MESHPLAN_TRY(resolver.resolveFloat8());
+
+  for (size_t i = 0; i < out.modules.size(); ++i) {
+    const ModuleEntry &entry = out.modules[i];
+    const ModuleAssignment &a = out.assignments[i];
+    for (const Parameter &p : entry.module->params) {
+      ParamAssignment param;
+      param.name = entry.path + "." + p.name;
+      param.module = static_cast<int>(i);
+      param.shape = p.shape;
+      param.dtype = p.dtype;
+      if (a.tpStyle && *a.tpStyle != TPStyle::SequenceParallel) {
+        std::optional<int> dim = tpDimFor(*a.tpStyle, entry.module->kind);
+        if (p.shape.size() == 2)
+          param.tpDim = *dim;
+        else if (*dim == 0)
+          param.tpDim = 0; // a colwise linear's bias
+      }
+      param.float8 = a.float8 && p.name == "weight";
+      out.params.push_back(std::move(param));
+    }
+  }
+  out.spec = std::move(spec);
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Loading
+//===----------------------------------------------------------------------===//
+
+static bool looksLikePath(std::string_view text) {
+  return text.find('/') != std::string_view::npos ||
+         (text.size() >= 5 && text.substr(text.size() - 5) == ".json");
+}
+
+/// The model of a spec; `inDocument` tells whether an error lies in the spec
+/// text itself (an unknown name, an unreadable path) rather than inside the
+/// model file it names.
+static Result<std::shared_ptr<const Model>>
+loadModelOf(const Spec &spec, const std::string &baseDir, bool &inDocument) {
+  inDocument = true;
+  if (const TransformerConfig *config = findPreset(spec.model))
+    return std::make_shared<const Model>(buildTransformer(*config));
+  if (!looksLikePath(spec.model)) {
+    std::vector<std::string_view> names;
+    for (const TransformerConfig &config : presetConfigs())
+      names.push_back(config.name);
+    return errorAt("/model", "unknown model " + quote(spec.model) +
+                                 "; expected a preset (" + presetNameList() +
+                                 ") or a path to a model JSON file" +
+                                 didYouMean(spec.model, names));
+  }
+  std::string path = spec.model;
+  if (path[0] != '/' && !baseDir.empty())
+    path = baseDir + "/" + path;
+  auto text = readFile(path);
+  if (!text)
+    return errorAt("/model", text.error().message);
+  auto model = parseModel(*text);
+  if (!model) {
+    inDocument = false;
+    return model.error().within(path);
+  }
+  return std::make_shared<const Model>(std::move(*model));
+}
+
+Result<std::shared_ptr<const Model>> loadSpecModel(const Spec &spec,
+                                                   const std::string &baseDir) {
+  bool inDocument;
+  return loadModelOf(spec, baseDir, inDocument);
+}
+
+static Result<ResolvedSpec> load(std::string_view jsonText,
+                                 const std::string &baseDir,
+                                 const SpecOptions &options, bool &inDocument) {
+  inDocument = true;
+  auto spec = parseSpec(jsonText, options);
+  MESHPLAN_TRY(spec);
+  auto model = loadModelOf(*spec, baseDir, inDocument);
+  MESHPLAN_TRY(model);
+  return resolveSpec(std::move(*spec), std::move(*model));
+}
+
+Result<ResolvedSpec> loadSpec(std::string_view jsonText,
+                              const std::string &baseDir,
+                              const SpecOptions &options) {
+  bool inDocument;
+  return load(jsonText, baseDir, options, inDocument);
+}
+
+Result<ResolvedSpec> loadSpecFile(const std::string &path,
+                                  const SpecOptions &options) {
+  auto text = readFile(path);
+  MESHPLAN_TRY(text);
+  size_t slash = path.rfind('/');
+  std::string baseDir = slash == std::string::npos ? std::string(".")
+                        : slash == 0               ? std::string("/")
+                                                   : path.substr(0, slash);
+  bool inDocument;
+  auto resolved = load(*text, baseDir, options, inDocument);
+  if (!resolved && inDocument)
+    return resolved.error().within(path);
+  return resolved;
+}
+
+} // namespace meshplan::frontend

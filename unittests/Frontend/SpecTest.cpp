@@ -1,0 +1,675 @@
+//===- SpecTest.cpp - Parallelism specs: examples and located errors ------===//
+//
+// Every shipped example loads and means what it says; every class of bad
+// input yields an error that starts with the JSON pointer of the offending
+// value; a table of mutations of one valid spec checks each pointer exactly;
+// random mutations (deleted keys, changed types, inserted garbage) never crash
+// and always give either success or a located error.
+//
+//===----------------------------------------------------------------------===//
+
+#include "FrontendTestHelpers.h"
+
+#include "meshplan/Frontend/Presets.h"
+#include "meshplan/Frontend/Spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+#include <set>
+
+using namespace meshplan;
+using namespace meshplan::frontend;
+using testutil::failsWith;
+using testutil::succeeds;
+using Json = nlohmann::ordered_json;
+
+namespace {
+
+const std::string kExamples = testutil::sourcePath("examples/specs");
+
+Result<ResolvedSpec> loadExample(const std::string &name) {
+  return loadSpecFile(kExamples + "/" + name);
+}
+
+const ParamAssignment *param(const ResolvedSpec &r, const std::string &name) {
+  for (const ParamAssignment &p : r.params)
+    if (p.name == name)
+      return &p;
+  ADD_FAILURE() << "no parameter " << name;
+  return nullptr;
+}
+
+//===----------------------------------------------------------------------===//
+// Examples
+//===----------------------------------------------------------------------===//
+
+TEST(Examples, EveryExampleLoads) {
+  std::set<std::string> names;
+  for (const auto &entry : std::filesystem::directory_iterator(kExamples)) {
+    if (entry.path().extension() != ".json")
+      continue;
+    names.insert(entry.path().filename().string());
+    auto resolved = loadSpecFile(entry.path().string());
+    EXPECT_TRUE(succeeds(resolved)) << entry.path();
+  }
+  for (const char *required :
+       {"fsdp-fp8-3d.json", "hsdp-managed.json", "fsdp-tp.json",
+        "fsdp-sr-adamw.json", "llama3-405b-4d.json"})
+    EXPECT_TRUE(names.count(required)) << required;
+}
+
+TEST(Examples, Fsdp8Fp8ThreeD) {
+  auto r = loadExample("fsdp-fp8-3d.json");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->mesh->str().substr(0, 20), "ddp=2,fsdp=2,abcd=2");
+  EXPECT_EQ(r->mesh->size(), 8);
+  EXPECT_EQ(r->spec.dataParallel.replicateAxes,
+            std::vector<std::string>{"ddp"});
+  EXPECT_EQ(r->spec.dataParallel.shardAxes, std::vector<std::string>{"fsdp"});
+  EXPECT_EQ(r->spec.extraAxes, std::vector<std::string>{"abcd"});
+  ASSERT_TRUE(r->spec.float8.has_value());
+  EXPECT_TRUE(r->spec.float8->allGather);
+  EXPECT_TRUE(r->spec.float8->powerOf2Scales);
+  EXPECT_EQ(r->spec.mixedPrecision.paramDtype, DType::BFloat16);
+  // Every linear weight of every layer is float8; embeddings, norms and the
+  // output projection are not.
+  int fp8 = 0;
+  for (const ParamAssignment &p : r->params)
+    fp8 += p.float8;
+  EXPECT_EQ(fp8, 32 * 7);
+  EXPECT_TRUE(param(*r, "layers.5.feed_forward.w2.weight")->float8);
+  EXPECT_FALSE(param(*r, "output.weight")->float8);
+  EXPECT_FALSE(param(*r, "layers.5.ffn_norm.weight")->float8);
+}
+
+TEST(Examples, HsdpManaged) {
+  auto r = loadExample("hsdp-managed.json");
+  ASSERT_TRUE(succeeds(r));
+  ASSERT_EQ(r->mesh->numAxes(), 2);
+  EXPECT_TRUE(r->mesh->axis(0).managed);
+  EXPECT_FALSE(r->mesh->axis(1).managed);
+  EXPECT_EQ(r->spec.optimizer.seed, 1u);
+  EXPECT_FALSE(r->spec.float8.has_value());
+}
+
+TEST(Examples, FsdpTp) {
+  auto r = loadExample("fsdp-tp.json");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->mesh->size(), 8);
+  EXPECT_EQ(param(*r, "tok_embeddings.weight")->tpDim, 0); // rowwise
+  EXPECT_EQ(param(*r, "layers.0.attention.wq.weight")->tpDim, 0);
+  EXPECT_EQ(param(*r, "layers.0.attention.wk.weight")->tpDim, 0);
+  EXPECT_EQ(param(*r, "layers.0.attention.wo.weight")->tpDim, 1);
+  EXPECT_EQ(param(*r, "layers.9.feed_forward.w1.weight")->tpDim, 0);
+  EXPECT_EQ(param(*r, "layers.9.feed_forward.w2.weight")->tpDim, 1);
+  EXPECT_EQ(param(*r, "layers.9.feed_forward.w3.weight")->tpDim, 0);
+  EXPECT_EQ(param(*r, "layers.9.ffn_norm.weight")->tpDim, -1);
+  EXPECT_EQ(param(*r, "norm.weight")->tpDim, -1);
+  EXPECT_EQ(param(*r, "output.weight")->tpDim, 0); // colwise
+  int sequenceParallel = 0;
+  for (const ModuleAssignment &a : r->assignments)
+    sequenceParallel += a.tpStyle == TPStyle::SequenceParallel;
+  EXPECT_EQ(sequenceParallel, 2 * 32 + 1);
+}
+
+TEST(Examples, FsdpSrAdamwUsesAModelFile) {
+  auto r = loadExample("fsdp-sr-adamw.json");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->spec.model, "../models/tiny.json");
+  EXPECT_EQ(modelToJson(*r->model), modelToJson(*presetModel("tiny")));
+  EXPECT_EQ(r->spec.optimizer.paramDtype, DType::BFloat16);
+  EXPECT_TRUE(r->spec.optimizer.stochasticRounding);
+  EXPECT_EQ(r->spec.optimizer.seed, 1234u);
+  EXPECT_DOUBLE_EQ(r->spec.optimizer.beta2, 0.999);
+  EXPECT_FALSE(r->spec.dataParallel.reshardAfterForward);
+  EXPECT_EQ(r->spec.gradientAccumulationSteps, 4);
+}
+
+TEST(Examples, Llama405bFourD) {
+  auto r = loadExample("llama3-405b-4d.json");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->mesh->numAxes(), 4);
+  EXPECT_EQ(r->mesh->size(), 1024);
+  EXPECT_EQ(r->params.size(), 2u + 126u * 9u + 1u);
+  // "layers.**" selects the linear modules under layers, not the norms.
+  EXPECT_TRUE(param(*r, "layers.125.attention.wk.weight")->float8);
+  EXPECT_FALSE(param(*r, "layers.125.attention_norm.weight")->float8);
+  EXPECT_FALSE(param(*r, "output.weight")->float8);
+}
+
+//===----------------------------------------------------------------------===//
+// One valid spec exercising every section, and mutations of it
+//===----------------------------------------------------------------------===//
+
+const char *kBase = R"json({
+  "model": "tiny",
+  "world_size": 16,
+  "mesh": {
+    "axes": [
+      {"name": "ddp", "size": 2},
+      {"name": "fsdp", "size": 2},
+      {"name": "cp", "size": 2},
+      {"name": "tp", "size": 2}
+    ],
+    "managed_axes": ["ddp"]
+  },
+  "data_parallel": {
+    "replicate_axes": ["ddp"],
+    "shard_axes": ["fsdp"],
+    "reshard_after_forward": true
+  },
+  "tensor_parallel": {
+    "axis": "tp",
+    "plan": [
+      {"pattern": "tok_embeddings", "style": "rowwise"},
+      {"pattern": "layers.*.attention_norm", "style": "sequence_parallel"},
+      {"pattern": "layers.*.attention.wq", "style": "colwise"},
+      {"pattern": "layers.*.attention.wk", "style": "colwise"},
+      {"pattern": "layers.*.attention.wv", "style": "colwise"},
+      {"pattern": "layers.*.attention.wo", "style": "rowwise"},
+      {"pattern": "layers.*.feed_forward.w1", "style": "colwise"},
+      {"pattern": "layers.*.feed_forward.w2.weight", "style": "rowwise"},
+      {"pattern": "layers.*.feed_forward.w3", "style": "colwise"}
+    ]
+  },
+  "extra_axes": ["cp"],
+  "mixed_precision": {"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+  "float8": {
+    "all_gather": true,
+    "modules": ["layers.*.attention.*", "layers.*.feed_forward.*"],
+    "exclude": ["layers.0.attention.wk"],
+    "scaling": "tensorwise",
+    "power_of_2_scales": true
+  },
+  "optimizer": {
+    "name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+    "weight_decay": 0.1, "param_dtype": "bfloat16",
+    "stochastic_rounding": true, "seed": 42
+  },
+  "gradient_accumulation_steps": 2
+})json";
+
+TEST(BaseSpec, IsValid) {
+  auto r = loadSpec(kBase, "");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->mesh->size(), 16);
+  EXPECT_TRUE(param(*r, "layers.0.attention.wq.weight")->float8);
+  EXPECT_FALSE(param(*r, "layers.0.attention.wk.weight")->float8);
+  EXPECT_TRUE(param(*r, "layers.1.attention.wk.weight")->float8);
+  EXPECT_EQ(param(*r, "layers.1.feed_forward.w2.weight")->tpDim, 1);
+}
+
+struct Edit {
+  enum Kind { Set, Remove, Rename } kind;
+  std::string pointer;
+  std::string value; ///< JSON for Set, the new key for Rename
+};
+
+Edit set(std::string pointer, std::string value) {
+  return {Edit::Set, std::move(pointer), std::move(value)};
+}
+Edit remove(std::string pointer) {
+  return {Edit::Remove, std::move(pointer), ""};
+}
+Edit rename(std::string pointer, std::string key) {
+  return {Edit::Rename, std::move(pointer), std::move(key)};
+}
+
+std::string applyEdits(const std::string &text,
+                       const std::vector<Edit> &edits) {
+  Json doc = Json::parse(text);
+  for (const Edit &e : edits) {
+    Json::json_pointer ptr(e.pointer);
+    switch (e.kind) {
+    case Edit::Set:
+      doc[ptr] = Json::parse(e.value);
+      break;
+    case Edit::Remove: {
+      Json &parent = doc[ptr.parent_pointer()];
+      if (parent.is_array())
+        parent.erase(std::stoul(ptr.back()));
+      else
+        parent.erase(ptr.back());
+      break;
+    }
+    case Edit::Rename: {
+      Json &parent = doc[ptr.parent_pointer()];
+      Json value = parent[ptr.back()];
+      parent.erase(ptr.back());
+      parent[e.value] = value;
+      break;
+    }
+    }
+  }
+  return doc.dump(2);
+}
+
+struct BadSpec {
+  std::vector<Edit> edits;
+  std::string expected; ///< the error message's beginning
+};
+
+TEST(SpecErrors, MutationTable) {
+  const std::string plan = "/tensor_parallel/plan";
+  std::vector<BadSpec> table = {
+      // Keys, types and closed sets.
+      {{set(plan + "/3/style", "\"colwsie\"")},
+       "/tensor_parallel/plan/3/style: unknown style \"colwsie\"; expected "
+       "one of colwise, rowwise, sequence_parallel (did you mean "
+       "\"colwise\"?)"},
+      {{rename("/data_parallel/shard_axes", "shrad_axes")},
+       "/data_parallel/shrad_axes: unknown key; expected one of "
+       "replicate_axes, shard_axes, reshard_after_forward (did you mean "
+       "\"shard_axes\"?)"},
+      {{rename("/mixed_precision", "mixed_precison")},
+       "/mixed_precison: unknown key; expected one of $schema, description, "
+       "model, world_size, mesh, data_parallel, tensor_parallel, extra_axes, "
+       "mixed_precision, float8, optimizer, gradient_accumulation_steps (did "
+       "you mean \"mixed_precision\"?)"},
+      {{set("/a~1b", "1")}, "/a~1b: unknown key; expected one of"},
+      {{set(plan + "/0/extra", "1")},
+       "/tensor_parallel/plan/0/extra: unknown key; expected one of pattern, "
+       "style"},
+      {{remove("/model")}, "/model: missing required key; expected a string"},
+      {{remove("/mesh/axes")},
+       "/mesh/axes: missing required key; expected an array of objects"},
+      {{remove(plan + "/0/style")},
+       "/tensor_parallel/plan/0/style: missing required key; expected a "
+       "string"},
+      {{set("/model", "42")}, "/model: expected a string, got integer 42"},
+      {{set("/mesh", "[]")}, "/mesh: expected an object, got an array"},
+      {{set("/mesh/axes/0", "\"ddp\"")},
+       "/mesh/axes/0: expected an object, got string \"ddp\""},
+      {{set("/mesh/axes/1/size", "\"2\"")},
+       "/mesh/axes/1/size: expected an integer, got string \"2\""},
+      {{set("/mesh/axes/1/size", "2.5")},
+       "/mesh/axes/1/size: expected an integer, got number 2.5"},
+      {{set("/mesh/axes/1/size", "0")},
+       "/mesh/axes/1/size: expected an integer in [1, 1099511627776], got 0"},
+      {{set("/float8/all_gather", "\"yes\"")},
+       "/float8/all_gather: expected a boolean, got string \"yes\""},
+      {{set("/optimizer/weight_decay", "null")},
+       "/optimizer/weight_decay: expected a number, got null"},
+      {{set("/extra_axes/0", "7")},
+       "/extra_axes/0: expected a string, got integer 7"},
+      {{set("/mixed_precision/param_dtype", "\"bf16\"")},
+       "/mixed_precision/param_dtype: unknown dtype \"bf16\"; expected one of "
+       "float32, bfloat16, float16"},
+      {{set("/float8/scaling", "\"rowwise\"")},
+       "/float8/scaling: unknown scaling \"rowwise\"; expected one of "
+       "tensorwise"},
+      {{set("/optimizer/name", "\"adam\"")},
+       "/optimizer/name: unknown optimizer \"adam\"; expected one of adamw "
+       "(did you mean \"adamw\"?)"},
+      // Values.
+      {{set("/model", "\"llama3-7b\"")},
+       "/model: unknown model \"llama3-7b\"; expected a preset (tiny, "
+       "llama3-8b, llama3-70b, llama3-405b) or a path to a model JSON file "
+       "(did you mean \"llama3-8b\"?)"},
+      {{set("/model", "\"missing/model.json\"")},
+       "/model: cannot read \"missing/model.json\""},
+      {{set("/mesh/axes", "[]")}, "/mesh/axes: expected at least one axis"},
+      {{set("/mesh/axes/1/name", "\"ddp\"")},
+       "/mesh/axes/1/name: duplicate axis \"ddp\" (also at "
+       "/mesh/axes/0/name)"},
+      {{set("/mesh/axes/1/name", "\"f-sdp\"")},
+       "/mesh/axes/1/name: invalid axis name \"f-sdp\""},
+      {{set("/mesh/axes/0/size", "2097152"),
+        set("/mesh/axes/1/size", "2097152")},
+       "/mesh/axes/1/size: the mesh would have more than 2^40 devices"},
+      {{set("/mesh/device_order", "[0, 1, 2]")},
+       "/mesh/device_order: expected 16 rank ids (one per mesh position), got "
+       "3"},
+      {{set("/mesh/device_order",
+            "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 3]")},
+       "/mesh/device_order/15: rank 3 appears twice (also at "
+       "/mesh/device_order/3)"},
+      {{set("/mesh/device_order",
+            "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, -15]")},
+       "/mesh/device_order/15: expected an integer >= 0, got -15"},
+      {{set("/mesh/managed_axes", "[\"dpp\"]")},
+       "/mesh/managed_axes/0: unknown axis \"dpp\"; the mesh has ddp, fsdp, "
+       "cp, tp (did you mean \"ddp\"?)"},
+      {{set("/mesh/managed_axes", "[\"ddp\", \"ddp\"]")},
+       "/mesh/managed_axes/1: axis \"ddp\" is listed twice"},
+      {{set("/world_size", "8")},
+       "/world_size: world size 8 does not match the mesh, which has 16 "
+       "devices (ddp=2 x fsdp=2 x cp=2 x tp=2)"},
+      {{set("/optimizer/betas", "[0.9]")},
+       "/optimizer/betas: expected 2 elements, got 1"},
+      {{set("/optimizer/betas/1", "1.0")},
+       "/optimizer/betas/1: expected a beta in [0, 1), got number 1.0"},
+      {{set("/optimizer/lr", "-1")},
+       "/optimizer/lr: expected a learning rate > 0, got integer -1"},
+      {{set("/optimizer/seed", "-5")},
+       "/optimizer/seed: expected an integer in [0, 2^64), got integer -5"},
+      {{set("/optimizer/param_dtype", "\"float32\"")},
+       "/optimizer/stochastic_rounding: stochastic rounding rounds updates to "
+       "bfloat16 parameters"},
+      {{set("/gradient_accumulation_steps", "0")},
+       "/gradient_accumulation_steps: expected an integer in [1, 1073741824], "
+       "got 0"},
+      {{set(plan, "[]")}, "/tensor_parallel/plan: expected at least one rule"},
+      {{set(plan + "/0/pattern", "\"tok-embeddings\"")},
+       "/tensor_parallel/plan/0/pattern: invalid character '-' in pattern"},
+      {{set("/float8/modules", "[]")},
+       "/float8/modules: expected at least one pattern"},
+      // Axis roles.
+      {{set("/data_parallel/shard_axes/0", "\"fsdq\"")},
+       "/data_parallel/shard_axes/0: unknown axis \"fsdq\"; the mesh has ddp, "
+       "fsdp, cp, tp (did you mean \"fsdp\"?)"},
+      {{set("/tensor_parallel/axis", "\"fsdp\"")},
+       "/tensor_parallel/axis: axis \"fsdp\" is already used as a shard axis "
+       "(/data_parallel/shard_axes/0); each mesh axis has exactly one role"},
+      {{set("/extra_axes", "[\"cp\", \"tp\"]")},
+       "/extra_axes/1: axis \"tp\" is already used as the tensor-parallel "
+       "axis (/tensor_parallel/axis)"},
+      {{set("/data_parallel/replicate_axes", "[\"ddp\", \"ddp\"]")},
+       "/data_parallel/replicate_axes/1: axis \"ddp\" is already used as a "
+       "replicate axis (/data_parallel/replicate_axes/0)"},
+      {{set("/extra_axes", "[]")},
+       "/mesh/axes/2/name: axis \"cp\" has no role"},
+      {{set("/mesh/managed_axes", "[\"fsdp\"]")},
+       "/data_parallel/shard_axes/0: axis \"fsdp\" is managed"},
+      {{set("/data_parallel", R"({"replicate_axes": ["ddp", "fsdp"]})")},
+       "/float8/all_gather: float8 all-gather needs FSDP"},
+      // Against the model.
+      {{set("/mesh/axes/3/size", "3"), set("/world_size", "24")},
+       "/tensor_parallel/plan/0: rowwise over \"tp\" (size 3) splits dim 0 of "
+       "\"tok_embeddings.weight\" (shape [256, 64]), but 3 does not divide "
+       "256"},
+      {{set("/mesh/axes/3/size", "4"), set("/world_size", "32")},
+       "/tensor_parallel/plan/2: colwise over \"tp\" (size 4) on "
+       "\"layers.0.attention.wq\" splits the heads of \"layers.0.attention\", "
+       "but 4 does not divide its n_kv_heads 2"},
+      {{set(plan + "/2/pattern", "\"layers.*.attention.wqq\"")},
+       "/tensor_parallel/plan/2/pattern: pattern \"layers.*.attention.wqq\" "
+       "matches no module or parameter of model \"tiny\" (did you mean "
+       "\"layers.*.attention.wq\"?)"},
+      {{set(plan + "/2/pattern", "\"layers.*.attention\"")},
+       "/tensor_parallel/plan/2/style: colwise applies to linear, output and "
+       "embedding modules, but pattern \"layers.*.attention\" selects "
+       "attention module \"layers.0.attention\""},
+      {{set(plan + "/1/style", "\"colwise\"")},
+       "/tensor_parallel/plan/1/style: colwise applies to linear, output and "
+       "embedding modules, but pattern \"layers.*.attention_norm\" selects "
+       "norm module \"layers.0.attention_norm\""},
+      {{set(plan + "/2/style", "\"sequence_parallel\"")},
+       "/tensor_parallel/plan/2/style: sequence_parallel applies to norm "
+       "modules, but pattern"},
+      {{set(plan + "/2/pattern", "\"layers.*.attention.w?\"")},
+       "/tensor_parallel/plan/3/pattern: module \"layers.0.attention.wk\" is "
+       "already planned by /tensor_parallel/plan/2 (colwise)"},
+      {{set("/float8/modules/0", "\"tok_embeddings\"")},
+       "/float8/modules/0: pattern \"tok_embeddings\" selects embedding "
+       "module \"tok_embeddings\"; float8 applies to linear modules only"},
+      {{set("/float8/modules/0", "\"layers.*.attention_norm\"")},
+       "/float8/modules/0: pattern \"layers.*.attention_norm\" selects norm "
+       "module \"layers.0.attention_norm\" and no linear module; float8 "
+       "applies to linear modules only"},
+      {{set("/float8/modules/0", "\"output.weight\"")},
+       "/float8/modules/0: pattern \"output.weight\" selects output module "
+       "\"output\"; float8 applies to linear modules only (the output "
+       "projection stays in high precision, as in torchtitan)"},
+      {{set("/float8/exclude/0", "\"layers.9.attention.wk\"")},
+       "/float8/exclude/0: pattern \"layers.9.attention.wk\" matches no "
+       "module or parameter of model \"tiny\""},
+      {{set("/float8/exclude",
+            R"(["layers.*.attention.*", "layers.*.feed_forward.*"])")},
+       "/float8: float8 selects no linear module of model \"tiny\""},
+  };
+  for (size_t i = 0; i < table.size(); ++i) {
+    const BadSpec &bad = table[i];
+    std::string text = applyEdits(kBase, bad.edits);
+    auto result = loadSpec(text, "");
+    EXPECT_TRUE(failsWith(result, bad.expected))
+        << "entry " << i << " (" << bad.edits.front().pointer << ")";
+  }
+  EXPECT_GE(table.size(), 40u);
+}
+
+TEST(SpecErrors, TpNotDividingAWeightDim) {
+  // A model whose ffn dim (4000) is not divisible by tp=64 but whose heads
+  // are.
+  auto model = std::make_shared<Model>(
+      buildTransformer({"odd", 4096, 1, 64, 64, 4000, 1024}));
+  auto spec = parseSpec(R"({
+    "model": "odd",
+    "mesh": {"axes": [{"name": "tp", "size": 64}]},
+    "tensor_parallel": {"axis": "tp", "plan": [
+      {"pattern": "layers.*.attention.w?", "style": "colwise"},
+      {"pattern": "layers.*.feed_forward.w1", "style": "colwise"}]}
+  })");
+  ASSERT_TRUE(succeeds(spec));
+  EXPECT_TRUE(failsWith(
+      resolveSpec(*spec, model),
+      "/tensor_parallel/plan/1: colwise over \"tp\" (size 64) splits dim 0 of "
+      "\"layers.0.feed_forward.w1.weight\" (shape [4000, 4096]), but 64 does "
+      "not divide 4000"));
+}
+
+TEST(SpecErrors, Float8NeedsDimsDivisibleBy16) {
+  auto model =
+      std::make_shared<Model>(buildTransformer({"odd", 64, 1, 4, 2, 120, 256}));
+  auto spec = parseSpec(R"({
+    "model": "odd",
+    "mesh": {"axes": [{"name": "fsdp", "size": 2}]},
+    "data_parallel": {"shard_axes": ["fsdp"]},
+    "float8": {"all_gather": true}
+  })");
+  ASSERT_TRUE(succeeds(spec));
+  EXPECT_TRUE(failsWith(resolveSpec(*spec, model),
+                        "/float8: linear \"layers.0.feed_forward.w1\" has "
+                        "weight shape [120, 64]; float8 matmuls need both "
+                        "dims divisible by 16"));
+}
+
+TEST(SpecErrors, WorldSizeOption) {
+  SpecOptions options;
+  options.worldSize = 32;
+  EXPECT_TRUE(failsWith(parseSpec(kBase, options),
+                        "/mesh/axes: the mesh has 16 devices (ddp=2 x fsdp=2 "
+                        "x cp=2 x tp=2), but the world size is 32"));
+  options.worldSize = 16;
+  EXPECT_TRUE(succeeds(parseSpec(kBase, options)));
+}
+
+TEST(SpecErrors, MalformedJson) {
+  EXPECT_TRUE(
+      failsWith(parseSpec("{\n  \"model\": \"tiny\",\n  \"mesh\": {,\n}"),
+                "line 3, column 12: syntax error while parsing object "
+                "key"));
+  EXPECT_TRUE(failsWith(parseSpec("{\"model\": \"tiny\"} trailing"),
+                        "line 1, column 21: syntax error"));
+  // A raw newline inside a string is reported where it is, at the end of
+  // line 1 (nlohmann alone would say "line 2, column 0").
+  EXPECT_TRUE(failsWith(parseSpec("{\"model\": \"ti\nny\"}"),
+                        "line 1, column 14: syntax error while parsing value "
+                        "- invalid string: control character U+000A (LF)"));
+  // Invalid UTF-8 is quoted as hex escapes, so messages stay valid text.
+  auto bad = parseSpec("{\"model\": \"\xff\xfe\"}");
+  EXPECT_TRUE(failsWith(bad, "line 1, column 12: syntax error"));
+  EXPECT_NE(bad.error().message.find("\\xFF"), std::string::npos)
+      << bad.error().message;
+  EXPECT_EQ(bad.error().message.find('\xff'), std::string::npos);
+  EXPECT_TRUE(failsWith(parseSpec("\xff"), "line 1, column 1: syntax error"));
+  EXPECT_TRUE(
+      failsWith(parseSpec("[1, 2]"), "/: expected an object, got an array"));
+  EXPECT_TRUE(failsWith(
+      parseSpec(R"({"model": "tiny", "mesh": {"axes": [], "axes": []}})"),
+      "/mesh/axes: duplicate key"));
+}
+
+TEST(SpecErrors, FileErrorsNameTheFile) {
+  EXPECT_TRUE(failsWith(loadSpecFile("/nonexistent/spec.json"),
+                        "cannot read \"/nonexistent/spec.json\""));
+  // An error inside a model file names that file, not the spec.
+  std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "meshplan-frontend-test";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "model.json") << R"({"name": "m", "modules": [
+      {"name": "x", "kind": "lineer", "parameters": []}]})";
+    std::ofstream(dir / "spec.json") << R"({"model": "model.json",
+      "mesh": {"axes": [{"name": "dp", "size": 2}]},
+      "data_parallel": {"shard_axes": ["dp"]}})";
+    std::ofstream(dir / "bad-spec.json") << R"({"model": "model.json",
+      "mesh": {"axes": [{"name": "dp", "size": 2}]}})";
+  }
+  std::string d = dir.string();
+  EXPECT_TRUE(failsWith(loadSpecFile(d + "/spec.json"),
+                        d + "/model.json: /modules/0/kind: unknown kind "
+                            "\"lineer\""));
+  EXPECT_TRUE(failsWith(loadSpecFile(d + "/bad-spec.json"),
+                        d + "/bad-spec.json: /mesh/axes/0/name: axis \"dp\" "
+                            "has no role"));
+  std::filesystem::remove_all(dir);
+}
+
+//===----------------------------------------------------------------------===//
+// Random mutations
+//===----------------------------------------------------------------------===//
+
+void collectPointers(const Json &value, const std::string &at,
+                     std::vector<std::string> &out) {
+  out.push_back(at);
+  if (value.is_object()) {
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      std::string key;
+      for (char c : it.key())
+        key += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+      collectPointers(it.value(), at + "/" + key, out);
+    }
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      collectPointers(value[i], at + "/" + std::to_string(i), out);
+  }
+}
+
+/// Applies one random structural edit and maybe damages the text.
+std::string mutate(const Json &doc, const std::vector<std::string> &pointers,
+                   std::mt19937 &rng) {
+  static const std::vector<Json> values = {
+      nullptr,
+      true,
+      false,
+      0,
+      1,
+      -1,
+      2,
+      3,
+      1.5,
+      1e300,
+      -1e300,
+      "",
+      "x",
+      "tp",
+      "fsdp",
+      "ddp",
+      "colwise",
+      "bfloat16",
+      "layers.*",
+      "**",
+      "output",
+      "tiny",
+      "llama3-8b",
+      Json::array(),
+      Json::object(),
+      Json::array({"tp"}),
+      Json::array({1, 2}),
+      Json::object({{"name", "tp"}, {"size", 2}}),
+      static_cast<uint64_t>(18446744073709551615ull),
+      static_cast<int64_t>(INT64_MIN)};
+  static const std::vector<std::string> keys = {
+      "model",   "mesh",  "axes",   "name",    "size", "shard_axes", "plan",
+      "pattern", "style", "float8", "modules", "seed", "betas",      "bogus"};
+  Json mutated = doc;
+  const std::string &where = pointers[rng() % pointers.size()];
+  Json::json_pointer ptr(where);
+  Json &target = mutated[ptr];
+  switch (rng() % 4) {
+  case 0: // delete a key or element
+    if (!where.empty()) {
+      Json &parent = mutated[ptr.parent_pointer()];
+      if (parent.is_object())
+        parent.erase(ptr.back());
+      else
+        parent.erase(std::stoul(ptr.back()));
+    }
+    break;
+  case 1: // change a value (usually its type)
+    target = values[rng() % values.size()];
+    break;
+  case 2: // add a key or element
+    if (target.is_object())
+      target[keys[rng() % keys.size()]] = values[rng() % values.size()];
+    else if (target.is_array())
+      target.push_back(values[rng() % values.size()]);
+    break;
+  case 3: // duplicate an array element
+    if (target.is_array() && !target.empty())
+      target.push_back(target[rng() % target.size()]);
+    break;
+  }
+  std::string text = mutated.dump(rng() % 2 ? 2 : -1);
+  switch (rng() % 6) {
+  case 0: { // insert garbage
+    static const std::string garbage[] = {
+        "{", "}", "[",    "]",  ",",  ":",   "\"",    "\\",    "x",
+        "0", "-", "\xff", "\n", "/*", "nul", "1e999", "\"a\":"};
+    text.insert(rng() % (text.size() + 1),
+                garbage[rng() % (sizeof garbage / sizeof garbage[0])]);
+    break;
+  }
+  case 1: // truncate
+    text.resize(rng() % (text.size() + 1));
+    break;
+  case 2: { // drop a random byte range
+    size_t at = rng() % (text.size() + 1);
+    text.erase(at, rng() % 8);
+    break;
+  }
+  default:
+    break;
+  }
+  return text;
+}
+
+TEST(SpecErrors, RandomMutationsNeverCrash) {
+  std::vector<std::string> sources = {kBase};
+  for (const char *name :
+       {"fsdp-fp8-3d.json", "hsdp-managed.json", "fsdp-tp.json",
+        "fsdp-sr-adamw.json", "llama3-405b-4d.json"})
+    sources.push_back(testutil::readText(kExamples + "/" + name));
+  std::mt19937 rng(20240611);
+  int located = 0, accepted = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    Json doc = Json::parse(sources[s]);
+    // The 405b example is the slowest to resolve; mutate it on the tiny
+    // model so the sweep stays fast (its structure is what matters).
+    if (doc["model"] == "llama3-405b")
+      doc["model"] = "tiny";
+    std::vector<std::string> pointers;
+    collectPointers(doc, "", pointers);
+    for (int iter = 0; iter < 400; ++iter) {
+      std::string text = mutate(doc, pointers, rng);
+      auto result = loadSpec(text, kExamples);
+      if (result.ok()) {
+        ++accepted;
+        continue;
+      }
+      const std::string &message = result.error().message;
+      ++located;
+      EXPECT_TRUE(testutil::isLocated(message))
+          << "unlocated error: " << message << "\nfor:\n"
+          << text;
+    }
+  }
+  EXPECT_GT(located, 1000);
+  EXPECT_GT(accepted, 50);
+}
+
+} // namespace
