@@ -576,7 +576,7 @@ struct Resolver {
           // Colwise splits the bias with the output features; rowwise
           // leaves it replicated (it is added after the reduction).
           int d = p.shape.size() == 1 ? (*dim == 0 ? 0 : -1) : *dim;
-          if (d < 0)
+          if (d < 0 || d >= static_cast<int>(p.shape.size()))
             continue;
           if (p.shape[d] % size != 0)
             return errorAt(rulePtr,
@@ -672,6 +672,8 @@ struct Resolver {
       // torch._scaled_mm needs both dims of each rank's weight divisible by
       // 16.
       const Parameter *w = modules[i].module->findParam("weight");
+      if (!w || w->shape.size() != 2)
+        continue; // parseModel guarantees a 2-D weight; built models may not
       std::vector<int64_t> local = w->shape;
       const ModuleAssignment &a = assignments[i];
       if (a.tpStyle == TPStyle::Colwise)
