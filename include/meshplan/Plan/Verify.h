@@ -1,0 +1,82 @@
+//===- Verify.h - Static cross-rank verification of plan sets -------------===//
+//
+// Checks a complete set of per-rank plans (one per mesh rank) without running
+// anything:
+//   (a) every communicator is defined identically by all of its members, and
+//       all members issue the same sequence of collectives on it (op, dtype,
+//       count, reduce op, broadcast root);
+//   (c) no rank has a wait cycle among its own instructions (stream order
+//       plus deps, across streams);
+//   (b) the ranks' programs run together to completion: streams run in
+//       order, an instruction starts when its deps are done, each rank issues
+//       its collectives on one communicator in program order, and a
+//       collective completes when every member has issued it.
+// The checks run in that order and the first failing one is reported, with
+// the rank, the instruction (JSON pointer and id) and the communicator.
+//
+// Cost: O(total instructions + total deps + total collective memberships);
+// nothing is quadratic in the number of ranks.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_PLAN_VERIFY_H
+#define MESHPLAN_PLAN_VERIFY_H
+
+#include "meshplan/Plan/Plan.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshplan::plan {
+
+enum class FailureKind {
+  MeshMismatch, ///< plans disagree on the mesh
+  CommMismatch, ///< a communicator defined differently by two ranks
+  CommMissing,  ///< a member does not define a communicator
+  Divergence,   ///< collective sequences differ on a communicator
+  StreamCycle,  ///< wait cycle within one rank
+  Deadlock      ///< the ranks' programs cannot all finish
+};
+std::string_view failureKindName(FailureKind kind);
+
+struct VerifyFailure {
+  FailureKind kind = FailureKind::Divergence;
+  int64_t rank = -1;       ///< the rank blamed
+  int64_t index = -1;      ///< its instruction's index in "program" (or -1)
+  std::string instruction; ///< that instruction's id (or "")
+  std::string comm;        ///< the communicator involved (or "")
+  int64_t otherRank = -1;  ///< the rank compared against (or -1)
+  /// The full report; the first line stands alone, a deadlock adds one line
+  /// per step of the wait cycle.
+  std::string message;
+};
+
+struct VerifyStats {
+  int64_t ranks = 0;
+  int64_t communicators = 0; ///< distinct communicators (by id)
+  int64_t collectives = 0;   ///< collective instructions, summed over ranks
+  int64_t instructions = 0;  ///< instructions, summed over ranks
+};
+
+struct VerifyResult {
+  VerifyStats stats;
+  std::optional<VerifyFailure> failure;
+  bool ok() const { return !failure; }
+};
+
+/// Verifies a plan set. An Error means the set itself is unusable (empty,
+/// two plans for one rank, a mesh rank without a plan); a verification
+/// failure is reported in the result. Plans must each pass validatePlan.
+Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans);
+
+/// Reads the plans of a directory (layout in docs/plan-format.md: rankN.json
+/// files, optionally listed by index.json), in parallel on up to `threads`
+/// threads (0: hardware concurrency). Errors name the file:
+/// "rank3.json: /program/17/comm: unknown communicator \"c9\"".
+Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
+                                            unsigned threads = 0);
+
+} // namespace meshplan::plan
+
+#endif // MESHPLAN_PLAN_VERIFY_H

@@ -1,0 +1,932 @@
+//===- Verify.cpp - Cross-rank verification of plan sets ------------------===//
+
+#include "meshplan/Plan/Verify.h"
+
+#include "meshplan/Core/Text.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <thread>
+#include <unordered_map>
+
+namespace meshplan::plan {
+
+std::string_view failureKindName(FailureKind kind) {
+  switch (kind) {
+  case FailureKind::MeshMismatch:
+    return "mesh mismatch";
+  case FailureKind::CommMismatch:
+    return "communicator mismatch";
+  case FailureKind::CommMissing:
+    return "communicator missing";
+  case FailureKind::Divergence:
+    return "divergence";
+  case FailureKind::StreamCycle:
+    return "stream cycle";
+  case FailureKind::Deadlock:
+    return "deadlock";
+  }
+  return "failure";
+}
+
+namespace {
+
+std::string quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+/// "[0,1,2,3]", shortened to "[0,1,2,...,4095] (4096 ranks)" when long.
+std::string rankList(const std::vector<int64_t> &ranks) {
+  if (ranks.size() <= 16)
+    return "[" + joinInts(ranks) + "]";
+  std::vector<int64_t> head(ranks.begin(), ranks.begin() + 8);
+  return "[" + joinInts(head) + ",...," + std::to_string(ranks.back()) + "] (" +
+         std::to_string(ranks.size()) + " ranks)";
+}
+
+std::string meshText(const PlanMesh &m) {
+  std::string s;
+  for (const MeshAxis &a : m.axes)
+    s += (s.empty() ? "" : ",") + a.name + "=" + std::to_string(a.size) +
+         (a.managed ? "(managed)" : "");
+  if (m.deviceOrder)
+    s += " order [" + joinInts(*m.deviceOrder) + "]";
+  return s;
+}
+
+/// Per-rank index structures shared by all checks.
+struct RankInfo {
+  const Plan *plan = nullptr;
+  int64_t base = 0; ///< global index of instruction 0
+  /// Resolved deps (CSR).
+  std::vector<int32_t> depStart, deps;
+  std::vector<int32_t> streamPrev; ///< previous instruction on the stream
+  std::vector<int32_t> localComm;  ///< collectives: local comm index, else -1
+  std::vector<int32_t> instance;   ///< collectives: position in its sequence
+  std::vector<std::vector<int32_t>> seqs; ///< per local comm: collectives
+  std::vector<int32_t> globalComm;        ///< local comm -> global comm
+  std::unordered_map<std::string_view, int32_t> commIds; ///< id -> local
+};
+
+struct GlobalComm {
+  const Communicator *def = nullptr;
+  int64_t definer = -1;
+  std::vector<int32_t> memberPlan;  ///< member key -> plan index
+  std::vector<int32_t> memberLocal; ///< member key -> local comm index
+};
+
+std::string where(const Plan &p, int64_t index) {
+  return "/program/" + std::to_string(index) + " " + quote(p.program[index].id);
+}
+
+std::string describeCollective(const Instruction &in) {
+  std::string s(opKindName(in.op));
+  if (in.dtype)
+    s += " " + std::string(dtypeName(*in.dtype));
+  s += " count=" + std::to_string(in.count);
+  if (in.reduce)
+    s += " reduce=" + std::string(reduceOpName(*in.reduce));
+  if (in.op == OpKind::Broadcast)
+    s += " root=" + std::to_string(in.root);
+  return s;
+}
+
+/// The first field in which two collectives differ, as "count 1024" for `a`
+/// and "count 2048" for `b`; empty when equal.
+std::pair<std::string, std::string> firstDifference(const Instruction &a,
+                                                    const Instruction &b) {
+  if (a.op != b.op)
+    return {"op " + std::string(opKindName(a.op)),
+            "op " + std::string(opKindName(b.op))};
+  if (a.dtype != b.dtype)
+    return {"dtype " + std::string(dtypeName(*a.dtype)),
+            "dtype " + std::string(dtypeName(*b.dtype))};
+  if (a.count != b.count)
+    return {"count " + std::to_string(a.count),
+            "count " + std::to_string(b.count)};
+  if (a.reduce != b.reduce)
+    return {"reduce " + std::string(reduceOpName(*a.reduce)),
+            "reduce " + std::string(reduceOpName(*b.reduce))};
+  if (a.op == OpKind::Broadcast && a.root != b.root)
+    return {"root " + std::to_string(a.root), "root " + std::to_string(b.root)};
+  return {};
+}
+
+bool sameCollective(const Instruction &a, const Instruction &b) {
+  return a.op == b.op && a.dtype == b.dtype && a.count == b.count &&
+         a.reduce == b.reduce &&
+         (a.op != OpKind::Broadcast || a.root == b.root);
+}
+
+std::string ordinal(int64_t k) { return "#" + std::to_string(k + 1); }
+
+class Verifier {
+public:
+  explicit Verifier(const std::vector<Plan> &plans) : plans(plans) {}
+
+  Result<VerifyResult> run();
+
+private:
+  Result<void> indexRanks();
+  std::optional<VerifyFailure> checkMeshes();
+  std::optional<VerifyFailure> buildCommunicators();
+  std::optional<VerifyFailure> checkSequences();
+  std::optional<VerifyFailure> checkStreamCycles();
+  std::optional<VerifyFailure> simulate();
+
+  const std::vector<Plan> &plans;
+  std::optional<Mesh> mesh;
+  std::vector<int32_t> planOfPosition; ///< mesh position -> plan index
+  std::vector<int32_t> order;          ///< plan indices by rank id
+  std::vector<RankInfo> info;          ///< per plan index
+  std::vector<GlobalComm> comms;
+  int64_t totalInstructions = 0, totalCollectives = 0;
+};
+
+Result<void> Verifier::indexRanks() {
+  if (plans.empty())
+    return makeError("the plan set is empty");
+  Result<Mesh> m = Mesh::create(plans[0].mesh.axes, plans[0].mesh.deviceOrder);
+  if (!m)
+    return m.error().within("rank " + std::to_string(plans[0].rank) +
+                            ": /mesh");
+  mesh = std::move(*m);
+  return {};
+}
+
+std::optional<VerifyFailure> Verifier::checkMeshes() {
+  for (size_t i = 1; i < plans.size(); ++i)
+    if (!(plans[i].mesh == plans[0].mesh)) {
+      VerifyFailure f;
+      f.kind = FailureKind::MeshMismatch;
+      f.rank = plans[i].rank;
+      f.otherRank = plans[0].rank;
+      f.message = "rank " + std::to_string(plans[i].rank) + ": mesh " +
+                  meshText(plans[i].mesh) + " differs from rank " +
+                  std::to_string(plans[0].rank) + "'s mesh " +
+                  meshText(plans[0].mesh);
+      return f;
+    }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::buildCommunicators() {
+  // A communicator is one group: an id plus its member list. The same id may
+  // name many groups (one per split color, as "tp" names every tp group).
+  auto groupKey = [](const Communicator &c) {
+    std::string key = c.id;
+    key.push_back('\0');
+    key.append(reinterpret_cast<const char *>(c.ranks.data()),
+               c.ranks.size() * sizeof(int64_t));
+    return key;
+  };
+  std::unordered_map<std::string, int32_t> byGroup;
+  std::unordered_map<std::string, int32_t> byColor; // id + color -> comm
+  auto mismatch = [&](const Plan &plan, size_t li, const GlobalComm &g,
+                      const std::string &what) {
+    VerifyFailure f;
+    f.kind = FailureKind::CommMismatch;
+    f.rank = plan.rank;
+    f.otherRank = g.definer;
+    f.comm = plan.communicators[li].id;
+    f.message = "rank " + std::to_string(plan.rank) + ": /communicators/" +
+                std::to_string(li) + ": communicator " + quote(f.comm) +
+                " is defined with " + what;
+    return f;
+  };
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    RankInfo &ri = info[p];
+    ri.globalComm.resize(plan.communicators.size());
+    for (size_t li = 0; li < plan.communicators.size(); ++li) {
+      const Communicator &c = plan.communicators[li];
+      auto [it, fresh] =
+          byGroup.emplace(groupKey(c), static_cast<int32_t>(comms.size()));
+      if (fresh) {
+        GlobalComm g;
+        g.def = &c;
+        g.definer = plan.rank;
+        g.memberPlan.reserve(c.ranks.size());
+        for (int64_t r : c.ranks)
+          g.memberPlan.push_back(planOfPosition[*mesh->positionOf(r)]);
+        g.memberLocal.assign(c.ranks.size(), -1);
+        comms.push_back(std::move(g));
+        std::string colorKey = c.id;
+        colorKey.push_back('\0');
+        colorKey += std::to_string(c.color);
+        auto [ct, freshColor] = byColor.emplace(colorKey, it->second);
+        if (!freshColor) {
+          const GlobalComm &o = comms[ct->second];
+          return mismatch(plan, li, o,
+                          "color " + std::to_string(c.color) + " and ranks " +
+                              rankList(c.ranks) + ", but rank " +
+                              std::to_string(o.definer) +
+                              " gives the same id and color to ranks " +
+                              rankList(o.def->ranks));
+        }
+      } else {
+        const GlobalComm &g = comms[it->second];
+        const Communicator &d = *g.def;
+        std::string other =
+            ", but rank " + std::to_string(g.definer) + " defines it with ";
+        if (c.color != d.color)
+          return mismatch(plan, li, g,
+                          "color " + std::to_string(c.color) + other +
+                              "color " + std::to_string(d.color));
+        if (c.axes != d.axes)
+          return mismatch(
+              plan, li, g,
+              "axes [" +
+                  [&] {
+                    std::string s;
+                    for (const std::string &a : c.axes)
+                      s += (s.empty() ? "" : ",") + a;
+                    return s;
+                  }() +
+                  "]" + other + "other axes");
+        if (c.faultTolerant != d.faultTolerant)
+          return mismatch(plan, li, g,
+                          std::string("fault_tolerant ") +
+                              (c.faultTolerant ? "true" : "false") + other +
+                              (d.faultTolerant ? "true" : "false"));
+      }
+      comms[it->second].memberLocal[c.key] = static_cast<int32_t>(li);
+      ri.globalComm[li] = it->second;
+    }
+  }
+  for (const GlobalComm &g : comms)
+    for (size_t k = 0; k < g.memberLocal.size(); ++k) {
+      if (g.memberLocal[k] >= 0)
+        continue;
+      int32_t mp = g.memberPlan[k];
+      const Plan &member = plans[mp];
+      VerifyFailure f;
+      f.rank = member.rank;
+      f.otherRank = g.definer;
+      f.comm = g.def->id;
+      auto own = info[mp].commIds.find(g.def->id);
+      if (own != info[mp].commIds.end()) {
+        f.kind = FailureKind::CommMismatch;
+        f.message = "rank " + std::to_string(member.rank) +
+                    ": /communicators/" + std::to_string(own->second) +
+                    ": communicator " + quote(g.def->id) +
+                    " is defined with ranks " +
+                    rankList(member.communicators[own->second].ranks) +
+                    ", but rank " + std::to_string(g.definer) +
+                    " defines it with ranks " + rankList(g.def->ranks);
+      } else {
+        f.kind = FailureKind::CommMissing;
+        f.message = "rank " + std::to_string(member.rank) +
+                    " does not define communicator " + quote(g.def->id) +
+                    ", but rank " + std::to_string(g.definer) +
+                    " defines it with member ranks " + rankList(g.def->ranks);
+      }
+      return f;
+    }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkSequences() {
+  // Per communicator, the first position where members disagree; the member
+  // in the minority there is blamed. Among all communicators, the failure
+  // with the smallest (rank, instruction index) is reported.
+  std::optional<VerifyFailure> best;
+  auto better = [&](const VerifyFailure &f) {
+    if (!best)
+      return true;
+    int64_t bi = best->index < 0 ? INT64_MAX : best->index;
+    int64_t fi = f.index < 0 ? INT64_MAX : f.index;
+    return std::pair(f.rank, fi) < std::pair(best->rank, bi);
+  };
+  for (const GlobalComm &g : comms) {
+    size_t n = g.memberPlan.size();
+    auto seqOf = [&](size_t k) -> const std::vector<int32_t> & {
+      return info[g.memberPlan[k]].seqs[g.memberLocal[k]];
+    };
+    size_t maxLen = 0, minLen = SIZE_MAX;
+    for (size_t k = 0; k < n; ++k) {
+      maxLen = std::max(maxLen, seqOf(k).size());
+      minLen = std::min(minLen, seqOf(k).size());
+    }
+    auto at = [&](size_t k, size_t pos) -> const Instruction * {
+      const std::vector<int32_t> &s = seqOf(k);
+      return pos < s.size() ? &plans[g.memberPlan[k]].program[s[pos]] : nullptr;
+    };
+    auto same = [](const Instruction *a, const Instruction *b) {
+      return a && b ? sameCollective(*a, *b) : a == b;
+    };
+    for (size_t pos = 0; pos < maxLen; ++pos) {
+      const Instruction *first = at(0, pos);
+      bool allSame = true;
+      for (size_t k = 1; k < n && allSame; ++k)
+        allSame = same(at(k, pos), first);
+      if (allSame)
+        continue;
+      // Majority signature at this position (distinct signatures are few).
+      std::vector<std::pair<const Instruction *, size_t>> tally;
+      for (size_t k = 0; k < n; ++k) {
+        const Instruction *x = at(k, pos);
+        auto it = std::find_if(tally.begin(), tally.end(),
+                               [&](auto &t) { return same(t.first, x); });
+        if (it == tally.end())
+          tally.push_back({x, 1});
+        else
+          ++it->second;
+      }
+      // Most common wins; on a tie, the side that issued the collective.
+      auto major = std::max_element(
+          tally.begin(), tally.end(), [](const auto &a, const auto &b) {
+            if (a.second != b.second)
+              return a.second < b.second;
+            return a.first == nullptr && b.first != nullptr;
+          });
+      size_t blamed = n, other = n;
+      for (size_t k = 0; k < n; ++k) {
+        bool inMajor = same(at(k, pos), major->first);
+        if (!inMajor && blamed == n)
+          blamed = k;
+        if (inMajor && other == n)
+          other = k;
+      }
+      const Plan &bp = plans[g.memberPlan[blamed]];
+      const Plan &op = plans[g.memberPlan[other]];
+      const Instruction *bi = at(blamed, pos), *oi = at(other, pos);
+      VerifyFailure f;
+      f.kind = FailureKind::Divergence;
+      f.rank = bp.rank;
+      f.otherRank = op.rank;
+      f.comm = g.def->id;
+      std::string head = "rank " + std::to_string(bp.rank);
+      std::string coll =
+          "collective " + ordinal(pos) + " on communicator " + quote(g.def->id);
+      if (bi) {
+        f.index = seqOf(blamed)[pos];
+        f.instruction = bi->id;
+        head += " " + where(bp, f.index) + ": " + coll;
+      } else {
+        head += ": " + coll;
+      }
+      std::string otherText = "rank " + std::to_string(op.rank);
+      if (bi && oi) {
+        auto [mine, theirs] = firstDifference(*bi, *oi);
+        f.message = head + " has " + mine + ", but " + otherText + " has " +
+                    theirs + " (" + otherText + " " +
+                    where(op, seqOf(other)[pos]) + ": " +
+                    describeCollective(*oi) + ")";
+      } else if (bi) {
+        f.message = head + " is " + describeCollective(*bi) + ", but " +
+                    otherText + " issues only " +
+                    std::to_string(seqOf(other).size()) + " collectives on " +
+                    quote(g.def->id);
+      } else {
+        f.message = head + " is missing: rank " + std::to_string(bp.rank) +
+                    " issues only " + std::to_string(seqOf(blamed).size()) +
+                    " collectives on " + quote(g.def->id) + ", but " +
+                    otherText + " issues " + where(op, seqOf(other)[pos]) +
+                    ": " + describeCollective(*oi);
+      }
+      if (better(f))
+        best = std::move(f);
+      break;
+    }
+    (void)minLen;
+  }
+  return best;
+}
+
+std::optional<VerifyFailure> Verifier::checkStreamCycles() {
+  std::vector<int32_t> indeg, queue;
+  std::vector<std::vector<int32_t>> unused;
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const RankInfo &ri = info[p];
+    int32_t n = static_cast<int32_t>(plan.program.size());
+    // Successor lists: stream next + reverse deps (CSR).
+    std::vector<int32_t> outStart(n + 1, 0), out;
+    for (int32_t i = 0; i < n; ++i) {
+      if (ri.streamPrev[i] >= 0)
+        ++outStart[ri.streamPrev[i] + 1];
+      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+        ++outStart[ri.deps[e] + 1];
+    }
+    for (int32_t i = 0; i < n; ++i)
+      outStart[i + 1] += outStart[i];
+    out.resize(outStart[n]);
+    std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
+    indeg.assign(n, 0);
+    for (int32_t i = 0; i < n; ++i) {
+      if (ri.streamPrev[i] >= 0) {
+        out[fill[ri.streamPrev[i]]++] = i;
+        ++indeg[i];
+      }
+      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
+        out[fill[ri.deps[e]]++] = i;
+        ++indeg[i];
+      }
+    }
+    queue.clear();
+    for (int32_t i = 0; i < n; ++i)
+      if (indeg[i] == 0)
+        queue.push_back(i);
+    for (size_t q = 0; q < queue.size(); ++q)
+      for (int32_t e = outStart[queue[q]]; e < outStart[queue[q] + 1]; ++e)
+        if (--indeg[out[e]] == 0)
+          queue.push_back(out[e]);
+    if (static_cast<int32_t>(queue.size()) == n)
+      continue;
+    // Walk "waits for" edges among unfinished instructions to a cycle.
+    auto blocker = [&](int32_t i) -> std::pair<int32_t, std::string> {
+      if (ri.streamPrev[i] >= 0 && indeg[ri.streamPrev[i]] > 0)
+        return {ri.streamPrev[i],
+                "runs after it on stream " + quote(plan.program[i].stream)};
+      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+        if (indeg[ri.deps[e]] > 0)
+          return {ri.deps[e], "deps"};
+      return {-1, ""};
+    };
+    int32_t start = 0;
+    while (indeg[start] == 0)
+      ++start;
+    std::vector<int32_t> seen(n, -1), path;
+    int32_t cur = start;
+    while (seen[cur] < 0) {
+      seen[cur] = static_cast<int32_t>(path.size());
+      path.push_back(cur);
+      cur = blocker(cur).first;
+    }
+    std::vector<int32_t> cycle(path.begin() + seen[cur], path.end());
+    VerifyFailure f;
+    f.kind = FailureKind::StreamCycle;
+    f.rank = plan.rank;
+    f.index = cycle[0];
+    f.instruction = plan.program[cycle[0]].id;
+    f.message = "rank " + std::to_string(plan.rank) +
+                ": wait cycle among its own instructions:";
+    for (int32_t i : cycle) {
+      auto [b, why] = blocker(i);
+      f.message += "\n  " + where(plan, i) + " (stream " +
+                   quote(plan.program[i].stream) + ") waits for " +
+                   where(plan, b) + " (" + why + ")";
+    }
+    return f;
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::simulate() {
+  int64_t total = totalInstructions;
+  std::vector<int32_t> pending(total, 0);
+  std::vector<uint8_t> state(total, 0); // 0 waiting, 1 issued, 2 done
+  std::vector<int64_t> outStart(total + 1, 0);
+  std::vector<int64_t> out;
+  std::vector<int32_t> planOf(total);
+  for (int32_t p : order) {
+    const RankInfo &ri = info[p];
+    int64_t n = static_cast<int64_t>(plans[p].program.size());
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t g = ri.base + i;
+      planOf[g] = p;
+      if (ri.streamPrev[i] >= 0) {
+        ++outStart[ri.base + ri.streamPrev[i] + 1];
+        ++pending[g];
+      }
+      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
+        ++outStart[ri.base + ri.deps[e] + 1];
+        ++pending[g];
+      }
+      if (ri.localComm[i] >= 0 && ri.instance[i] > 0)
+        ++pending[g]; // previous collective on the same comm must be issued
+    }
+  }
+  for (int64_t g = 0; g < total; ++g)
+    outStart[g + 1] += outStart[g];
+  out.resize(outStart[total]);
+  {
+    std::vector<int64_t> fill(outStart.begin(), outStart.end() - 1);
+    for (int32_t p : order) {
+      const RankInfo &ri = info[p];
+      int64_t n = static_cast<int64_t>(plans[p].program.size());
+      for (int64_t i = 0; i < n; ++i) {
+        if (ri.streamPrev[i] >= 0)
+          out[fill[ri.base + ri.streamPrev[i]]++] = ri.base + i;
+        for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+          out[fill[ri.base + ri.deps[e]]++] = ri.base + i;
+      }
+    }
+  }
+  std::vector<std::vector<int32_t>> arrived(comms.size());
+  for (size_t c = 0; c < comms.size(); ++c) {
+    const GlobalComm &gc = comms[c];
+    arrived[c].assign(info[gc.memberPlan[0]].seqs[gc.memberLocal[0]].size(), 0);
+  }
+
+  std::vector<int64_t> work;
+  work.reserve(1024);
+  for (int64_t g = 0; g < total; ++g)
+    if (pending[g] == 0)
+      work.push_back(g);
+  int64_t done = 0;
+  auto complete = [&](int64_t g) {
+    state[g] = 2;
+    ++done;
+    for (int64_t e = outStart[g]; e < outStart[g + 1]; ++e)
+      if (--pending[out[e]] == 0)
+        work.push_back(out[e]);
+  };
+  while (!work.empty()) {
+    int64_t g = work.back();
+    work.pop_back();
+    int32_t p = planOf[g];
+    const RankInfo &ri = info[p];
+    int64_t i = g - ri.base;
+    int32_t lc = ri.localComm[i];
+    if (lc < 0) {
+      complete(g);
+      continue;
+    }
+    state[g] = 1;
+    const std::vector<int32_t> &seq = ri.seqs[lc];
+    int32_t k = ri.instance[i];
+    if (static_cast<size_t>(k + 1) < seq.size()) {
+      int64_t next = ri.base + seq[k + 1];
+      if (--pending[next] == 0)
+        work.push_back(next);
+    }
+    int32_t c = ri.globalComm[lc];
+    const GlobalComm &gc = comms[c];
+    if (++arrived[c][k] == static_cast<int32_t>(gc.memberPlan.size()))
+      for (size_t m = 0; m < gc.memberPlan.size(); ++m) {
+        const RankInfo &mi = info[gc.memberPlan[m]];
+        complete(mi.base + mi.seqs[gc.memberLocal[m]][k]);
+      }
+  }
+  if (done == total)
+    return std::nullopt;
+
+  // Deadlock: follow "waits for" from the first stuck instruction of the
+  // lowest stuck rank until an instruction repeats.
+  struct Step {
+    int64_t next;
+    std::string why;
+  };
+  auto describe = [&](int64_t g) {
+    const RankInfo &ri = info[planOf[g]];
+    const Plan &p = plans[planOf[g]];
+    int64_t i = g - ri.base;
+    std::string s = "rank " + std::to_string(p.rank) + " " + where(p, i) +
+                    " (" + std::string(opKindName(p.program[i].op));
+    if (ri.localComm[i] >= 0)
+      s += " " + ordinal(ri.instance[i]) + " on " + quote(p.program[i].comm);
+    return s + ", stream " + quote(p.program[i].stream) + ")";
+  };
+  auto blocker = [&](int64_t g) -> Step {
+    const RankInfo &ri = info[planOf[g]];
+    const Plan &p = plans[planOf[g]];
+    int64_t i = g - ri.base;
+    int32_t lc = ri.localComm[i];
+    if (state[g] == 1) {
+      int32_t c = ri.globalComm[lc];
+      const GlobalComm &gc = comms[c];
+      int32_t k = ri.instance[i];
+      for (size_t m = 0; m < gc.memberPlan.size(); ++m) {
+        const RankInfo &mi = info[gc.memberPlan[m]];
+        int64_t h = mi.base + mi.seqs[gc.memberLocal[m]][k];
+        if (state[h] == 0)
+          return {h, "issued; waits for rank " +
+                         std::to_string(plans[gc.memberPlan[m]].rank) +
+                         " to issue its " + ordinal(k) + " on " +
+                         quote(gc.def->id)};
+      }
+    }
+    if (ri.streamPrev[i] >= 0 && state[ri.base + ri.streamPrev[i]] != 2)
+      return {ri.base + ri.streamPrev[i],
+              "waits for the previous instruction on its stream"};
+    for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+      if (state[ri.base + ri.deps[e]] != 2)
+        return {ri.base + ri.deps[e], "waits for its dep"};
+    if (lc >= 0 && ri.instance[i] > 0) {
+      int64_t prev = ri.base + ri.seqs[lc][ri.instance[i] - 1];
+      if (state[prev] == 0)
+        return {prev, "waits for the previous collective on " +
+                          quote(p.program[i].comm) + " to be issued"};
+    }
+    return {-1, "?"};
+  };
+  int64_t start = -1, stuck = 0;
+  std::vector<uint8_t> rankStuck(plans.size(), 0);
+  int64_t stuckRanks = 0;
+  for (int32_t p : order) {
+    const RankInfo &ri = info[p];
+    for (size_t i = 0; i < plans[p].program.size(); ++i)
+      if (state[ri.base + i] != 2) {
+        if (start < 0)
+          start = ri.base + i;
+        ++stuck;
+        if (!rankStuck[p]) {
+          rankStuck[p] = 1;
+          ++stuckRanks;
+        }
+      }
+  }
+  std::unordered_map<int64_t, size_t> seen;
+  std::vector<int64_t> path;
+  int64_t cur = start;
+  while (cur >= 0 && !seen.count(cur)) {
+    seen[cur] = path.size();
+    path.push_back(cur);
+    cur = blocker(cur).next;
+  }
+  size_t from = cur >= 0 ? seen[cur] : 0;
+  int64_t head = path[from];
+  const RankInfo &hi = info[planOf[head]];
+  const Plan &hp = plans[planOf[head]];
+  VerifyFailure f;
+  f.kind = FailureKind::Deadlock;
+  f.rank = hp.rank;
+  f.index = head - hi.base;
+  f.instruction = hp.program[f.index].id;
+  f.comm = hi.localComm[f.index] >= 0 ? hp.program[f.index].comm : "";
+  f.message = "deadlock: " + std::to_string(stuck) + " instructions on " +
+              std::to_string(stuckRanks) + " ranks can never run; wait cycle:";
+  constexpr size_t kMaxLines = 16;
+  for (size_t s = from; s < path.size(); ++s) {
+    if (s - from == kMaxLines) {
+      f.message +=
+          "\n  ... (" + std::to_string(path.size() - s) + " more steps)";
+      break;
+    }
+    Step st = blocker(path[s]);
+    f.message += "\n  " + describe(path[s]) + " " + st.why + ": " +
+                 (st.next >= 0 ? describe(st.next) : "?");
+  }
+  return f;
+}
+
+Result<VerifyResult> Verifier::run() {
+  MESHPLAN_TRY(indexRanks());
+  VerifyResult result;
+  if (std::optional<VerifyFailure> f = checkMeshes()) {
+    result.failure = std::move(f);
+    return result;
+  }
+  // Plans by mesh position; the set must be complete.
+  planOfPosition.assign(mesh->size(), -1);
+  for (size_t p = 0; p < plans.size(); ++p) {
+    Result<int64_t> pos = mesh->positionOf(plans[p].rank);
+    if (!pos)
+      return makeError("plan " + std::to_string(p) + ": " +
+                       pos.error().message);
+    if (planOfPosition[*pos] >= 0)
+      return makeError("two plans for rank " + std::to_string(plans[p].rank));
+    planOfPosition[*pos] = static_cast<int32_t>(p);
+  }
+  if (static_cast<int64_t>(plans.size()) != mesh->size()) {
+    for (int64_t pos = 0; pos < mesh->size(); ++pos)
+      if (planOfPosition[pos] < 0)
+        return makeError("no plan for rank " +
+                         std::to_string(mesh->rankAt(pos)) + " (the mesh has " +
+                         std::to_string(mesh->size()) + " ranks; the set has " +
+                         std::to_string(plans.size()) + " plans)");
+  }
+  order.resize(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i)
+    order[i] = static_cast<int32_t>(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return plans[a].rank < plans[b].rank;
+  });
+
+  // Per-rank indices.
+  info.resize(plans.size());
+  int64_t base = 0;
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    RankInfo &ri = info[p];
+    ri.plan = &plan;
+    ri.base = base;
+    size_t n = plan.program.size();
+    if (n > static_cast<size_t>(INT32_MAX / 2))
+      return makeError("rank " + std::to_string(plan.rank) +
+                       ": program too long");
+    base += static_cast<int64_t>(n);
+    std::unordered_map<std::string_view, int32_t> ids, streamIds;
+    auto &commIds = ri.commIds;
+    ids.reserve(n);
+    for (size_t i = 0; i < n; ++i)
+      ids.emplace(plan.program[i].id, static_cast<int32_t>(i));
+    for (size_t c = 0; c < plan.communicators.size(); ++c)
+      commIds.emplace(plan.communicators[c].id, static_cast<int32_t>(c));
+    for (size_t s = 0; s < plan.streams.size(); ++s)
+      streamIds.emplace(plan.streams[s], static_cast<int32_t>(s));
+    std::vector<int32_t> lastOnStream(plan.streams.size(), -1);
+    ri.depStart.assign(n + 1, 0);
+    ri.streamPrev.assign(n, -1);
+    ri.localComm.assign(n, -1);
+    ri.instance.assign(n, -1);
+    ri.seqs.assign(plan.communicators.size(), {});
+    for (size_t i = 0; i < n; ++i) {
+      const Instruction &in = plan.program[i];
+      for (const std::string &d : in.deps) {
+        auto it = ids.find(d);
+        if (it == ids.end())
+          return makeError("rank " + std::to_string(plan.rank) + ": /program/" +
+                           std::to_string(i) + ": unknown dep " + quote(d));
+        ri.deps.push_back(it->second);
+      }
+      ri.depStart[i + 1] = static_cast<int32_t>(ri.deps.size());
+      auto s = streamIds.find(in.stream);
+      if (s == streamIds.end())
+        return makeError("rank " + std::to_string(plan.rank) + ": /program/" +
+                         std::to_string(i) + ": unknown stream");
+      ri.streamPrev[i] = lastOnStream[s->second];
+      lastOnStream[s->second] = static_cast<int32_t>(i);
+      if (isCollective(in.op)) {
+        auto c = commIds.find(in.comm);
+        if (c == commIds.end())
+          return makeError("rank " + std::to_string(plan.rank) + ": /program/" +
+                           std::to_string(i) + "/comm: unknown communicator " +
+                           quote(in.comm));
+        ri.localComm[i] = c->second;
+        ri.instance[i] = static_cast<int32_t>(ri.seqs[c->second].size());
+        ri.seqs[c->second].push_back(static_cast<int32_t>(i));
+        ++totalCollectives;
+      }
+    }
+  }
+  totalInstructions = base;
+  result.stats.ranks = static_cast<int64_t>(plans.size());
+  result.stats.instructions = totalInstructions;
+  result.stats.collectives = totalCollectives;
+
+  if ((result.failure = buildCommunicators()))
+    return result;
+  result.stats.communicators = static_cast<int64_t>(comms.size());
+  if ((result.failure = checkSequences()))
+    return result;
+  if ((result.failure = checkStreamCycles()))
+    return result;
+  result.failure = simulate();
+  return result;
+}
+
+} // namespace
+
+Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans) {
+  Verifier v(plans);
+  return v.run();
+}
+
+//===----------------------------------------------------------------------===//
+// Directories
+//===----------------------------------------------------------------------===//
+
+/// N for a file named "rankN.json" (N decimal, no leading zeros).
+static std::optional<int64_t> rankOfFileName(std::string_view name) {
+  if (name.size() < 10 || name.substr(0, 4) != "rank" ||
+      name.substr(name.size() - 5) != ".json")
+    return std::nullopt;
+  std::string_view digits = name.substr(4, name.size() - 9);
+  if (digits.empty() || (digits.size() > 1 && digits[0] == '0'))
+    return std::nullopt;
+  for (char c : digits)
+    if (c < '0' || c > '9')
+      return std::nullopt;
+  return parseInt(digits);
+}
+
+static Result<std::vector<int64_t>> readIndex(const std::string &path) {
+  using Json = nlohmann::json;
+  Result<std::string> text = readTextFile(path);
+  if (!text)
+    return text.error();
+  Json doc = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  auto fail = [](const std::string &m) {
+    return makeError("index.json: " + m);
+  };
+  if (doc.is_discarded())
+    return fail("not valid JSON");
+  if (!doc.is_object())
+    return fail("/: expected an object");
+  for (auto it = doc.begin(); it != doc.end(); ++it)
+    if (it.key() != "format" && it.key() != "version" && it.key() != "ranks" &&
+        it.key() != "generator")
+      return fail("/" + it.key() + ": unknown key \"" + it.key() +
+                  "\" (known keys: format, version, ranks, generator)");
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() ||
+      format->get<std::string>() != "meshplan.plan-index")
+    return fail("/format: expected \"meshplan.plan-index\"");
+  auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer() ||
+      version->get<int64_t>() != kPlanVersion)
+    return fail("/version: expected " + std::to_string(kPlanVersion));
+  auto ranks = doc.find("ranks");
+  if (ranks == doc.end() || !ranks->is_array() || ranks->empty())
+    return fail("/ranks: expected a non-empty array of ranks");
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < ranks->size(); ++i) {
+    const Json &r = (*ranks)[i];
+    if (!r.is_number_integer() || r.get<int64_t>() < 0)
+      return fail("/ranks/" + std::to_string(i) +
+                  ": expected a non-negative integer");
+    out.push_back(r.get<int64_t>());
+  }
+  std::vector<int64_t> sorted = out;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i] == sorted[i - 1])
+      return fail("/ranks: rank " + std::to_string(sorted[i]) +
+                  " is listed twice");
+  return out;
+}
+
+Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
+                                            unsigned threads) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return makeError("\"" + dir + "\" is not a directory");
+  std::vector<int64_t> ranks;
+  fs::path indexPath = fs::path(dir) / "index.json";
+  if (fs::exists(indexPath, ec)) {
+    Result<std::vector<int64_t>> idx = readIndex(indexPath.string());
+    if (!idx)
+      return idx.error();
+    ranks = std::move(*idx);
+  }
+  {
+    std::vector<int64_t> found;
+    fs::directory_iterator it(dir, ec), end;
+    if (ec)
+      return makeError("cannot list \"" + dir + "\": " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec)
+        return makeError("cannot list \"" + dir + "\": " + ec.message());
+      if (std::optional<int64_t> r =
+              rankOfFileName(it->path().filename().string()))
+        found.push_back(*r);
+    }
+    std::sort(found.begin(), found.end());
+    if (ranks.empty()) {
+      if (found.empty())
+        return makeError("no rankN.json plan files in \"" + dir + "\"");
+      ranks = std::move(found);
+    } else {
+      std::vector<int64_t> listed = ranks;
+      std::sort(listed.begin(), listed.end());
+      for (int64_t r : listed)
+        if (!std::binary_search(found.begin(), found.end(), r))
+          return makeError("index.json lists rank " + std::to_string(r) +
+                           ", but rank" + std::to_string(r) +
+                           ".json does not exist");
+      for (int64_t r : found)
+        if (!std::binary_search(listed.begin(), listed.end(), r))
+          return makeError("rank" + std::to_string(r) +
+                           ".json is not listed in index.json");
+    }
+  }
+
+  std::vector<std::optional<Result<Plan>>> loaded(ranks.size());
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < ranks.size();) {
+      std::string name = "rank" + std::to_string(ranks[i]) + ".json";
+      Result<std::string> text = readTextFile((fs::path(dir) / name).string());
+      if (!text) {
+        loaded[i].emplace(text.error());
+        continue;
+      }
+      Result<Plan> plan = parsePlan(*text);
+      if (!plan)
+        loaded[i].emplace(plan.error().within(name));
+      else if (plan->rank != ranks[i])
+        loaded[i].emplace(
+            makeError(name + ": /rank: the file is named for rank " +
+                      std::to_string(ranks[i]) + " but the plan is for rank " +
+                      std::to_string(plan->rank)));
+      else
+        loaded[i].emplace(std::move(plan));
+    }
+  };
+  if (threads == 0)
+    threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(
+      threads, std::max<size_t>(1, std::min<size_t>(ranks.size(), 64)));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t)
+    pool.emplace_back(worker);
+  worker();
+  for (std::thread &t : pool)
+    t.join();
+
+  std::vector<Plan> plans;
+  plans.reserve(ranks.size());
+  for (std::optional<Result<Plan>> &r : loaded) {
+    if (!r->ok())
+      return r->error();
+    plans.push_back(std::move(r->value()));
+  }
+  return plans;
+}
+
+} // namespace meshplan::plan
