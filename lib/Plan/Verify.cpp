@@ -795,14 +795,13 @@ static std::optional<int64_t> rankOfFileName(std::string_view name) {
 }
 
 static Result<std::vector<int64_t>> readIndex(const std::string &path) {
+  // Errors are prefixed with the index file's path.
   using Json = nlohmann::json;
   Result<std::string> text = readTextFile(path);
   if (!text)
     return text.error();
   Json doc = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  auto fail = [](const std::string &m) {
-    return makeError("index.json: " + m);
-  };
+  auto fail = [&](const std::string &m) { return makeError(path + ": " + m); };
   if (doc.is_discarded())
     return fail("not valid JSON");
   if (!doc.is_object())
@@ -848,6 +847,9 @@ Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
     return makeError("\"" + dir + "\" is not a directory");
   std::vector<int64_t> ranks;
   fs::path indexPath = fs::path(dir) / "index.json";
+  auto fileOf = [&](int64_t rank) {
+    return fs::path(dir) / ("rank" + std::to_string(rank) + ".json");
+  };
   if (fs::exists(indexPath, ec)) {
     Result<std::vector<int64_t>> idx = readIndex(indexPath.string());
     if (!idx)
@@ -876,13 +878,13 @@ Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
       std::sort(listed.begin(), listed.end());
       for (int64_t r : listed)
         if (!std::binary_search(found.begin(), found.end(), r))
-          return makeError("index.json lists rank " + std::to_string(r) +
-                           ", but rank" + std::to_string(r) +
-                           ".json does not exist");
+          return makeError(indexPath.string() + " lists rank " +
+                           std::to_string(r) + ", but " + fileOf(r).string() +
+                           " does not exist");
       for (int64_t r : found)
         if (!std::binary_search(listed.begin(), listed.end(), r))
-          return makeError("rank" + std::to_string(r) +
-                           ".json is not listed in index.json");
+          return makeError(fileOf(r).string() + " is not listed in " +
+                           indexPath.string());
     }
   }
 
@@ -890,8 +892,8 @@ Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < ranks.size();) {
-      std::string name = "rank" + std::to_string(ranks[i]) + ".json";
-      Result<std::string> text = readTextFile((fs::path(dir) / name).string());
+      std::string name = fileOf(ranks[i]).string();
+      Result<std::string> text = readTextFile(name);
       if (!text) {
         loaded[i].emplace(text.error());
         continue;

@@ -42,6 +42,20 @@ struct RedistributeOptions {
 };
 std::string runRedistributeCommand(const RedistributeOptions &options);
 
+/// `meshplan verify DIR`: reads a plan directory and verifies it across
+/// ranks. A bad directory or plan is a CliError (exit 2); a set that fails
+/// verification returns exit code 1 with the report in `err`.
+struct VerifyOptions {
+  std::string dir;
+  unsigned threads = 0;
+};
+struct VerifyOutput {
+  int exitCode = 0;
+  std::string out; ///< stdout (the summary, on success)
+  std::string err; ///< stderr (the failure report)
+};
+VerifyOutput runVerifyCommand(const VerifyOptions &options);
+
 } // namespace meshplan::cli
 
 #endif // MESHPLAN_TOOLS_PLANNER_COMMANDS_H

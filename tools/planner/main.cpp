@@ -1,8 +1,9 @@
 //===- main.cpp - The meshplan command-line tool --------------------------===//
 //
-// Subcommands: mesh, layout, redistribute. Every user error prints one line
-// "meshplan: error: <flag>: <what is wrong>" on stderr, exits with code 2 and
-// prints nothing on stdout.
+// Subcommands: mesh, layout, redistribute, verify. Every user error prints
+// one line "meshplan: error: <flag>: <what is wrong>" on stderr, exits with
+// code 2 and prints nothing on stdout. `verify` exits with 1 (report on
+// stderr) when a well-formed plan set fails verification.
 //
 //===----------------------------------------------------------------------===//
 
@@ -79,6 +80,18 @@ int main(int argc, char **argv) {
                         "Element type for byte counts (default fp32)");
   redistCmd->add_flag("--json", redistOptions.json, "Print JSON");
 
+  VerifyOptions verifyOptions;
+  CLI::App *verifyCmd = app.add_subcommand(
+      "verify", "Verify a directory of per-rank plans across ranks (exit 0: "
+                "ok, 1: verification failed, 2: bad input)");
+  verifyCmd
+      ->add_option("dir", verifyOptions.dir,
+                   "Plan directory: rankN.json files, optionally "
+                   "index.json (docs/plan-format.md)")
+      ->required();
+  verifyCmd->add_option("--threads", verifyOptions.threads,
+                        "Threads for reading plans (default: all cores)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success &e) {
@@ -86,7 +99,7 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) {
     std::cerr << "meshplan: error: " << e.what();
     if (app.get_subcommands().empty())
-      std::cerr << " (subcommands: mesh, layout, redistribute; see "
+      std::cerr << " (subcommands: mesh, layout, redistribute, verify; see "
                    "'meshplan --help')";
     std::cerr << "\n";
     return 2;
@@ -94,6 +107,12 @@ int main(int argc, char **argv) {
 
   try {
     std::string output;
+    if (verifyCmd->parsed()) {
+      VerifyOutput v = runVerifyCommand(verifyOptions);
+      std::cout << v.out;
+      std::cerr << v.err;
+      return v.exitCode;
+    }
     if (meshCmd->parsed())
       output = runMeshCommand(meshOptions);
     else if (layoutCmd->parsed())

@@ -443,12 +443,14 @@ TEST(Verify, Directories) {
   dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
                               "ranks": [0,1,2,3,4,5,6]})");
   read = readPlanDirectory(dir.path.string());
-  EXPECT_EQ(read.error().message, "rank7.json is not listed in index.json");
+  std::string d = dir.path.string() + "/";
+  EXPECT_EQ(read.error().message,
+            d + "rank7.json is not listed in " + d + "index.json");
   dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
                               "ranks": [0,1,2,3,4,5,6,7,8]})");
   read = readPlanDirectory(dir.path.string());
-  EXPECT_EQ(read.error().message,
-            "index.json lists rank 8, but rank8.json does not exist");
+  EXPECT_EQ(read.error().message, d + "index.json lists rank 8, but " + d +
+                                      "rank8.json does not exist");
   dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
                               "ranks": [0,1,2,3,4,5,6,7]})");
   read = readPlanDirectory(dir.path.string());
@@ -459,11 +461,11 @@ TEST(Verify, Directories) {
   dir.write("rank3.json", text);
   read = readPlanDirectory(dir.path.string());
   EXPECT_EQ(read.error().message,
-            "rank3.json: /program/0/comm: unknown communicator \"c9\"");
+            d + "rank3.json: /program/0/comm: unknown communicator \"c9\"");
   dir.write("rank3.json", writePlan(plans[4]));
   read = readPlanDirectory(dir.path.string());
-  EXPECT_EQ(read.error().message, "rank3.json: /rank: the file is named for "
-                                  "rank 3 but the plan is for rank 4");
+  EXPECT_EQ(read.error().message, d + "rank3.json: /rank: the file is named "
+                                      "for rank 3 but the plan is for rank 4");
   read = readPlanDirectory((dir.path / "missing").string());
   EXPECT_FALSE(read.ok());
 }

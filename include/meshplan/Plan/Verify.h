@@ -72,8 +72,8 @@ Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans);
 
 /// Reads the plans of a directory (layout in docs/plan-format.md: rankN.json
 /// files, optionally listed by index.json), in parallel on up to `threads`
-/// threads (0: hardware concurrency). Errors name the file:
-/// "rank3.json: /program/17/comm: unknown communicator \"c9\"".
+/// threads (0: hardware concurrency). Errors name the file by its path:
+/// "DIR/rank3.json: /program/17/comm: unknown communicator \"c9\"".
 Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
                                             unsigned threads = 0);
 
