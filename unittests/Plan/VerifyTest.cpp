@@ -484,3 +484,30 @@ TEST(Verify, ScalesLinearly) {
 }
 
 } // namespace
+
+namespace {
+/// Writes a synthetic 1,024-rank set (mesh a=8,b=8,c=16, 48 layers: 1,008
+/// instructions per rank) to $MESHPLAN_SYNTH_DIR, for timing `meshplan
+/// verify`. Run with --gtest_also_run_disabled_tests
+/// --gtest_filter=Verify.DISABLED_WriteSyntheticSet.
+TEST(Verify, DISABLED_WriteSyntheticSet) {
+  const char *out = std::getenv("MESHPLAN_SYNTH_DIR");
+  ASSERT_NE(out, nullptr) << "set MESHPLAN_SYNTH_DIR";
+  std::vector<Plan> plans = synthesize(mixedOptions(8, 8, 16, 48));
+  auto t0 = std::chrono::steady_clock::now();
+  VerifyResult r = verified(plans);
+  double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  ASSERT_TRUE(r.ok()) << r.failure->message;
+  std::printf("in-memory verify: %lld ranks, %lld instructions, %lld "
+              "collectives: %.3f s\n",
+              (long long)r.stats.ranks, (long long)r.stats.instructions,
+              (long long)r.stats.collectives, s);
+  std::filesystem::create_directories(out);
+  for (const Plan &p : plans)
+    std::ofstream(std::filesystem::path(out) /
+                  ("rank" + std::to_string(p.rank) + ".json"))
+        << writePlan(p);
+}
+} // namespace
