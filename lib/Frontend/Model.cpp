@@ -3,14 +3,15 @@
 #include "meshplan/Frontend/Model.h"
 #include "meshplan/Core/Layout.h"
 
-#include "JsonSupport.h"
+#include "meshplan/Frontend/Schema.h"
+#include "meshplan/Support/Json.h"
 
 #include <algorithm>
 #include <map>
 
 namespace meshplan::frontend {
 
-using namespace detail;
+using namespace meshplan::json;
 
 //===----------------------------------------------------------------------===//
 // Enums

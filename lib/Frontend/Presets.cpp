@@ -2,7 +2,7 @@
 
 #include "meshplan/Frontend/Presets.h"
 
-#include "JsonSupport.h"
+#include "meshplan/Support/Json.h"
 
 namespace meshplan::frontend {
 
@@ -99,9 +99,9 @@ Result<Model> presetModel(std::string_view name) {
   std::vector<std::string_view> names;
   for (const TransformerConfig &config : presetConfigs())
     names.push_back(config.name);
-  return makeError("unknown preset " + detail::quote(name) +
+  return makeError("unknown preset " + json::quote(name) +
                    "; expected one of " + presetNameList() +
-                   detail::didYouMean(name, names));
+                   json::didYouMean(name, names));
 }
 
 } // namespace meshplan::frontend

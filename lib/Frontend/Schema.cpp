@@ -14,41 +14,6 @@
 
 namespace meshplan::frontend {
 
-std::string_view jsonTypeName(JsonType type) {
-  switch (type) {
-  case JsonType::Object:
-    return "object";
-  case JsonType::Array:
-    return "array";
-  case JsonType::String:
-    return "string";
-  case JsonType::Integer:
-    return "integer";
-  case JsonType::Number:
-    return "number";
-  case JsonType::Boolean:
-    return "boolean";
-  }
-  return "?";
-}
-
-const KeyRule *SectionRule::find(std::string_view key) const {
-  for (const KeyRule &rule : keys)
-    if (rule.name == key)
-      return &rule;
-  return nullptr;
-}
-
-std::string SectionRule::keyList() const {
-  std::string out;
-  for (const KeyRule &rule : keys) {
-    if (!out.empty())
-      out += ", ";
-    out += rule.name;
-  }
-  return out;
-}
-
 template <size_t N>
 static std::vector<std::string_view>
 names(const std::array<std::string_view, N> &array) {
@@ -125,10 +90,12 @@ const std::vector<SectionRule> &specSections() {
        {
            {.name = "param_dtype",
             .type = T::String,
-            .values = names(kComputeDTypeNames)},
+            .values = names(kComputeDTypeNames),
+            .noun = "dtype"},
            {.name = "reduce_dtype",
             .type = T::String,
-            .values = names(kComputeDTypeNames)},
+            .values = names(kComputeDTypeNames),
+            .noun = "dtype"},
        }},
       {"float8",
        {
@@ -145,14 +112,16 @@ const std::vector<SectionRule> &specSections() {
        {
            {.name = "name",
             .type = T::String,
-            .values = names(kOptimizerNames)},
+            .values = names(kOptimizerNames),
+            .noun = "optimizer"},
            {.name = "lr", .type = T::Number},
            {.name = "betas", .type = T::Array, .items = T::Number, .length = 2},
            {.name = "eps", .type = T::Number},
            {.name = "weight_decay", .type = T::Number},
            {.name = "param_dtype",
             .type = T::String,
-            .values = names(kOptimizerDTypeNames)},
+            .values = names(kOptimizerDTypeNames),
+            .noun = "dtype"},
            {.name = "stochastic_rounding", .type = T::Boolean},
            {.name = "seed", .type = T::Integer},
        }},

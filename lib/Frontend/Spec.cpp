@@ -3,7 +3,8 @@
 #include "meshplan/Frontend/Spec.h"
 #include "meshplan/Frontend/Presets.h"
 
-#include "JsonSupport.h"
+#include "meshplan/Frontend/Schema.h"
+#include "meshplan/Support/Json.h"
 
 #include <algorithm>
 #include <map>
@@ -11,7 +12,7 @@
 
 namespace meshplan::frontend {
 
-using namespace detail;
+using namespace meshplan::json;
 
 std::string_view tpStyleName(TPStyle style) {
   return kTPStyleNames[static_cast<int>(style)];

@@ -94,9 +94,12 @@ TEST(PlanFormat, MalformedDocuments) {
             "'}'; expected '[', '{', or a literal");
   EXPECT_EQ(errorOf("[1]"), "/: expected a plan object, got an array");
   EXPECT_EQ(errorOf("{\"format\":\"meshplan.plan\",\"format\":\"x\"}"),
-            "duplicate key \"format\"");
+            "/format: duplicate key");
+  std::string deepPointer;
+  for (int i = 0; i < 32; ++i)
+    deepPointer += "/0";
   EXPECT_EQ(errorOf(std::string(100, '[') + std::string(100, ']')),
-            "nested deeper than 32 levels");
+            deepPointer + ": nested deeper than 32 levels");
   EXPECT_EQ(errorOf("{\"version\":1}"),
             "/: missing required key \"format\" (a meshplan plan starts with "
             "\"format\": \"meshplan.plan\")");
@@ -107,11 +110,10 @@ TEST(PlanFormat, MalformedDocuments) {
             "/version: unsupported plan version 2; this meshplan reads "
             "version 1");
   EXPECT_EQ(mutated([](Json &j) { j["extra"] = 1; }),
-            "/extra: unknown key \"extra\" (known keys: format, version, "
-            "mesh, rank, communicators, buffers, streams, program, "
-            "estimates)");
+            "/extra: unknown key; expected one of format, version, mesh, "
+            "rank, communicators, buffers, streams, program, estimates");
   EXPECT_EQ(mutated([](Json &j) { j.erase("streams"); }),
-            "/: missing required key \"streams\"");
+            "/streams: missing required key; expected an array of strings");
 }
 
 TEST(PlanFormat, ErrorsNameTheJsonPointer) {
@@ -137,12 +139,12 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
        "/program/0/op: unknown op \"allgather\"; expected one of "
        "all_gather, reduce_scatter, all_reduce, all_to_all, permute, "
        "broadcast, fp8_amax, fp8_cast, compute, optimizer_update, free, "
-       "wait"},
+       "wait (did you mean \"all_gather\"?)"},
       {[](Json &j) { j["program"][0].erase("count"); },
        "/program/0: all_gather needs \"count\""},
       {[](Json &j) { j["program"][0]["count"] = -1; },
-       "/program/0/count: integer -1 is out of range [0, "
-       "1125899906842624]"},
+       "/program/0/count: expected an integer in [0, 1125899906842624], "
+       "got -1"},
       {[](Json &j) { j["program"][0]["count"] = "16"; },
        "/program/0/count: expected an integer, got string \"16\""},
       {[](Json &j) { j["program"][0]["reduce"] = "sum"; },
@@ -209,7 +211,7 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
        },
        "/streams/1: duplicate stream \"comm\""},
       {[](Json &j) { j["mesh"]["axes"][1]["size"] = 0; },
-       "/mesh/axes/1/size: integer 0 is out of range [1, 2^63-1]"},
+       "/mesh/axes/1/size: expected an integer >= 1, got 0"},
       {[](Json &j) { j["mesh"]["managed"] = {"pp"}; },
        "/mesh/managed/0: axis \"pp\" is not in the mesh"},
       {[](Json &j) {
@@ -219,8 +221,8 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
       {[](Json &j) { j["estimates"]["bytes_per_step_per_comm"]["c9"] = 1; },
        "/estimates/bytes_per_step_per_comm/c9: unknown communicator \"c9\""},
       {[](Json &j) { j["communicators"][0]["colour"] = 1; },
-       "/communicators/0/colour: unknown key \"colour\" (known keys: id, "
-       "ranks, color, key, axes, view, fault_tolerant)"},
+       "/communicators/0/colour: unknown key; expected one of id, ranks, "
+       "color, key, axes, view, fault_tolerant (did you mean \"color\"?)"},
       {[](Json &j) { j["program"][0]["op"] = "broadcast"; },
        "/program/0: broadcast needs \"root\""},
       {[](Json &j) {

@@ -16,39 +16,18 @@
 #ifndef MESHPLAN_FRONTEND_SCHEMA_H
 #define MESHPLAN_FRONTEND_SCHEMA_H
 
-#include <optional>
-#include <string>
+#include "meshplan/Support/Json.h"
+
 #include <string_view>
 #include <vector>
 
 namespace meshplan::frontend {
 
-/// JSON value types, named as JSON Schema names them.
-enum class JsonType { Object, Array, String, Integer, Number, Boolean };
-std::string_view jsonTypeName(JsonType type);
-
-struct KeyRule {
-  std::string_view name;
-  JsonType type = JsonType::Object;
-  bool required = false;
-  /// For arrays: the element type.
-  std::optional<JsonType> items = std::nullopt;
-  /// For objects, or arrays of objects: the section describing them.
-  std::string_view section = {};
-  /// For strings (or arrays of strings) with a closed set of values.
-  std::vector<std::string_view> values = {};
-  /// For arrays of a fixed length (e.g. AdamW's betas).
-  std::optional<int> length = std::nullopt;
-};
-
-struct SectionRule {
-  std::string_view name; ///< "" for the root, else the $defs name
-  std::vector<KeyRule> keys;
-
-  const KeyRule *find(std::string_view key) const;
-  /// "a, b, c" in table order; used by "expected one of" messages.
-  std::string keyList() const;
-};
+// The rule types are the shared closed-object rules of meshplan/Support.
+using json::JsonType;
+using json::jsonTypeName;
+using json::KeyRule;
+using json::SectionRule;
 
 /// The spec's sections: "", mesh, mesh_axis, data_parallel, tensor_parallel,
 /// tp_rule, mixed_precision, float8, optimizer.

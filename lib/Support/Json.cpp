@@ -1,8 +1,9 @@
-//===- JsonSupport.cpp - Reading untrusted JSON with located errors -------===//
+//===- Json.cpp - Reading untrusted JSON with located errors --------------===//
 
-#include "JsonSupport.h"
+#include "meshplan/Support/Json.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,7 @@
 #include <limits>
 #include <sys/stat.h>
 
-namespace meshplan::frontend::detail {
+namespace meshplan::json {
 
 //===----------------------------------------------------------------------===//
 // Pointers and messages
@@ -36,6 +37,12 @@ std::string childPointer(const std::string &pointer, size_t index) {
 
 Error errorAt(const std::string &pointer, const std::string &message) {
   return Error{(pointer.empty() ? std::string("/") : pointer) + ": " + message};
+}
+
+Error typeError(const std::string &pointer, const Json &value,
+                std::string_view expected) {
+  return errorAt(pointer, "expected " + std::string(expected) + ", got " +
+                              describe(value));
 }
 
 static std::string dumpSafe(const Json &value) {
@@ -83,7 +90,13 @@ static std::string sanitizeUtf8(std::string_view text) {
 }
 
 std::string quote(std::string_view text) {
-  return dumpSafe(Json(std::string(text)));
+  constexpr size_t kMaxQuoted = 200;
+  if (text.size() <= kMaxQuoted)
+    return dumpSafe(Json(std::string(text)));
+  size_t limit = kMaxQuoted;
+  while (limit > 0 && (static_cast<unsigned char>(text[limit]) & 0xC0) == 0x80)
+    --limit;
+  return dumpSafe(Json(std::string(text.substr(0, limit)))) + "...";
 }
 
 std::string describe(const Json &value) {
@@ -108,7 +121,7 @@ std::string describe(const Json &value) {
   }
 }
 
-std::string joinNames(const std::vector<std::string_view> &names) {
+std::string joinNames(std::span<const std::string_view> names) {
   std::string out;
   for (size_t i = 0; i < names.size(); ++i) {
     if (i)
@@ -144,7 +157,7 @@ size_t editDistance(std::string_view a, std::string_view b) {
 }
 
 std::string didYouMean(std::string_view word,
-                       const std::vector<std::string_view> &candidates) {
+                       std::span<const std::string_view> candidates) {
   if (word.size() > 200)
     return "";
   size_t limit = word.size() <= 3 ? 1 : word.size() <= 6 ? 2 : 3;
@@ -181,7 +194,7 @@ namespace {
 /// nesting, and records errors instead of throwing.
 class DomBuilder : public nlohmann::json_sax<Json> {
 public:
-  explicit DomBuilder(Json &root) : root(root) {}
+  DomBuilder(Json &root, int maxDepth) : root(root), maxDepth(maxDepth) {}
 
   bool null() override { return put(Json(nullptr)); }
   bool boolean(bool value) override { return put(Json(value)); }
@@ -258,9 +271,9 @@ private:
 
   bool open(Json container) {
     std::string pointer = currentPointer();
-    if (static_cast<int>(stack.size()) >= kMaxJsonDepth)
-      return fail(pointer, "nested deeper than " +
-                               std::to_string(kMaxJsonDepth) + " levels");
+    if (static_cast<int>(stack.size()) >= maxDepth)
+      return fail(pointer,
+                  "nested deeper than " + std::to_string(maxDepth) + " levels");
     // Pointers into ancestors stay valid: only the innermost open container
     // grows, and its earlier elements are never open.
     stack.push_back(store(std::move(container)));
@@ -275,6 +288,7 @@ private:
   }
 
   Json &root;
+  int maxDepth;
   std::vector<Json *> stack;
   std::vector<std::string> pointers;
   std::string pendingKey;
@@ -282,9 +296,9 @@ private:
 
 } // namespace
 
-Result<Json> parseJson(std::string_view text) {
+Result<Json> parseJson(std::string_view text, int maxDepth) {
   Json root;
-  DomBuilder builder(root);
+  DomBuilder builder(root, maxDepth);
   bool ok = Json::sax_parse(text.begin(), text.end(), &builder,
                             Json::input_format_t::json, /*strict=*/true);
   if (ok)
@@ -313,30 +327,47 @@ Result<Json> parseJson(std::string_view text) {
   return Error{truncated(message, 300)};
 }
 
-Result<std::string> readFile(const std::string &path) {
-  constexpr long kMaxFileBytes = 64L << 20;
+/// "64 MiB", "1 GiB", "1000 bytes".
+static std::string byteSize(int64_t bytes) {
+  if (bytes > 0 && bytes % (int64_t(1) << 30) == 0)
+    return std::to_string(bytes >> 30) + " GiB";
+  if (bytes > 0 && bytes % (int64_t(1) << 20) == 0)
+    return std::to_string(bytes >> 20) + " MiB";
+  return std::to_string(bytes) + " bytes";
+}
+
+Result<std::string> readFile(const std::string &path, int64_t maxBytes) {
+  auto fail = [&](const std::string &why) {
+    return makeError("cannot read \"" + path + "\": " + why);
+  };
   struct stat info;
   if (::stat(path.c_str(), &info) != 0)
-    return makeError("cannot read \"" + path + "\": " + std::strerror(errno));
+    return fail(std::strerror(errno));
   if (!S_ISREG(info.st_mode))
-    return makeError("cannot read \"" + path + "\": not a regular file");
-  if (info.st_size > kMaxFileBytes)
-    return makeError("cannot read \"" + path + "\": larger than 64 MiB");
+    return fail("not a regular file");
+  if (info.st_size > maxBytes)
+    return fail("larger than " + byteSize(maxBytes));
   std::FILE *file = std::fopen(path.c_str(), "rb");
   if (!file)
-    return makeError("cannot read \"" + path + "\": " + std::strerror(errno));
+    return fail(std::strerror(errno));
   std::string text;
+  text.reserve(static_cast<size_t>(info.st_size));
   char buffer[1 << 16];
   size_t n;
+  bool tooLarge = false;
   while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
     text.append(buffer, n);
-    if (text.size() > static_cast<size_t>(kMaxFileBytes))
+    if (text.size() > static_cast<size_t>(maxBytes)) {
+      tooLarge = true;
       break;
+    }
   }
   bool failed = std::ferror(file);
   std::fclose(file);
   if (failed)
-    return makeError("cannot read \"" + path + "\": read error");
+    return fail("read error");
+  if (tooLarge)
+    return fail("larger than " + byteSize(maxBytes));
   return text;
 }
 
@@ -435,14 +466,13 @@ static std::string plural(JsonType type) {
 static Result<void> checkType(const Json &value, const std::string &pointer,
                               JsonType type) {
   if (!hasType(value, type))
-    return errorAt(pointer,
-                   "expected " + article(type) + ", got " + describe(value));
+    return typeError(pointer, value, article(type));
   return {};
 }
 
 static Result<void> checkEnum(const Json &value, const std::string &pointer,
                               std::string_view what,
-                              const std::vector<std::string_view> &values) {
+                              std::span<const std::string_view> values) {
   const std::string &text = value.get_ref<const std::string &>();
   if (std::find(values.begin(), values.end(), text) != values.end())
     return {};
@@ -453,18 +483,49 @@ static Result<void> checkEnum(const Json &value, const std::string &pointer,
 
 /// The word for a closed-set key's values in "unknown <what>": "style",
 /// "kind", "dtype".
-static std::string_view enumNoun(std::string_view key) {
-  if (key.size() >= 5 && key.substr(key.size() - 5) == "dtype")
-    return "dtype";
-  if (key == "name")
-    return "optimizer";
-  return key;
+static std::string_view enumNoun(const KeyRule &rule) {
+  return rule.noun.empty() ? rule.name : rule.noun;
+}
+
+std::string_view jsonTypeName(JsonType type) {
+  switch (type) {
+  case JsonType::Object:
+    return "object";
+  case JsonType::Array:
+    return "array";
+  case JsonType::String:
+    return "string";
+  case JsonType::Integer:
+    return "integer";
+  case JsonType::Number:
+    return "number";
+  case JsonType::Boolean:
+    return "boolean";
+  }
+  return "?";
+}
+
+const KeyRule *SectionRule::find(std::string_view key) const {
+  for (const KeyRule &rule : keys)
+    if (rule.name == key)
+      return &rule;
+  return nullptr;
+}
+
+std::string SectionRule::keyList() const {
+  std::string out;
+  for (const KeyRule &rule : keys) {
+    if (!out.empty())
+      out += ", ";
+    out += rule.name;
+  }
+  return out;
 }
 
 Result<void> checkObject(const Json &value, const std::string &pointer,
                          const SectionRule &section) {
   if (!value.is_object())
-    return errorAt(pointer, "expected an object, got " + describe(value));
+    return typeError(pointer, value, "an object");
   std::vector<std::string_view> known;
   for (const KeyRule &rule : section.keys)
     known.push_back(rule.name);
@@ -486,10 +547,11 @@ Result<void> checkObject(const Json &value, const std::string &pointer,
       }
       continue;
     }
+    if (rule.nullable && child->is_null())
+      continue;
     MESHPLAN_TRY(checkType(*child, childPtr, rule.type));
     if (rule.type == JsonType::String && !rule.values.empty())
-      MESHPLAN_TRY(
-          checkEnum(*child, childPtr, enumNoun(rule.name), rule.values));
+      MESHPLAN_TRY(checkEnum(*child, childPtr, enumNoun(rule), rule.values));
     if (rule.type != JsonType::Array)
       continue;
     if (rule.length && child->size() != static_cast<size_t>(*rule.length))
@@ -504,7 +566,7 @@ Result<void> checkObject(const Json &value, const std::string &pointer,
       MESHPLAN_TRY(checkType(element, elementPtr, *rule.items));
       if (*rule.items == JsonType::String && !rule.values.empty())
         MESHPLAN_TRY(
-            checkEnum(element, elementPtr, enumNoun(rule.name), rule.values));
+            checkEnum(element, elementPtr, enumNoun(rule), rule.values));
     }
   }
   return {};
@@ -523,8 +585,7 @@ Result<int64_t> readInt(const Json &value, const std::string &pointer,
     range = " <= " + std::to_string(max);
   if (!v || *v < min || *v > max) {
     if (!v && !outOfRange)
-      return errorAt(pointer, "expected an integer" + range + ", got " +
-                                  describe(value));
+      return typeError(pointer, value, "an integer" + range);
     return errorAt(pointer, "expected an integer" + range + ", got " +
                                 truncated(dumpSafe(value)));
   }
@@ -536,14 +597,13 @@ Result<uint64_t> readUInt64(const Json &value, const std::string &pointer) {
     return value.get<uint64_t>();
   auto v = readInt(value, pointer, 0, INT64_MAX);
   if (!v)
-    return errorAt(pointer,
-                   "expected an integer in [0, 2^64), got " + describe(value));
+    return typeError(pointer, value, "an integer in [0, 2^64)");
   return static_cast<uint64_t>(*v);
 }
 
 Result<double> readNumber(const Json &value, const std::string &pointer) {
   if (!value.is_number())
-    return errorAt(pointer, "expected a number, got " + describe(value));
+    return typeError(pointer, value, "a number");
   double d = value.get<double>();
   if (!std::isfinite(d))
     return errorAt(pointer, "expected a finite number, got " +
@@ -553,21 +613,20 @@ Result<double> readNumber(const Json &value, const std::string &pointer) {
 
 Result<bool> readBool(const Json &value, const std::string &pointer) {
   if (!value.is_boolean())
-    return errorAt(pointer, "expected a boolean, got " + describe(value));
+    return typeError(pointer, value, "a boolean");
   return value.get<bool>();
 }
 
 Result<std::string> readString(const Json &value, const std::string &pointer) {
   if (!value.is_string())
-    return errorAt(pointer, "expected a string, got " + describe(value));
+    return typeError(pointer, value, "a string");
   return value.get<std::string>();
 }
 
 Result<std::vector<std::string>> readStringArray(const Json &value,
                                                  const std::string &pointer) {
   if (!value.is_array())
-    return errorAt(pointer,
-                   "expected an array of strings, got " + describe(value));
+    return typeError(pointer, value, "an array of strings");
   std::vector<std::string> out;
   for (size_t i = 0; i < value.size(); ++i) {
     auto s = readString(value[i], childPointer(pointer, i));
@@ -582,8 +641,7 @@ Result<std::vector<int64_t>> readIntArray(const Json &value,
                                           const std::string &pointer,
                                           int64_t min, int64_t max) {
   if (!value.is_array())
-    return errorAt(pointer,
-                   "expected an array of integers, got " + describe(value));
+    return typeError(pointer, value, "an array of integers");
   std::vector<int64_t> out;
   for (size_t i = 0; i < value.size(); ++i) {
     auto v = readInt(value[i], childPointer(pointer, i), min, max);
@@ -596,13 +654,13 @@ Result<std::vector<int64_t>> readIntArray(const Json &value,
 
 Result<int> readEnum(const Json &value, const std::string &pointer,
                      std::string_view what,
-                     const std::vector<std::string_view> &values) {
+                     std::span<const std::string_view> values) {
   if (!value.is_string())
-    return errorAt(pointer, "expected a string, got " + describe(value));
+    return typeError(pointer, value, "a string");
   MESHPLAN_TRY(checkEnum(value, pointer, what, values));
   const std::string &text = value.get_ref<const std::string &>();
   return static_cast<int>(std::find(values.begin(), values.end(), text) -
                           values.begin());
 }
 
-} // namespace meshplan::frontend::detail
+} // namespace meshplan::json
