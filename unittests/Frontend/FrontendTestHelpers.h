@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace testutil {
 
@@ -56,6 +57,26 @@ template <typename T>
 /// malformed JSON.
 inline bool isLocated(const std::string &message) {
   return startsWith(message, "/") || startsWith(message, "line ");
+}
+
+/// Every JSON pointer in a document (RFC 6901 escapes), root first: the
+/// places random-mutation tests edit.
+/// Generic over nlohmann's json and ordered_json (no conversion copies).
+template <typename Json>
+void collectPointers(const Json &value, const std::string &at,
+                     std::vector<std::string> &out) {
+  out.push_back(at);
+  if (value.is_object()) {
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      std::string key;
+      for (char c : it.key())
+        key += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+      collectPointers(it.value(), at + "/" + key, out);
+    }
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      collectPointers(value[i], at + "/" + std::to_string(i), out);
+  }
 }
 
 } // namespace testutil

@@ -337,24 +337,11 @@ TEST(ModelErrors, MalformedJson) {
 // Random mutations never crash
 //===----------------------------------------------------------------------===//
 
-/// Every pointer in a document.
-void collectPointers(const Json &value, const std::string &at,
-                     std::vector<std::string> &out) {
-  out.push_back(at);
-  if (value.is_object()) {
-    for (auto it = value.begin(); it != value.end(); ++it)
-      collectPointers(it.value(), at + "/" + it.key(), out);
-  } else if (value.is_array()) {
-    for (size_t i = 0; i < value.size(); ++i)
-      collectPointers(value[i], at + "/" + std::to_string(i), out);
-  }
-}
-
 TEST(ModelErrors, RandomMutationsNeverCrash) {
   const std::string base = tinyText();
   const Json doc = Json::parse(base);
   std::vector<std::string> pointers;
-  collectPointers(doc, "", pointers);
+  testutil::collectPointers(doc, "", pointers);
   const std::vector<Json> values = {
       nullptr,
       true,

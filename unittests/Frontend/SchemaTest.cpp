@@ -388,18 +388,6 @@ TEST(Schema, ExamplesValidate) {
         << config.name;
 }
 
-void collectPointers(const Json &value, const std::string &at,
-                     std::vector<std::string> &out) {
-  out.push_back(at);
-  if (value.is_object()) {
-    for (auto it = value.begin(); it != value.end(); ++it)
-      collectPointers(it.value(), at + "/" + it.key(), out);
-  } else if (value.is_array()) {
-    for (size_t i = 0; i < value.size(); ++i)
-      collectPointers(value[i], at + "/" + std::to_string(i), out);
-  }
-}
-
 /// Random single edits of `doc`; whenever the schema rejects the result, the
 /// parser must reject it too. Returns how many the schema rejected.
 template <typename Parse>
@@ -442,7 +430,7 @@ int schemaRejectionsAreParserRejections(const MiniValidator &schema,
       "bogus",   "name",     "size",       "kind",    "style",
       "n_heads", "children", "parameters", "enabled", "seed"};
   std::vector<std::string> pointers;
-  collectPointers(doc, "", pointers);
+  testutil::collectPointers(doc, "", pointers);
   int rejected = 0;
   for (int iter = 0; iter < iterations; ++iter) {
     Json mutated = doc;

@@ -533,22 +533,6 @@ TEST(SpecErrors, FileErrorsNameTheFile) {
 // Random mutations
 //===----------------------------------------------------------------------===//
 
-void collectPointers(const Json &value, const std::string &at,
-                     std::vector<std::string> &out) {
-  out.push_back(at);
-  if (value.is_object()) {
-    for (auto it = value.begin(); it != value.end(); ++it) {
-      std::string key;
-      for (char c : it.key())
-        key += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
-      collectPointers(it.value(), at + "/" + key, out);
-    }
-  } else if (value.is_array()) {
-    for (size_t i = 0; i < value.size(); ++i)
-      collectPointers(value[i], at + "/" + std::to_string(i), out);
-  }
-}
-
 /// Applies one random structural edit and maybe damages the text.
 std::string mutate(const Json &doc, const std::vector<std::string> &pointers,
                    std::mt19937 &rng) {
@@ -653,7 +637,7 @@ TEST(SpecErrors, RandomMutationsNeverCrash) {
     if (doc["model"] == "llama3-405b")
       doc["model"] = "tiny";
     std::vector<std::string> pointers;
-    collectPointers(doc, "", pointers);
+    testutil::collectPointers(doc, "", pointers);
     for (int iter = 0; iter < 400; ++iter) {
       std::string text = mutate(doc, pointers, rng);
       auto result = loadSpec(text, kExamples);
