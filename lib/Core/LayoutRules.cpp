@@ -82,8 +82,6 @@ std::optional<RuleLayouts> matmulRule(const View &view, const Layout *lhs,
   } else if (result) {
     n = result->dims[1];
   }
-  if (lhs && rhs && !result && lhs->dims[1] != rhs->dims[0])
-    k = lhs->dims[1]; // B follows A's contraction split
   // Every ref splits at most one of M, K, N (priority M, K, N).
   k = without(mesh, k, refsOf(m), universe);
   AxisRefList mk = refsOf(m);
