@@ -318,6 +318,24 @@ ReduceScatterOp::verifySymbolUses(SymbolTableCollection &symbols) {
 }
 
 LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  if (getFaultTolerant()) {
+    auto meshName = getLayout(getInput().getType())
+                        ? getLayout(getInput().getType()).getMesh()
+                        : FlatSymbolRefAttr();
+    if (meshName) {
+      auto view = lookupView(*this, meshName, symbols);
+      if (failed(view))
+        return failure();
+      auto refs = coreAxisRefs(view->mesh(), getAxes());
+      bool managed = false;
+      if (refs)
+        for (const AxisRef &r : *refs)
+          managed |= view->mesh().axis(r.axis).managed;
+      if (refs && !managed)
+        return emitOpError() << "is fault_tolerant but reduces over no "
+                                "managed axis";
+    }
+  }
   return verifyStep(*this, getInput(), getResult(), getAxes(), getComm(),
                     spec(StepKind::AllReduce, -1, -1, getReduce()), {},
                     symbols);
@@ -466,4 +484,228 @@ ReshapeOp::inferLayouts(const View &, ArrayRef<const Layout *> operands,
   return reshapeRule(operands[0], results[0],
                      std::vector<int64_t>(in.begin(), in.end()),
                      std::vector<int64_t>(out.begin(), out.end()));
+}
+
+//===----------------------------------------------------------------------===//
+// Training-step ops
+//===----------------------------------------------------------------------===//
+
+/// The core layout of a value's type, or std::nullopt when it has none.
+/// `view` is set from the first layout seen; every later one must be on the
+/// same mesh.
+static FailureOr<std::optional<Layout>>
+resolveOptionalLayout(Operation *op, Value value, StringRef what,
+                      std::optional<View> &view, FlatSymbolRefAttr &meshName,
+                      SymbolTableCollection &symbols) {
+  auto type = cast<RankedTensorType>(value.getType());
+  LayoutAttr layout = getLayout(type);
+  if (!layout)
+    return std::optional<Layout>();
+  if (!view) {
+    auto resolved = lookupView(op, layout.getMesh(), symbols);
+    if (failed(resolved))
+      return failure();
+    view = *resolved;
+    meshName = layout.getMesh();
+  } else if (layout.getMesh() != meshName) {
+    return op->emitOpError() << what << " is on mesh " << layout.getMesh()
+                             << " but an earlier value is on " << meshName;
+  }
+  if (layout.getRank() != type.getRank())
+    return op->emitOpError() << what << " layout has " << layout.getRank()
+                             << " dims but the tensor has " << type.getRank();
+  auto core = coreLayout(*view, layout);
+  if (!core)
+    return op->emitOpError() << what << " layout: " << core.error().message;
+  return std::optional<Layout>(std::move(*core));
+}
+
+/// Checks every operand's and result's layout resolves on one mesh.
+static LogicalResult verifyAllLayouts(Operation *op,
+                                      SymbolTableCollection &symbols) {
+  std::optional<View> view;
+  FlatSymbolRefAttr meshName;
+  for (auto [i, v] : llvm::enumerate(op->getOperands()))
+    if (failed(resolveOptionalLayout(op, v, "operand #" + std::to_string(i),
+                                     view, meshName, symbols)))
+      return failure();
+  for (auto [i, v] : llvm::enumerate(op->getResults()))
+    if (failed(resolveOptionalLayout(op, v, "result #" + std::to_string(i),
+                                     view, meshName, symbols)))
+      return failure();
+  return success();
+}
+
+static bool isFloat8(Type type) {
+  return isa<Float8E4M3FNType, Float8E5M2Type>(type);
+}
+
+LogicalResult ComputeOp::verify() {
+  if (getModule().empty())
+    return emitOpError() << "needs a module name";
+  if (getPhase() == Phase::Forward && !getGrads().empty())
+    return emitOpError() << "forward produces no values; gradients come "
+                            "from backward";
+  if (getGrads().size() > getInputs().size())
+    return emitOpError() << "has " << getGrads().size()
+                         << " gradients but only " << getInputs().size()
+                         << " inputs";
+  if (auto flops = getFlopsAttr(); flops && !(flops.getValueAsDouble() >= 0))
+    return emitOpError() << "flops must be >= 0";
+  return success();
+}
+
+LogicalResult ComputeOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyAllLayouts(*this, symbols);
+}
+
+LogicalResult
+OptimizerStepOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto param = cast<RankedTensorType>(getParam().getType());
+  auto grad = cast<RankedTensorType>(getGrad().getType());
+  if (param.getShape() != grad.getShape())
+    return emitOpError() << "gradient shape differs from the parameter's ("
+                         << grad << " vs " << param << ")";
+  if (!isa<FloatType>(param.getElementType()) ||
+      !isa<FloatType>(grad.getElementType()))
+    return emitOpError() << "needs floating-point parameter and gradient";
+  if (getLayout(param) && getLayout(param).getPartial().size())
+    return emitOpError() << "parameter layout is partial; a stored "
+                            "parameter is never pending a reduction";
+  return verifyAllLayouts(*this, symbols);
+}
+
+LogicalResult AdamWOp::verify() {
+  auto param = cast<RankedTensorType>(getParam().getType());
+  for (auto [name, value] :
+       {std::pair{"gradient", getGrad()}, std::pair{"exp_avg", getExpAvg()},
+        std::pair{"exp_avg_sq", getExpAvgSq()}}) {
+    auto type = cast<RankedTensorType>(value.getType());
+    if (type.getShape() != param.getShape())
+      return emitOpError() << name << " shape differs from the parameter's ("
+                           << type << " vs " << param << ")";
+    // The same layout attribute on all four operands: every rank updates
+    // exactly the shard it stores, so no collective hides in the update.
+    if (getLayout(type) != getLayout(param))
+      return emitOpError() << name
+                           << " is laid out differently from the parameter ("
+                           << type << " vs " << param
+                           << "); the update must be local to the stored shard";
+  }
+  if (LayoutAttr layout = getLayout(param);
+      layout && layout.getPartial().size())
+    return emitOpError() << "operands are partial; reduce the gradient first";
+  for (Value state : {getExpAvg(), getExpAvgSq()})
+    if (!cast<RankedTensorType>(state.getType()).getElementType().isF32())
+      return emitOpError() << "optimizer state must be float32";
+  Type paramElt = param.getElementType();
+  if (!isa<FloatType>(paramElt) ||
+      !isa<FloatType>(
+          cast<RankedTensorType>(getGrad().getType()).getElementType()))
+    return emitOpError() << "needs floating-point parameter and gradient";
+  if (getStochasticRounding() && !paramElt.isBF16())
+    return emitOpError() << "stochastic rounding needs a bfloat16 parameter, "
+                            "not "
+                         << paramElt;
+  double lr = getLrAttr().getValueAsDouble();
+  double beta1 = getBeta1Attr().getValueAsDouble();
+  double beta2 = getBeta2Attr().getValueAsDouble();
+  double eps = getEpsAttr().getValueAsDouble();
+  double decay = getWeightDecayAttr().getValueAsDouble();
+  if (!(lr >= 0) || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) ||
+      !(eps > 0) || !(decay >= 0))
+    return emitOpError() << "hyper-parameters out of range (lr >= 0, "
+                            "0 <= beta < 1, eps > 0, weight_decay >= 0)";
+  return success();
+}
+
+LogicalResult AdamWOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyAllLayouts(*this, symbols);
+}
+
+LogicalResult Fp8AmaxOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto amax = cast<RankedTensorType>(getAmax().getType());
+  if (getInputs().empty())
+    return emitOpError() << "needs at least one input";
+  if (amax.getRank() != 1 ||
+      amax.getDimSize(0) != static_cast<int64_t>(getInputs().size()) ||
+      !amax.getElementType().isF32())
+    return emitOpError() << "result must be tensor<" << getInputs().size()
+                         << "xf32>, one amax per input";
+  std::optional<View> view;
+  FlatSymbolRefAttr meshName;
+  std::optional<std::string> splitKey;
+  for (auto [i, input] : llvm::enumerate(getInputs())) {
+    std::string what = "operand #" + std::to_string(i);
+    if (!isa<FloatType>(
+            cast<RankedTensorType>(input.getType()).getElementType()))
+      return emitOpError() << what << " is not floating-point";
+    auto layout =
+        resolveOptionalLayout(*this, input, what, view, meshName, symbols);
+    if (failed(layout))
+      return failure();
+    if (!*layout)
+      continue;
+    if ((*layout)->partial.size())
+      return emitOpError() << what << " is partial; its amax is undefined";
+    AxisRefList split;
+    for (int d = 0; d < (*layout)->rank(); ++d)
+      for (const AxisRef &r : (*layout)->dimRefs(d))
+        split.push_back(r);
+    std::string key = partitionKeyOf(view->mesh(), split);
+    if (splitKey && *splitKey != key)
+      return emitOpError() << what << " is split over " << key
+                           << " but operand #0 over " << *splitKey
+                           << "; one amax all-reduce needs one set of axes";
+    splitKey = key;
+  }
+  auto result = resolveOptionalLayout(*this, getAmax(), "result", view,
+                                      meshName, symbols);
+  if (failed(result))
+    return failure();
+  if (!*result)
+    return success(); // rank-local form
+  if ((*result)->dimRefs(0).size())
+    return emitOpError() << "result must not be split";
+  if ((*result)->reduceOp != ReduceOp::Max && (*result)->partial.size())
+    return emitOpError() << "result must be partial(max)";
+  std::string key = partitionKeyOf(view->mesh(), (*result)->partial);
+  if (splitKey && key != *splitKey)
+    return emitOpError() << "result is partial over " << key
+                         << " but the inputs are split over " << *splitKey;
+  return success();
+}
+
+LogicalResult Fp8CastOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto in = cast<RankedTensorType>(getInput().getType());
+  auto out = cast<RankedTensorType>(getResult().getType());
+  auto amax = cast<RankedTensorType>(getAmax().getType());
+  if (!isFloat8(out.getElementType()))
+    return emitOpError() << "result element type must be f8E4M3FN or "
+                            "f8E5M2, not "
+                         << out.getElementType();
+  if (in.getShape() != out.getShape() || getLayout(in) != getLayout(out))
+    return emitOpError() << "changes more than the element type (" << in
+                         << " -> " << out << ")";
+  if (amax.getRank() != 1 || !amax.getElementType().isF32())
+    return emitOpError() << "amax must be a 1-D float32 tensor";
+  int64_t index = getIndexAttr().getInt();
+  if (index < 0 || (!amax.isDynamicDim(0) && index >= amax.getDimSize(0)))
+    return emitOpError() << "amax index " << index << " is outside " << amax;
+  if (LayoutAttr layout = getLayout(amax); layout && layout.getPartial().size())
+    return emitOpError() << "amax is still partial; all-reduce it (max) "
+                            "before casting, or ranks scale differently";
+  return verifyAllLayouts(*this, symbols);
+}
+
+LogicalResult FreeOp::verify() {
+  if (getInputs().empty())
+    return emitOpError() << "needs at least one value";
+  for (Value v : getInputs())
+    for (Operation *user : v.getUsers())
+      if (user != getOperation() &&
+          user->getBlock() == getOperation()->getBlock() &&
+          getOperation()->isBeforeInBlock(user))
+        return emitOpError() << "frees a value that is used afterwards";
+  return success();
 }

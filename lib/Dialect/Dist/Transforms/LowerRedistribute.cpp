@@ -37,8 +37,8 @@ static Value buildStep(OpBuilder &b, Location loc, const Mesh &mesh,
     return ReduceScatterOp::create(b, loc, type, input, axes, dim, reduce,
                                    nullptr, nullptr);
   case StepKind::AllReduce:
-    return AllReduceOp::create(b, loc, type, input, axes, reduce, nullptr,
-                               nullptr);
+    return AllReduceOp::create(b, loc, type, input, axes, reduce,
+                               /*fault_tolerant=*/nullptr, nullptr, nullptr);
   case StepKind::AllToAll:
     return AllToAllOp::create(b, loc, type, input, axes, dim,
                               b.getI64IntegerAttr(step.dstDim), nullptr,
@@ -59,6 +59,48 @@ static Value buildStep(OpBuilder &b, Location loc, const Mesh &mesh,
   llvm_unreachable("planRedistribute does not plan broadcasts");
 }
 
+FailureOr<Value> meshplan::dist::lowerRedistribute(RedistributeOp op,
+                                                   MeshCache &meshes) {
+  auto inType = cast<RankedTensorType>(op.getInput().getType());
+  auto outType = cast<RankedTensorType>(op.getResult().getType());
+  LayoutAttr inLayout = getLayout(inType), outLayout = getLayout(outType);
+  if (!inLayout || !outLayout)
+    return op.emitOpError() << "needs layouts on operand and result";
+  const View *view = meshes.get(op, inLayout.getMesh());
+  if (!view)
+    return failure();
+  auto from = coreLayout(*view, inLayout);
+  auto to = coreLayout(*view, outLayout);
+  if (!from || !to)
+    return op.emitOpError() << (from ? to : from).error().message;
+  std::vector<int64_t> shape(inType.getShape().begin(),
+                             inType.getShape().end());
+  auto plan = planRedistribute(*view, *from, *to, shape,
+                               elementBytes(inType.getElementType()));
+  if (!plan)
+    return op.emitOpError() << plan.error().message;
+  if (plan->steps.empty() && inType != outType)
+    return Value(op.getResult()); // same shards, another spelling: keep it
+
+  OpBuilder b(op);
+  Value current = op.getInput();
+  for (size_t i = 0; i < plan->steps.size(); ++i) {
+    const RedistributeStep &step = plan->steps[i];
+    // The last step produces exactly the declared result type (the
+    // planner's own spelling may differ, with the same shards).
+    Type type = i + 1 == plan->steps.size()
+                    ? Type(outType)
+                    : RankedTensorType::get(
+                          inType.getShape(), inType.getElementType(),
+                          layoutAttr(op.getContext(), inLayout.getMesh(),
+                                     view->mesh(), step.after));
+    current = buildStep(b, op.getLoc(), view->mesh(), step, current, type);
+  }
+  op.getResult().replaceAllUsesWith(current);
+  op.erase();
+  return current;
+}
+
 namespace {
 struct LowerRedistributePass
     : meshplan::dist::impl::DistLowerRedistributeBase<LowerRedistributePass> {
@@ -68,49 +110,8 @@ struct LowerRedistributePass
     SmallVector<RedistributeOp> ops;
     module.walk([&](RedistributeOp op) { ops.push_back(op); });
     for (RedistributeOp op : ops)
-      if (failed(lower(op, meshes)))
+      if (failed(lowerRedistribute(op, meshes)))
         return signalPassFailure();
-  }
-
-  LogicalResult lower(RedistributeOp op, MeshCache &meshes) {
-    auto inType = cast<RankedTensorType>(op.getInput().getType());
-    auto outType = cast<RankedTensorType>(op.getResult().getType());
-    LayoutAttr inLayout = getLayout(inType), outLayout = getLayout(outType);
-    if (!inLayout || !outLayout)
-      return op.emitOpError() << "needs layouts on operand and result";
-    const View *view = meshes.get(op, inLayout.getMesh());
-    if (!view)
-      return failure();
-    auto from = coreLayout(*view, inLayout);
-    auto to = coreLayout(*view, outLayout);
-    if (!from || !to)
-      return op.emitOpError() << (from ? to : from).error().message;
-    std::vector<int64_t> shape(inType.getShape().begin(),
-                               inType.getShape().end());
-    auto plan = planRedistribute(*view, *from, *to, shape,
-                                 elementBytes(inType.getElementType()));
-    if (!plan)
-      return op.emitOpError() << plan.error().message;
-    if (plan->steps.empty() && inType != outType)
-      return success(); // same shards, another spelling: keep the relabel
-
-    OpBuilder b(op);
-    Value current = op.getInput();
-    for (size_t i = 0; i < plan->steps.size(); ++i) {
-      const RedistributeStep &step = plan->steps[i];
-      // The last step produces exactly the declared result type (the
-      // planner's own spelling may differ, with the same shards).
-      Type type = i + 1 == plan->steps.size()
-                      ? Type(outType)
-                      : RankedTensorType::get(
-                            inType.getShape(), inType.getElementType(),
-                            layoutAttr(op.getContext(), inLayout.getMesh(),
-                                       view->mesh(), step.after));
-      current = buildStep(b, op.getLoc(), view->mesh(), step, current, type);
-    }
-    op.getResult().replaceAllUsesWith(current);
-    op.erase();
-    return success();
   }
 };
 } // namespace

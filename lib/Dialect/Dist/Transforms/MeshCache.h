@@ -1,7 +1,7 @@
 //===- MeshCache.h - core views of a module's dist.mesh symbols -----------===//
 //
 // Passes convert each dist.mesh to a core view once and reuse it for every
-// op that refers to it.
+// op that refers to it. Also declares the helpers passes share.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_LIB_DIALECT_DIST_TRANSFORMS_MESHCACHE_H
@@ -48,6 +48,13 @@ private:
   mlir::SymbolTable symbols;
   llvm::DenseMap<mlir::StringAttr, std::unique_ptr<View>> views;
 };
+
+/// Replaces `op` by the collectives core's planner chooses (see
+/// dist-lower-redistribute) and returns the value that replaces its result
+/// (the op itself when it only relabels the same shards). Used by the passes
+/// that create redistributions after dist-lower-redistribute has run.
+mlir::FailureOr<mlir::Value> lowerRedistribute(RedistributeOp op,
+                                               MeshCache &meshes);
 
 } // namespace meshplan::dist
 

@@ -116,8 +116,14 @@ def Dist_ReduceScatterOp : Dist_CollectiveOp<"reduce_scatter",
 }
 
 def Dist_AllReduceOp : Dist_CollectiveOp<"all_reduce",
-    (ins Dist_ReduceOpAttr:$reduce), "custom<DistReduce>($reduce)"> {
+    (ins Dist_ReduceOpAttr:$reduce, UnitAttr:$fault_tolerant),
+    "custom<DistReduce>($reduce) (`fault_tolerant` $fault_tolerant^)?"> {
   let summary = "Reduces partial axes; the result is replicated over them";
+  let description = [{
+    `fault_tolerant` marks a reduction over a managed axis whose live
+    members are known only at run time (torchft replicas); only allowed
+    when `axes` include a managed axis.
+  }];
 }
 
 def Dist_AllToAllOp : Dist_CollectiveOp<"all_to_all",
@@ -207,6 +213,153 @@ def Dist_ReduceSumOp : Dist_ModelOp<"reduce_sum"> {
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat =
       "$input `dims` `=` $dims attr-dict `:` type($input) `->` type($result)";
+  let hasVerifier = 1;
+}
+
+
+//===----------------------------------------------------------------------===//
+// Training-step ops: what the planner schedules around the collectives. The
+// step is a func.func with `dist.train_step`; parameters, and after
+// dist-lower-optimizer their optimizer state, are its arguments.
+//===----------------------------------------------------------------------===//
+
+def Dist_PhaseAttr : I32EnumAttr<"Phase", "training-step phase", [
+  I32EnumAttrCase<"Forward", 0, "forward">,
+  I32EnumAttrCase<"Backward", 1, "backward">
+]> {
+  let cppNamespace = "::meshplan::dist";
+}
+
+def Dist_ComputeOp : Dist_Op<"compute",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "A trainer callback: forward or backward of one module";
+  let description = [{
+    ```mlir
+    dist.compute forward "layers.0" (%wq, %wk) flops = 2.4e+09 : tensor<...>, tensor<...>
+    %gq, %gk = dist.compute backward "layers.0" (%wq, %wk) : tensor<...>, tensor<...> -> tensor<...>, tensor<...>
+    ```
+    The trainer owns the math; meshplan only needs what the callback reads
+    (gathered parameters, float8 scales) and, in backward, the gradients it
+    produces, one per parameter operand that is not a scale, with the
+    operand's shape and layout made partial over the data-parallel axes.
+    `flops` is the cost model's estimate.
+  }];
+  let arguments = (ins Dist_PhaseAttr:$phase, StrAttr:$module,
+                       Variadic<AnyRankedTensor>:$inputs,
+                       OptionalAttr<F64Attr>:$flops);
+  let results = (outs Variadic<AnyRankedTensor>:$grads);
+  let assemblyFormat = [{
+    $phase $module `(` $inputs `)` (`flops` `=` $flops^)? attr-dict
+    (`:` type($inputs)^)? (`->` type($grads)^)?
+  }];
+  let hasVerifier = 1;
+}
+
+def Dist_OptimizerStepOp : Dist_Op<"optimizer_step",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Updates one parameter from its gradient (before lowering)";
+  let description = [{
+    ```mlir
+    dist.optimizer_step %w, %grad : tensor<64x64xf32, #stored>, tensor<64x64xbf16, #partial>
+    ```
+    `%w` is a parameter argument in its stored (sharded) layout; `%grad` may
+    be in any layout on the same mesh, typically the compute layout left
+    partial over the data-parallel axes. The hyper-parameters are the
+    function's `dist.optimizer` dictionary. `dist-lower-optimizer` turns this
+    into the gradient reduction and a `dist.adamw` on the stored shard.
+  }];
+  let arguments = (ins AnyRankedTensor:$param, AnyRankedTensor:$grad);
+  let assemblyFormat = [{
+    $param `,` $grad attr-dict `:` type($param) `,` type($grad)
+  }];
+}
+
+def Dist_AdamWOp : Dist_Op<"adamw",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>,
+     AllTypesMatch<["param", "new_param"]>,
+     AllTypesMatch<["exp_avg", "new_exp_avg"]>,
+     AllTypesMatch<["exp_avg_sq", "new_exp_avg_sq"]>]> {
+  let summary = "Fused per-shard AdamW update (optional bf16 stochastic rounding)";
+  let description = [{
+    ```mlir
+    %p2, %m2, %v2 = dist.adamw %p, %g, %m, %v {lr = 3.0e-4, beta1 = 0.9,
+        beta2 = 0.95, eps = 1.0e-8, weight_decay = 0.1,
+        stochastic_rounding, seed = 7, tensor_id = 3}
+        : tensor<...>, tensor<...>, tensor<...>, tensor<...>
+    ```
+    Every operand is the same shard of one parameter: the verifier checks
+    that all four have the same shape and the same (non-partial) layout, so
+    the update is purely local and no gather can hide in it. With
+    `stochastic_rounding` the parameter is bfloat16 and the fp32 update is
+    rounded stochastically with random bits drawn from (seed, step,
+    tensor_id, global element index), so the result does not depend on the
+    layout. State `%m`, `%v` is fp32.
+  }];
+  let arguments = (ins AnyRankedTensor:$param, AnyRankedTensor:$grad,
+                       AnyRankedTensor:$exp_avg, AnyRankedTensor:$exp_avg_sq,
+                       F64Attr:$lr, F64Attr:$beta1, F64Attr:$beta2,
+                       F64Attr:$eps, F64Attr:$weight_decay,
+                       UnitAttr:$stochastic_rounding, I64Attr:$seed,
+                       I64Attr:$tensor_id);
+  let results = (outs AnyRankedTensor:$new_param,
+                      AnyRankedTensor:$new_exp_avg,
+                      AnyRankedTensor:$new_exp_avg_sq);
+  let assemblyFormat = [{
+    $param `,` $grad `,` $exp_avg `,` $exp_avg_sq attr-dict `:`
+    type($param) `,` type($grad) `,` type($exp_avg) `,` type($exp_avg_sq)
+  }];
+  let hasVerifier = 1;
+}
+
+def Dist_Fp8AmaxOp : Dist_Op<"fp8_amax",
+    [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Local absolute maxima of float8 weights' shards";
+  let description = [{
+    ```mlir
+    %a = dist.fp8_amax %wq, %wk : tensor<...>, tensor<...> -> tensor<2xf32, #dist.layout<@m, [ {} ], partial(max) = {"fsdp"}>>
+    ```
+    Element i is the largest |x| of operand i's local shard (0 for an empty
+    shard). The result is partial(max) over exactly the axes that split the
+    operands, which must be the same for all of them: one MAX all-reduce
+    over those axes gives every rank the global amaxes.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs);
+  let results = (outs AnyRankedTensor:$amax);
+  let assemblyFormat =
+      "$inputs attr-dict `:` type($inputs) `->` type($amax)";
+}
+
+def Dist_Fp8CastOp : Dist_Op<"fp8_cast",
+    [Pure, DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Casts a shard to float8 with a tensorwise scale";
+  let description = [{
+    ```mlir
+    %q = dist.fp8_cast %w scale %amax[0] power_of_2 : tensor<64x64xbf16, #L>, tensor<2xf32, #R> -> tensor<64x64xf8E4M3FN, #L>
+    ```
+    scale = max_finite(float8) / max(amax[index], tiny), rounded down to a
+    power of two with `power_of_2`. Only the element type changes; the
+    layout stays, so the all-gather that follows moves one byte per
+    element. `%amax` must be replicated (already all-reduced).
+  }];
+  let arguments = (ins AnyRankedTensor:$input, AnyRankedTensor:$amax,
+                       I64Attr:$index, UnitAttr:$power_of_2);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    $input `scale` $amax `[` $index `]` (`power_of_2` $power_of_2^)? attr-dict
+    `:` type($input) `,` type($amax) `->` type($result)
+  }];
+}
+
+def Dist_FreeOp : Dist_Op<"free"> {
+  let summary = "Releases buffers (reshard after forward, after last use)";
+  let description = [{
+    ```mlir
+    dist.free %gathered : tensor<4096x4096xbf16, #dist.layout<@m, [ {}, {} ]>>
+    ```
+    Inserted by `dist-schedule`; values must not be used afterwards.
+  }];
+  let arguments = (ins Variadic<AnyRankedTensor>:$inputs);
+  let assemblyFormat = "$inputs attr-dict `:` type($inputs)";
   let hasVerifier = 1;
 }
 

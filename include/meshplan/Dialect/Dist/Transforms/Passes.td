@@ -51,6 +51,31 @@ def DistLowerRedistribute : Pass<"dist-lower-redistribute", "mlir::ModuleOp"> {
   let dependentDialects = ["::meshplan::dist::DistDialect"];
 }
 
+def DistFuseFp8Gather : Pass<"dist-fuse-fp8-gather", "mlir::ModuleOp"> {
+  let summary = "All-gathers float8 weights in float8: amax, one MAX "
+                "all-reduce, cast, 1-byte gather";
+  let description = [{
+    For every parameter argument marked `dist.float8` in a `dist.train_step`
+    function: one `dist.fp8_amax` over all of them at the start of the step,
+    one MAX `dist.all_reduce` over exactly the axes that split them, and a
+    `dist.fp8_cast` of each local shard before its all-gathers, which then
+    move one byte per element. See docs/semantics.md for which
+    communicator the amax reduction uses and why.
+  }];
+}
+
+def DistLowerOptimizer : Pass<"dist-lower-optimizer", "mlir::ModuleOp"> {
+  let summary = "Turns dist.optimizer_step into gradient reduction and a "
+                "fused per-shard dist.adamw";
+  let description = [{
+    The gradient is reduce-scattered over the shard axes and all-reduced over
+    the replicate axes into the parameter's stored layout (core's planner);
+    an all-reduce over a managed axis is marked `fault_tolerant`. The
+    optimizer state becomes function arguments; the update is one
+    `dist.adamw` on the stored shard, never a gather.
+  }];
+}
+
 def DistMaterializeComms : Pass<"dist-materialize-comms", "mlir::ModuleOp"> {
   let summary = "Creates one dist.comm per distinct partition of ranks";
   let description = [{
@@ -73,6 +98,20 @@ def DistMaterializeComms : Pass<"dist-materialize-comms", "mlir::ModuleOp"> {
     %1 = dist.all_reduce %0 sum over {"r", "s"} comm = @m_r_s : ...
     %2 = dist.all_reduce %3 max over {"r", "s"} comm = @m_r_s : ...
     ```
+  }];
+}
+
+def DistSchedule : Pass<"dist-schedule", "mlir::ModuleOp"> {
+  let summary = "Orders the step for overlap: streams, prefetch, reshard, "
+                "frees, buckets";
+  let description = [{
+    Assigns every op of a `dist.train_step` function a stream and an id,
+    prefetches the next unit's all-gathers during the current compute,
+    frees gathered parameters after forward and re-gathers them for backward
+    (`dist.reshard_after_forward`), frees every buffer after its last use,
+    lets reduce-scatters run on their own stream under the next backward
+    compute, and buckets a unit's collectives that share a communicator,
+    kind and dtype. See docs/dialect.md "The training step".
   }];
 }
 

@@ -1,0 +1,137 @@
+//===- Template.h - One rank-independent program, one plan per rank -------===//
+//
+// The compiler produces ONE program for the whole mesh: communicators named by
+// the root-mesh axes they vary along, buffers with a layout instead of a box,
+// and instructions whose counts are the same on every rank (padded shapes).
+// A ProgramTemplate holds that program; PreparedTemplate validates it once,
+// resolves every name to an index and parses every axis ref once, so that
+// instantiating the plan of one rank only asks core O(axes) questions per
+// communicator (groupOf, splitKeyOf) and per buffer (shardOf) and copies the
+// program. Nothing in the per-rank path depends on the world size except the
+// member lists of the communicators themselves (and the mesh's device order,
+// which every plan carries).
+//
+// Plain C++20; no exceptions (see Plan.h).
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_PLAN_TEMPLATE_H
+#define MESHPLAN_PLAN_TEMPLATE_H
+
+#include "meshplan/Core/Layout.h"
+#include "meshplan/Core/MeshView.h"
+#include "meshplan/Plan/Plan.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshplan::plan {
+
+/// A communicator of the whole mesh: every rank gets its own group along
+/// `axes`.
+struct CommTemplate {
+  std::string id;
+  /// Root-mesh axis ref texts ("dp", "tp:(2)2"), major to minor; non-empty.
+  std::vector<std::string> axes;
+  std::optional<std::string> view;
+  bool faultTolerant = false;
+};
+
+/// A buffer of the whole mesh: every rank gets the box `layout` gives it.
+struct BufferTemplate {
+  std::string id;
+  BufferKind kind = BufferKind::Scratch;
+  DType dtype = DType::Float32;
+  std::vector<int64_t> globalShape;
+  /// Core layout over the root mesh view (one entry per dim of globalShape;
+  /// empty dims are replicated).
+  Layout layout;
+  /// Live for the whole step (parameter shards, optimizer state); it may not
+  /// be freed.
+  bool persistent = false;
+};
+
+struct ProgramTemplate {
+  PlanMesh mesh;
+  std::vector<CommTemplate> comms;
+  std::vector<BufferTemplate> buffers;
+  std::vector<std::string> streams;
+  /// The program of every rank; counts are rank independent (padded).
+  /// Collectives name a CommTemplate id in `comm`.
+  std::vector<Instruction> program;
+  /// Parallel to `program` (or empty: all 0): estimated FLOPs of compute and
+  /// optimizer_update instructions, 0 for others; read by the cost model.
+  std::vector<double> flops;
+};
+
+/// A validated ProgramTemplate with everything rank-independent precomputed.
+/// Immutable once prepared: instantiate() may be called concurrently.
+class PreparedTemplate {
+public:
+  /// Validates the template: the mesh (as Mesh::create); stream, communicator,
+  /// buffer and instruction ids non-empty and unique; communicator axes parse
+  /// (parseAxisRefText) and are compatible; buffer shapes are valid and
+  /// layouts verify against the root mesh view (verifyLayout); instructions
+  /// name known streams, communicators, buffers and deps, and carry the
+  /// fields their op needs (as validatePlan); no persistent buffer is freed;
+  /// `flops` is empty or parallel to the program, finite and >= 0. Errors
+  /// name the item: "communicator \"dp\": axis \"x\" is not in the mesh
+  /// (axes: dp, tp)", "instruction \"fwd\": inputs: unknown buffer \"w2\"".
+  static Result<PreparedTemplate> prepare(ProgramTemplate t);
+
+  /// The plan of `rank` (an id of the mesh). Communicators come from core's
+  /// groupOf/splitKeyOf over the template's axes (nominal members: managed
+  /// axes count fully), buffers from core's shardOf; a communicator whose
+  /// group is just this rank is still emitted. With `withEstimates`, fills
+  /// peak_memory_bytes (see below) and bytes_per_step_per_comm (bytesSent of
+  /// CostModel.h, summed per communicator; every communicator is listed).
+  ///
+  /// Peak memory: a walk over the program in order. Persistent buffers are
+  /// live throughout. A non-persistent buffer becomes live at the first
+  /// instruction that names it (inputs or outputs) and dies after a `free`
+  /// that lists it in inputs; a later instruction naming it makes it live
+  /// again (FSDP re-gathers into the same buffer for backward); a `free` of a
+  /// buffer that is not live releases nothing. A buffer occupies
+  /// product(local_shape) * dtype bytes. Each buffer kind present in the
+  /// template gets the largest live bytes of that kind at any instruction;
+  /// "total" is the largest sum over all kinds.
+  Result<Plan> instantiate(int64_t rank, bool withEstimates = true) const;
+
+  const ProgramTemplate &get() const { return tmpl; }
+  const Mesh &mesh() const { return *meshPtr; }
+  const View &rootView() const { return *root; }
+  /// `get().flops`, or zeros when the template gave none; parallel to the
+  /// program of every instantiated plan.
+  const std::vector<double> &flops() const { return flopsOrZero; }
+  /// Every rank id of the mesh, ascending.
+  std::vector<int64_t> ranks() const;
+
+private:
+  PreparedTemplate() = default;
+
+  struct BufferEvent {
+    int32_t position; ///< instruction index
+    int32_t buffer;   ///< index into tmpl.buffers
+    bool birth;       ///< live from `position` on, else dead after it
+  };
+
+  ProgramTemplate tmpl;
+  std::shared_ptr<const Mesh> meshPtr;
+  std::optional<View> root;
+  std::vector<AxisRefList> commRefs; ///< parsed CommTemplate::axes
+  std::vector<double> flopsOrZero;
+  /// Liveness of non-persistent buffers, ordered by position (births before
+  /// deaths at one position).
+  std::vector<BufferEvent> events;
+  /// Buffer kinds present, as indices into the "peak" categories.
+  std::vector<BufferKind> kindsPresent;
+  /// bytes_per_step_per_comm: rank independent.
+  std::map<std::string, int64_t> commBytes;
+};
+
+} // namespace meshplan::plan
+
+#endif // MESHPLAN_PLAN_TEMPLATE_H

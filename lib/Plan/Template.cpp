@@ -1,0 +1,368 @@
+//===- Template.cpp - Rank-independent program templates ------------------===//
+//
+// prepare() does every name lookup and parse once; instantiate() is the
+// per-rank path: O(axes) core queries per communicator and buffer (plus the
+// members of each group), one copy of the program, and an estimate sweep over
+// precomputed buffer liveness events. No string lookups per instruction.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Plan/Template.h"
+
+#include "meshplan/Plan/CostModel.h"
+#include "meshplan/Support/Json.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <string_view>
+#include <unordered_map>
+
+namespace meshplan::plan {
+
+using json::quote;
+
+namespace {
+
+constexpr size_t kNumBufferKinds = 6;
+
+int64_t saturatingAdd(int64_t a, int64_t b) {
+  int64_t out;
+  if (__builtin_add_overflow(a, b, &out))
+    return std::numeric_limits<int64_t>::max();
+  return out;
+}
+
+std::string itemName(std::string_view what, const std::string &id,
+                     size_t index) {
+  if (id.empty())
+    return std::string(what) + " #" + std::to_string(index);
+  return std::string(what) + " " + quote(id);
+}
+
+std::string joinStrings(const std::vector<std::string> &list) {
+  std::string out;
+  for (const std::string &s : list)
+    out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+/// Checks a layout's refs are well-formed refs of this mesh before
+/// verifyLayout (which assumes valid axis indices) sees them.
+Result<void> checkLayoutRefs(const Mesh &mesh, const Layout &layout) {
+  auto check = [&](const AxisRef &ref, const std::string &where) -> Result<void> {
+    if (ref.axis < 0 || ref.axis >= mesh.numAxes())
+      return makeError(where + " uses axis index " + std::to_string(ref.axis) +
+                       ", but the mesh has " + std::to_string(mesh.numAxes()) +
+                       " axes (" + mesh.axisNameList() + ")");
+    Result<AxisRef> ok = makeAxisRef(mesh, ref.axis, ref.pre, ref.size);
+    if (!ok)
+      return ok.error().within(where);
+    return {};
+  };
+  for (int d = 0; d < layout.rank(); ++d)
+    for (const AxisRefList &level : layout.dims[d])
+      for (const AxisRef &ref : level)
+        MESHPLAN_TRY(check(ref, "dim " + std::to_string(d)));
+  for (const AxisRef &ref : layout.partial)
+    MESHPLAN_TRY(check(ref, "partial"));
+  return {};
+}
+
+} // namespace
+
+Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
+  PreparedTemplate p;
+  p.tmpl = std::move(t);
+  const ProgramTemplate &tm = p.tmpl;
+
+  Result<Mesh> meshOr = Mesh::create(tm.mesh.axes, tm.mesh.deviceOrder);
+  if (!meshOr)
+    return meshOr.error().within("mesh");
+  p.meshPtr = std::make_shared<const Mesh>(std::move(meshOr).value());
+  p.root = View::root(p.meshPtr);
+  const Mesh &mesh = *p.meshPtr;
+
+  // Streams.
+  std::unordered_map<std::string_view, size_t> streams;
+  for (size_t i = 0; i < tm.streams.size(); ++i) {
+    const std::string &s = tm.streams[i];
+    if (s.empty())
+      return makeError("stream #" + std::to_string(i) + ": name is empty");
+    if (!streams.emplace(s, i).second)
+      return makeError("stream " + quote(s) + ": listed twice");
+  }
+
+  // Communicators.
+  std::unordered_map<std::string_view, size_t> comms;
+  std::vector<int64_t> groupSize;
+  for (size_t i = 0; i < tm.comms.size(); ++i) {
+    const CommTemplate &c = tm.comms[i];
+    std::string name = itemName("communicator", c.id, i);
+    if (c.id.empty())
+      return makeError(name + ": id is empty");
+    if (auto [it, fresh] = comms.emplace(c.id, i); !fresh)
+      return makeError(name + ": duplicate id (also communicator #" +
+                       std::to_string(it->second) + ")");
+    if (c.axes.empty())
+      return makeError(name + ": no axes (a template communicator is the "
+                              "group of each rank along root-mesh axes)");
+    AxisRefList refs;
+    for (const std::string &text : c.axes) {
+      Result<AxisRef> ref = parseAxisRefText(mesh, text);
+      if (!ref)
+        return ref.error().within(name);
+      refs.push_back(*ref);
+    }
+    if (Result<void> ok = checkRefsCompatible(mesh, refs, "communicator axes");
+        !ok)
+      return ok.error().within(name);
+    groupSize.push_back(groupSizeOf(mesh, refs));
+    p.commRefs.push_back(std::move(refs));
+  }
+
+  // Buffers.
+  std::unordered_map<std::string_view, size_t> buffers;
+  for (size_t i = 0; i < tm.buffers.size(); ++i) {
+    const BufferTemplate &b = tm.buffers[i];
+    std::string name = itemName("buffer", b.id, i);
+    if (b.id.empty())
+      return makeError(name + ": id is empty");
+    if (auto [it, fresh] = buffers.emplace(b.id, i); !fresh)
+      return makeError(name + ": duplicate id (also buffer #" +
+                       std::to_string(it->second) + ")");
+    if (Result<void> ok = checkShape(b.globalShape); !ok)
+      return ok.error().within(name + ": global_shape");
+    if (b.layout.rank() != static_cast<int>(b.globalShape.size()))
+      return makeError(name + ": the layout has " +
+                       std::to_string(b.layout.rank()) +
+                       " dims but global_shape has " +
+                       std::to_string(b.globalShape.size()));
+    if (Result<void> ok = checkLayoutRefs(mesh, b.layout); !ok)
+      return ok.error().within(name + ": layout");
+    if (Result<void> ok = verifyLayout(*p.root, b.layout); !ok)
+      return ok.error().within(name + ": layout");
+  }
+
+  // Instructions: ids first (deps may point forward).
+  std::unordered_map<std::string_view, size_t> ids;
+  ids.reserve(tm.program.size());
+  for (size_t i = 0; i < tm.program.size(); ++i) {
+    const Instruction &in = tm.program[i];
+    std::string name = itemName("instruction", in.id, i);
+    if (in.id.empty())
+      return makeError(name + ": id is empty");
+    if (auto [it, fresh] = ids.emplace(in.id, i); !fresh)
+      return makeError(name + ": duplicate id (also instruction #" +
+                       std::to_string(it->second) + ")");
+  }
+  if (tm.program.size() > size_t(std::numeric_limits<int32_t>::max()) ||
+      tm.buffers.size() > size_t(std::numeric_limits<int32_t>::max()))
+    return makeError("the template is too large");
+
+  std::vector<char> live(tm.buffers.size(), 0);
+  for (size_t i = 0; i < tm.program.size(); ++i) {
+    const Instruction &in = tm.program[i];
+    std::string name = itemName("instruction", in.id, i);
+    std::string opName(opKindName(in.op));
+    if (!streams.count(in.stream))
+      return makeError(name + ": unknown stream " + quote(in.stream) +
+                       " (streams: " + joinStrings(tm.streams) + ")");
+    if (isCollective(in.op)) {
+      auto c = comms.find(in.comm);
+      if (c == comms.end())
+        return makeError(name + ": unknown communicator " + quote(in.comm));
+      if (!in.dtype)
+        return makeError(name + ": " + opName + " needs a dtype");
+      if (in.count < 0 || in.count > kMaxTensorElements)
+        return makeError(name + ": count " + std::to_string(in.count) +
+                         " is out of range");
+      if (isReduction(in.op) != in.reduce.has_value())
+        return makeError(name + ": " + opName +
+                         (in.reduce ? " takes no reduce op"
+                                    : " needs a reduce op"));
+      if (in.op == OpKind::Broadcast &&
+          (in.root < 0 || in.root >= groupSize[c->second]))
+        return makeError(name + ": root " + std::to_string(in.root) +
+                         " is not a key of communicator " + quote(in.comm) +
+                         " (size " + std::to_string(groupSize[c->second]) +
+                         ")");
+    } else {
+      if (!in.comm.empty())
+        return makeError(name + ": " + opName +
+                         " is not a collective and takes no comm");
+      if (in.reduce)
+        return makeError(name + ": " + opName + " takes no reduce op");
+    }
+    auto resolve = [&](const std::vector<std::string> &list,
+                       std::string_view key,
+                       std::vector<size_t> &out) -> Result<void> {
+      for (const std::string &id : list) {
+        auto b = buffers.find(id);
+        if (b == buffers.end())
+          return makeError(name + ": " + std::string(key) +
+                           ": unknown buffer " + quote(id));
+        out.push_back(b->second);
+      }
+      return {};
+    };
+    std::vector<size_t> inputs, outputs;
+    MESHPLAN_TRY(resolve(in.inputs, "inputs", inputs));
+    MESHPLAN_TRY(resolve(in.outputs, "outputs", outputs));
+    for (const std::string &d : in.deps) {
+      auto it = ids.find(d);
+      if (it == ids.end())
+        return makeError(name + ": deps: unknown instruction " + quote(d));
+      if (it->second == i)
+        return makeError(name + ": deps: depends on itself");
+    }
+
+    // Liveness: births (first mention, or mention after a free), then the
+    // deaths of a free's live inputs.
+    auto born = [&](size_t b) {
+      if (tm.buffers[b].persistent || live[b])
+        return;
+      live[b] = 1;
+      p.events.push_back({int32_t(i), int32_t(b), true});
+    };
+    if (in.op == OpKind::Free) {
+      for (size_t b : inputs)
+        if (tm.buffers[b].persistent)
+          return makeError(name + ": frees " + quote(tm.buffers[b].id) +
+                           ", a persistent buffer (live for the whole step)");
+      for (size_t b : outputs)
+        born(b);
+      for (size_t b : inputs)
+        if (live[b]) {
+          live[b] = 0;
+          p.events.push_back({int32_t(i), int32_t(b), false});
+        }
+    } else {
+      for (size_t b : inputs)
+        born(b);
+      for (size_t b : outputs)
+        born(b);
+    }
+  }
+
+  // FLOPs.
+  if (!tm.flops.empty() && tm.flops.size() != tm.program.size())
+    return makeError("flops has " + std::to_string(tm.flops.size()) +
+                     " entries but the program has " +
+                     std::to_string(tm.program.size()) + " instructions");
+  for (size_t i = 0; i < tm.flops.size(); ++i)
+    if (!std::isfinite(tm.flops[i]) || tm.flops[i] < 0)
+      return makeError(itemName("instruction", tm.program[i].id, i) +
+                       ": flops " + std::to_string(tm.flops[i]) +
+                       " is not a finite number >= 0");
+  p.flopsOrZero = tm.flops.empty() ? std::vector<double>(tm.program.size(), 0)
+                                   : tm.flops;
+
+  // Rank-independent estimates.
+  std::array<bool, kNumBufferKinds> present{};
+  for (const BufferTemplate &b : tm.buffers)
+    present[size_t(b.kind)] = true;
+  for (size_t k = 0; k < kNumBufferKinds; ++k)
+    if (present[k])
+      p.kindsPresent.push_back(static_cast<BufferKind>(k));
+  for (const CommTemplate &c : tm.comms)
+    p.commBytes[c.id] = 0;
+  for (const Instruction &in : tm.program) {
+    if (!isCollective(in.op))
+      continue;
+    int64_t &sum = p.commBytes[in.comm];
+    sum = saturatingAdd(sum, bytesSent(in.op, *in.dtype, in.count,
+                                       groupSize[comms.at(in.comm)]));
+  }
+  return p;
+}
+
+std::vector<int64_t> PreparedTemplate::ranks() const {
+  std::vector<int64_t> out(static_cast<size_t>(meshPtr->size()));
+  for (int64_t pos = 0; pos < meshPtr->size(); ++pos)
+    out[pos] = meshPtr->rankAt(pos);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<Plan> PreparedTemplate::instantiate(int64_t rank,
+                                           bool withEstimates) const {
+  const Mesh &mesh = *meshPtr;
+  if (!mesh.contains(rank))
+    return makeError("rank " + std::to_string(rank) + " is not in the mesh " +
+                     mesh.str());
+  Plan plan;
+  plan.mesh = tmpl.mesh;
+  plan.rank = rank;
+
+  plan.communicators.reserve(tmpl.comms.size());
+  for (size_t i = 0; i < tmpl.comms.size(); ++i) {
+    const CommTemplate &c = tmpl.comms[i];
+    Communicator out;
+    out.id = c.id;
+    Result<std::vector<int64_t>> group = groupOf(mesh, commRefs[i], rank);
+    if (!group)
+      return group.error().within("communicator " + quote(c.id));
+    Result<SplitKey> split = splitKeyOf(mesh, commRefs[i], rank);
+    if (!split)
+      return split.error().within("communicator " + quote(c.id));
+    out.ranks = std::move(group).value();
+    out.color = split->color;
+    out.key = split->key;
+    out.axes = c.axes;
+    out.view = c.view;
+    out.faultTolerant = c.faultTolerant;
+    plan.communicators.push_back(std::move(out));
+  }
+
+  std::vector<int64_t> bufferBytes(tmpl.buffers.size());
+  plan.buffers.reserve(tmpl.buffers.size());
+  for (size_t i = 0; i < tmpl.buffers.size(); ++i) {
+    const BufferTemplate &b = tmpl.buffers[i];
+    Result<ShardBox> box = shardOf(*root, b.layout, b.globalShape, rank);
+    if (!box)
+      return box.error().within("buffer " + quote(b.id));
+    bufferBytes[i] = box->numElements() * dtypeBytes(b.dtype);
+    plan.buffers.push_back({b.id, b.kind, b.dtype, b.globalShape,
+                            std::move(box->localShape),
+                            std::move(box->offset)});
+  }
+
+  plan.streams = tmpl.streams;
+  plan.program = tmpl.program;
+
+  if (withEstimates) {
+    std::array<int64_t, kNumBufferKinds> cur{}, peak{};
+    int64_t total = 0, peakTotal = 0;
+    for (size_t i = 0; i < tmpl.buffers.size(); ++i)
+      if (tmpl.buffers[i].persistent) {
+        cur[size_t(tmpl.buffers[i].kind)] += bufferBytes[i];
+        total += bufferBytes[i];
+      }
+    peak = cur;
+    peakTotal = total;
+    for (const BufferEvent &e : events) {
+      size_t kind = size_t(tmpl.buffers[e.buffer].kind);
+      int64_t bytes = bufferBytes[e.buffer];
+      if (e.birth) {
+        cur[kind] += bytes;
+        total += bytes;
+        peak[kind] = std::max(peak[kind], cur[kind]);
+        peakTotal = std::max(peakTotal, total);
+      } else {
+        cur[kind] -= bytes;
+        total -= bytes;
+      }
+    }
+    Estimates est;
+    for (BufferKind k : kindsPresent)
+      est.peakMemoryBytes[std::string(bufferKindName(k))] = peak[size_t(k)];
+    est.peakMemoryBytes["total"] = peakTotal;
+    est.bytesPerStepPerComm = commBytes;
+    plan.estimates = std::move(est);
+  }
+  return plan;
+}
+
+} // namespace meshplan::plan
