@@ -56,12 +56,35 @@ def DistFuseFp8Gather : Pass<"dist-fuse-fp8-gather", "mlir::ModuleOp"> {
                 "all-reduce, cast, 1-byte gather";
   let description = [{
     For every parameter argument marked `dist.float8` in a `dist.train_step`
-    function: one `dist.fp8_amax` over all of them at the start of the step,
-    one MAX `dist.all_reduce` over exactly the axes that split them, and a
-    `dist.fp8_cast` of each local shard before its all-gathers, which then
-    move one byte per element. See docs/semantics.md for which
-    communicator the amax reduction uses and why.
+    function with a `dist.float8 = {power_of_2 = ...}` dictionary, and that
+    is all-gathered: one `dist.fp8_amax` over the stored (high-precision)
+    shards of all of them at the start of the step, one MAX
+    `dist.all_reduce` over exactly the axes that split them (one amax and
+    all-reduce per distinct set of split axes), and a `dist.fp8_cast` of each
+    stored shard in place of its mixed-precision cast, so that its
+    all-gathers move one byte per element. Every `dist.compute` that reads a
+    gathered float8 weight gets the reduced amax as an extra operand: the
+    scale travels with the weight. Parameters that are never all-gathered
+    are left alone. See docs/semantics.md, "Float8 all-gather: which
+    communicator reduces the amax".
+
+    Before (HSDP on (ddp, fsdp, abcd) = (2, 2, 2)):
+    ```mlir
+    %c = arith.truncf %w : tensor<16x8xf32, #dist.layout<@m, [ {"fsdp"}, {} ]>>
+                        to tensor<16x8xbf16, #dist.layout<@m, [ {"fsdp"}, {} ]>>
+    %g = dist.all_gather %c dim 0 over {"fsdp"} : tensor<16x8xbf16, ...> -> tensor<16x8xbf16, #dist.layout<@m, [ {}, {} ]>>
+    dist.compute forward "layers.0" (%g) : tensor<16x8xbf16, #dist.layout<@m, [ {}, {} ]>>
+    ```
+    After:
+    ```mlir
+    %a = dist.fp8_amax %w : tensor<16x8xf32, ...> -> tensor<1xf32, #dist.layout<@m, [ {} ], partial(max) = {"fsdp"}>>
+    %r = dist.all_reduce %a max over {"fsdp"} : ... -> tensor<1xf32, #dist.layout<@m, [ {} ]>>
+    %q = dist.fp8_cast %w scale %r[0] power_of_2 : ... -> tensor<16x8xf8E4M3FN, #dist.layout<@m, [ {"fsdp"}, {} ]>>
+    %g = dist.all_gather %q dim 0 over {"fsdp"} : ... -> tensor<16x8xf8E4M3FN, #dist.layout<@m, [ {}, {} ]>>
+    dist.compute forward "layers.0" (%g, %r) : tensor<16x8xf8E4M3FN, ...>, tensor<1xf32, ...>
+    ```
   }];
+  let dependentDialects = ["::meshplan::dist::DistDialect"];
 }
 
 def DistLowerOptimizer : Pass<"dist-lower-optimizer", "mlir::ModuleOp"> {
@@ -105,13 +128,41 @@ def DistSchedule : Pass<"dist-schedule", "mlir::ModuleOp"> {
   let summary = "Orders the step for overlap: streams, prefetch, reshard, "
                 "frees, buckets";
   let description = [{
-    Assigns every op of a `dist.train_step` function a stream and an id,
-    prefetches the next unit's all-gathers during the current compute,
-    frees gathered parameters after forward and re-gathers them for backward
-    (`dist.reshard_after_forward`), frees every buffer after its last use,
-    lets reduce-scatters run on their own stream under the next backward
-    compute, and buckets a unit's collectives that share a communicator,
-    kind and dtype. See docs/dialect.md "The training step".
+    For every `dist.train_step` function (after `dist-materialize-comms`):
+    each compute's gather chains (casts, `dist.fp8_cast`, collectives, back
+    to a parameter) are prefetched right before the previous compute and
+    wait (`dist.after`) for the compute two back, so at most two units are
+    gathered at once. With `dist.reshard_after_forward` (default true) a
+    backward re-gathers a copy of the forward's chain (sharing the float8
+    amax) unless the compute right before it used the same gather; a new
+    microbatch's forward always re-gathers. Gradient reductions go right
+    after their backward compute. A group's collectives that share comm, op,
+    dtype and reduce op form one `dist.bucket`. Every value gets a
+    `dist.free` after its last use; every op a `dist.stream` ("compute",
+    "comm.ag", "comm.rs") and a `dist.id` (block order).
+
+    Before (forward of two units, comm types elided):
+    ```mlir
+    %c0 = arith.truncf %w0 : ...
+    %g0 = dist.all_gather %c0 dim 0 over {"dp"} comm = @comm_m_dp : ...
+    dist.compute forward "a" (%g0) : ...
+    %c1 = arith.truncf %w1 : ...
+    %g1 = dist.all_gather %c1 dim 0 over {"dp"} comm = @comm_m_dp : ...
+    dist.compute forward "b" (%g1) : ...
+    ```
+    After:
+    ```mlir
+    %c0 = arith.truncf %w0 {dist.id = 0, dist.stream = "compute"}
+    %g0 = dist.all_gather %c0 ... {dist.id = 1, dist.stream = "comm.ag"}
+    dist.free %c0 {dist.after = array<i64: 1>, dist.id = 2, ...}
+    %c1 = arith.truncf %w1 {dist.id = 3, ...}
+    %g1 = dist.all_gather %c1 ... {dist.id = 4, dist.stream = "comm.ag"}
+    dist.free %c1 {dist.after = array<i64: 4>, dist.id = 5, ...}
+    dist.compute forward "a" (%g0) {dist.id = 6, dist.stream = "compute"}
+    dist.free %g0 {dist.id = 7, ...}
+    dist.compute forward "b" (%g1) {dist.id = 8, ...}
+    dist.free %g1 {dist.id = 9, ...}
+    ```
   }];
 }
 
