@@ -27,13 +27,13 @@ Result<void> checkCostModel(const CostModel &m) {
     const char *name;
     double value;
   };
-  for (const Field &f : {Field{"peak FLOP/s", m.peakFlopsPerSecond},
-                         Field{"MFU", m.mfu},
-                         Field{"intra-node bandwidth", m.intraNodeBytesPerSecond},
-                         Field{"inter-node bandwidth", m.interNodeBytesPerSecond},
-                         Field{"intra-node latency", m.intraNodeLatencySeconds},
-                         Field{"inter-node latency", m.interNodeLatencySeconds},
-                         Field{"HBM bandwidth", m.hbmBytesPerSecond}})
+  for (const Field &f :
+       {Field{"peak FLOP/s", m.peakFlopsPerSecond}, Field{"MFU", m.mfu},
+        Field{"intra-node bandwidth", m.intraNodeBytesPerSecond},
+        Field{"inter-node bandwidth", m.interNodeBytesPerSecond},
+        Field{"intra-node latency", m.intraNodeLatencySeconds},
+        Field{"inter-node latency", m.interNodeLatencySeconds},
+        Field{"HBM bandwidth", m.hbmBytesPerSecond}})
     if (!positive(f.value))
       return makeError(std::string("cost model: ") + f.name + " must be a " +
                        "finite number > 0");
@@ -117,11 +117,11 @@ double durationSeconds(const Instruction &in, const Communicator *comm,
     return computeS;
   case OpKind::OptimizerUpdate:
     return std::max(computeS, memoryS);
-  case OpKind::Fp8Amax:
-  case OpKind::Fp8Cast:
-    return memoryS;
-  default: // free, wait
+  case OpKind::Free:
+  case OpKind::Wait:
     return 0;
+  default: // fp8_amax, fp8_cast and other element-wise local ops
+    return memoryS;
   }
 }
 

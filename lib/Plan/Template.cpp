@@ -51,7 +51,8 @@ std::string joinStrings(const std::vector<std::string> &list) {
 /// Checks a layout's refs are well-formed refs of this mesh before
 /// verifyLayout (which assumes valid axis indices) sees them.
 Result<void> checkLayoutRefs(const Mesh &mesh, const Layout &layout) {
-  auto check = [&](const AxisRef &ref, const std::string &where) -> Result<void> {
+  auto check = [&](const AxisRef &ref,
+                   const std::string &where) -> Result<void> {
     if (ref.axis < 0 || ref.axis >= mesh.numAxes())
       return makeError(where + " uses axis index " + std::to_string(ref.axis) +
                        ", but the mesh has " + std::to_string(mesh.numAxes()) +
@@ -135,10 +136,9 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (Result<void> ok = checkShape(b.globalShape); !ok)
       return ok.error().within(name + ": global_shape");
     if (b.layout.rank() != static_cast<int>(b.globalShape.size()))
-      return makeError(name + ": the layout has " +
-                       std::to_string(b.layout.rank()) +
-                       " dims but global_shape has " +
-                       std::to_string(b.globalShape.size()));
+      return makeError(
+          name + ": the layout has " + std::to_string(b.layout.rank()) +
+          " dims but global_shape has " + std::to_string(b.globalShape.size()));
     if (Result<void> ok = checkLayoutRefs(mesh, b.layout); !ok)
       return ok.error().within(name + ": layout");
     if (Result<void> ok = verifyLayout(*p.root, b.layout); !ok)
@@ -179,9 +179,9 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
         return makeError(name + ": count " + std::to_string(in.count) +
                          " is out of range");
       if (isReduction(in.op) != in.reduce.has_value())
-        return makeError(name + ": " + opName +
-                         (in.reduce ? " takes no reduce op"
-                                    : " needs a reduce op"));
+        return makeError(
+            name + ": " + opName +
+            (in.reduce ? " takes no reduce op" : " needs a reduce op"));
       if (in.op == OpKind::Broadcast &&
           (in.root < 0 || in.root >= groupSize[c->second]))
         return makeError(name + ": root " + std::to_string(in.root) +
@@ -256,8 +256,8 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
       return makeError(itemName("instruction", tm.program[i].id, i) +
                        ": flops " + std::to_string(tm.flops[i]) +
                        " is not a finite number >= 0");
-  p.flopsOrZero = tm.flops.empty() ? std::vector<double>(tm.program.size(), 0)
-                                   : tm.flops;
+  p.flopsOrZero =
+      tm.flops.empty() ? std::vector<double>(tm.program.size(), 0) : tm.flops;
 
   // Rank-independent estimates.
   std::array<bool, kNumBufferKinds> present{};

@@ -132,8 +132,8 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
           if (auto it = bufferBytes.find(b); it != bufferBytes.end())
             s.bytes[i] += it->second;
     }
-    duration[i] = durationSeconds(in, comm, flops.empty() ? 0 : flops[i],
-                                  model, isCollective(in.op) ? 0 : s.bytes[i]);
+    duration[i] = durationSeconds(in, comm, flops.empty() ? 0 : flops[i], model,
+                                  isCollective(in.op) ? 0 : s.bytes[i]);
     s.streamBusySeconds[st->second] += duration[i];
     if (size_t prev = lastOnStream[st->second]; prev != n) {
       preds[i].push_back(prev);
@@ -213,11 +213,12 @@ std::string chromeTrace(const Plan &plan, const Schedule &schedule) {
   constexpr double kUs = 1e6;
   auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
   Json events = Json::array();
-  events.push_back(Json{{"name", "process_name"},
-                        {"ph", "M"},
-                        {"pid", plan.rank},
-                        {"tid", 0},
-                        {"args", {{"name", "rank " + std::to_string(plan.rank)}}}});
+  events.push_back(
+      Json{{"name", "process_name"},
+           {"ph", "M"},
+           {"pid", plan.rank},
+           {"tid", 0},
+           {"args", {{"name", "rank " + std::to_string(plan.rank)}}}});
   for (size_t t = 0; t < plan.streams.size(); ++t) {
     events.push_back(Json{{"name", "thread_name"},
                           {"ph", "M"},
@@ -230,9 +231,9 @@ std::string chromeTrace(const Plan &plan, const Schedule &schedule) {
                           {"tid", t},
                           {"args", {{"sort_index", t}}}});
   }
-  size_t n = std::min({plan.program.size(), schedule.start.size(),
-                       schedule.end.size(), schedule.bytes.size(),
-                       schedule.streamIndex.size()});
+  size_t n =
+      std::min({plan.program.size(), schedule.start.size(), schedule.end.size(),
+                schedule.bytes.size(), schedule.streamIndex.size()});
   for (size_t i = 0; i < n; ++i) {
     const Instruction &in = plan.program[i];
     Json args = Json::object();

@@ -7,7 +7,8 @@
 //   collective   steps * alpha + bytesSent / bandwidth   (ring algorithms)
 //   compute      flops / (peak FLOP/s * MFU)
 //   optimizer    max(flops / (peak FLOP/s * MFU), bytes / HBM bandwidth)
-//   fp8 ops      bytes / HBM bandwidth (memory bound)
+//   fp8 ops      bytes / HBM bandwidth (memory bound; also any other
+//                element-wise local op)
 //   free, wait   0
 //
 // alpha and bandwidth are the intra-node (NVLink) figures when every member

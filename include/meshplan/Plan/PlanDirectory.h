@@ -36,13 +36,12 @@ namespace meshplan::plan {
 /// error naming DIR and the entry, and DIR is left alone. On any error the
 /// temporary directory is removed and DIR is unchanged; the error names the
 /// path involved.
-Result<void>
-writePlanDirectory(const std::string &dir, int64_t worldRanks,
-                   const std::function<Result<Plan>(int64_t rank)> &planOf,
-                   const std::vector<int64_t> &ranks,
-                   const std::function<void(int64_t done, int64_t total)>
-                       &progress = nullptr,
-                   unsigned threads = 1);
+Result<void> writePlanDirectory(
+    const std::string &dir, int64_t worldRanks,
+    const std::function<Result<Plan>(int64_t rank)> &planOf,
+    const std::vector<int64_t> &ranks,
+    const std::function<void(int64_t done, int64_t total)> &progress = nullptr,
+    unsigned threads = 1);
 
 } // namespace meshplan::plan
 
