@@ -1,20 +1,395 @@
-//===- LowerOptimizer.cpp - (being written) -------------------------------===//
+//===- LowerOptimizer.cpp - optimizer_step -> reduction + per-shard adamw -===//
+//
+// For each `dist.optimizer_step %param, %grad` of a `dist.train_step`
+// function: the gradient is redistributed into the parameter's stored layout
+// right after it is produced (core's planner: reduce_scatter over the shard
+// axes, all_reduce over the replicate axes), all-reduces over a managed axis
+// become `fault_tolerant`, the optimizer state becomes two function arguments
+// per parameter, and one `dist.adamw` per parameter runs at the end of the
+// step on the stored shard. A reduction that would need a gather (or any
+// other data movement than reducing) is an error: the point of a per-shard
+// optimizer is that it never gathers.
+//
+//===----------------------------------------------------------------------===//
 
 #include "MeshCache.h"
 
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
+
+#include <optional>
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTLOWEROPTIMIZER
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
 
+using namespace mlir;
+using namespace meshplan;
+using namespace meshplan::dist;
+
+namespace {
+
+/// The function's `dist.optimizer` dictionary, checked.
+struct Hyper {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
+  bool stochasticRounding = false;
+  int64_t seed = 0;
+};
+
+/// One parameter's update.
+struct Update {
+  OptimizerStepOp op;
+  BlockArgument param;
+  StringAttr name;   ///< the dist.param name
+  int64_t tensorId;  ///< index among the dist.param arguments
+  Value reducedGrad; ///< the gradient in the parameter's layout
+};
+
+} // namespace
+
+/// Reads and checks `dist.optimizer`; errors name the key.
+static FailureOr<Hyper> readHyper(func::FuncOp func) {
+  Attribute raw = func->getAttr("dist.optimizer");
+  if (!raw)
+    return func.emitOpError()
+           << "has dist.optimizer_step ops but no dist.optimizer dictionary "
+              "(kind, lr, beta1, beta2, eps, weight_decay, "
+              "stochastic_rounding, seed)";
+  auto dict = dyn_cast<DictionaryAttr>(raw);
+  if (!dict)
+    return func.emitOpError()
+           << "dist.optimizer must be a dictionary, not " << raw;
+
+  auto kind = dict.get("kind");
+  if (!kind)
+    return func.emitOpError() << "dist.optimizer has no \"kind\"";
+  auto kindStr = dyn_cast<StringAttr>(kind);
+  if (!kindStr)
+    return func.emitOpError()
+           << "dist.optimizer \"kind\" must be a string, not " << kind;
+  if (kindStr.getValue() != "adamw")
+    return func.emitOpError() << "dist.optimizer kind \"" << kindStr.getValue()
+                              << "\" is not supported (only \"adamw\")";
+
+  Hyper h;
+  // Each float key with the range the update needs (as dist.adamw checks).
+  struct FloatKey {
+    StringRef key;
+    double *out;
+    double lo;
+    bool loOpen;
+    std::optional<double> hiOpen;
+  };
+  FloatKey floats[] = {
+      {"lr", &h.lr, 0, false, std::nullopt},
+      {"beta1", &h.beta1, 0, false, 1.0},
+      {"beta2", &h.beta2, 0, false, 1.0},
+      {"eps", &h.eps, 0, true, std::nullopt},
+      {"weight_decay", &h.weightDecay, 0, false, std::nullopt},
+  };
+  for (const FloatKey &k : floats) {
+    Attribute value = dict.get(k.key);
+    if (!value)
+      return func.emitOpError()
+             << "dist.optimizer has no \"" << k.key << "\" (f64)";
+    auto f = dyn_cast<FloatAttr>(value);
+    if (!f || !f.getType().isF64())
+      return func.emitOpError() << "dist.optimizer \"" << k.key
+                                << "\" must be an f64, not " << value;
+    double d = f.getValueAsDouble();
+    bool ok = (k.loOpen ? d > k.lo : d >= k.lo) && (!k.hiOpen || d < *k.hiOpen);
+    if (!ok) {
+      InFlightDiagnostic diag = func.emitOpError()
+                                << "dist.optimizer \"" << k.key << "\" = " << d
+                                << " is out of range ";
+      diag << (k.loOpen ? "(" : "[") << k.lo << ", ";
+      if (k.hiOpen)
+        diag << *k.hiOpen << ")";
+      else
+        diag << "inf)";
+      return diag;
+    }
+    *k.out = d;
+  }
+
+  Attribute sr = dict.get("stochastic_rounding");
+  if (!sr)
+    return func.emitOpError()
+           << "dist.optimizer has no \"stochastic_rounding\" (bool)";
+  auto srBool = dyn_cast<BoolAttr>(sr);
+  if (!srBool)
+    return func.emitOpError()
+           << "dist.optimizer \"stochastic_rounding\" must be a bool, not "
+           << sr;
+  h.stochasticRounding = srBool.getValue();
+
+  Attribute seed = dict.get("seed");
+  if (!seed)
+    return func.emitOpError() << "dist.optimizer has no \"seed\" (i64)";
+  auto seedInt = dyn_cast<IntegerAttr>(seed);
+  if (!seedInt || !seedInt.getType().isSignlessInteger(64))
+    return func.emitOpError()
+           << "dist.optimizer \"seed\" must be an i64, not " << seed;
+  h.seed = seedInt.getInt();
+  return h;
+}
+
+/// `{"dp", "tp":(1)2}`: the IR's spelling of a ref list, for messages.
+static std::string spellAxes(const Mesh &mesh, const AxisRefList &refs) {
+  std::string out = "{";
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const AxisRef &r = refs[i];
+    if (i)
+      out += ", ";
+    out += "\"" + mesh.axis(r.axis).name + "\"";
+    if (!r.isWhole(mesh))
+      out += ":(" + std::to_string(r.pre) + ")" + std::to_string(r.size);
+  }
+  return out + "}";
+}
+
+/// The ops lowerRedistribute created between `grad` and `reduced`, first
+/// to last.
+static SmallVector<Operation *> chainOf(Value grad, Value reduced) {
+  SmallVector<Operation *> chain;
+  for (Value v = reduced; v != grad;) {
+    Operation *op = v.getDefiningOp();
+    chain.push_back(op);
+    v = op->getOperand(0);
+  }
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+/// Redistributes one gradient into its parameter's layout, checks that this
+/// only reduces (no gather or other movement) and marks all-reduces over a
+/// managed axis fault-tolerant. `anchor` is the last op inserted after the
+/// same producer, so that gradients of one op are reduced in result order.
+static FailureOr<Value>
+reduceGradient(OptimizerStepOp step, StringAttr name, MeshCache &meshes,
+               llvm::DenseMap<void *, Operation *> &anchors) {
+  Value grad = step.getGrad();
+  auto paramType = cast<RankedTensorType>(step.getParam().getType());
+  auto gradType = cast<RankedTensorType>(grad.getType());
+  LayoutAttr stored = getLayout(paramType);
+  auto target = RankedTensorType::get(gradType.getShape(),
+                                      gradType.getElementType(), stored);
+
+  void *producer = grad.getDefiningOp()
+                       ? static_cast<void *>(grad.getDefiningOp())
+                       : static_cast<void *>(grad.getParentBlock());
+  OpBuilder b(step.getContext());
+  if (Operation *anchor = anchors.lookup(producer))
+    b.setInsertionPointAfter(anchor);
+  else
+    b.setInsertionPointAfterValue(grad);
+  auto redistribute = RedistributeOp::create(b, step.getLoc(), target, grad);
+  FailureOr<Value> reduced = lowerRedistribute(redistribute, meshes);
+  if (failed(reduced))
+    return failure();
+  SmallVector<Operation *> chain = chainOf(grad, *reduced);
+  if (!chain.empty())
+    anchors[producer] = chain.back();
+
+  const View *view = meshes.get(step, stored.getMesh());
+  if (!view)
+    return failure();
+  const Mesh &mesh = view->mesh();
+  for (Operation *op : chain) {
+    if (isa<ReduceScatterOp, AllReduceOp, LocalSliceOp, MarkPartialOp,
+            RedistributeOp>(op))
+      continue;
+    auto refs = coreAxisRefs(mesh, op->getAttrOfType<ArrayAttr>("axes"));
+    if (!refs)
+      return step.emitOpError() << refs.error().message;
+    return step.emitOpError()
+           << "the update of " << name << " would need an "
+           << op->getName().stripDialect() << " over " << spellAxes(mesh, *refs)
+           << "; a per-shard optimizer needs the gradient reducible into the "
+              "parameter's layout ("
+           << gradType << " -> " << paramType << ")";
+  }
+  for (Operation *op : chain) {
+    auto allReduce = dyn_cast<AllReduceOp>(op);
+    if (!allReduce)
+      continue;
+    auto refs = coreAxisRefs(mesh, allReduce.getAxes());
+    if (!refs)
+      return step.emitOpError() << refs.error().message;
+    if (touchesManaged(mesh, *refs))
+      allReduce.setFaultTolerant(true);
+  }
+  return *reduced;
+}
+
+/// Checks one optimizer_step's operands; returns the parameter argument and
+/// its dist.param name.
+static FailureOr<std::pair<BlockArgument, StringAttr>>
+checkStep(func::FuncOp func, OptimizerStepOp step, const Hyper &hyper) {
+  Block &entry = func.getBody().front();
+  auto param = dyn_cast<BlockArgument>(step.getParam());
+  StringAttr name;
+  if (param && param.getOwner() == &entry)
+    name =
+        func.getArgAttrOfType<StringAttr>(param.getArgNumber(), "dist.param");
+  if (!name)
+    return step.emitOpError()
+           << "parameter operand must be an argument of the function with a "
+              "dist.param name (the stored parameter, not a value computed "
+              "from it)";
+  if (step->getBlock() != &entry)
+    return step.emitOpError()
+           << "updating " << name
+           << " must be at the top level of the dist.train_step function";
+  auto paramType = cast<RankedTensorType>(param.getType());
+  auto gradType = cast<RankedTensorType>(step.getGrad().getType());
+  LayoutAttr stored = getLayout(paramType), computed = getLayout(gradType);
+  if (!stored)
+    return step.emitOpError()
+           << "parameter " << name
+           << " has no layout; run dist-propagate-layouts first";
+  if (!stored.getPartial().empty())
+    return step.emitOpError() << "parameter " << name
+                              << " is stored partial; a stored parameter "
+                                 "must be reduced";
+  if (!computed)
+    return step.emitOpError()
+           << "the gradient of " << name
+           << " has no layout; run dist-propagate-layouts first";
+  if (computed.getMesh() != stored.getMesh())
+    return step.emitOpError()
+           << "the gradient of " << name << " is on " << computed.getMesh()
+           << " but the parameter on " << stored.getMesh();
+  if (gradType.getShape() != paramType.getShape())
+    return step.emitOpError() << "the gradient of " << name << " has shape "
+                              << gradType << ", the parameter " << paramType;
+  if (!isa<FloatType>(paramType.getElementType()) ||
+      !isa<FloatType>(gradType.getElementType()))
+    return step.emitOpError()
+           << "AdamW needs a floating-point parameter and "
+              "gradient; "
+           << name << " has " << paramType << " and " << gradType;
+  if (hyper.stochasticRounding && !paramType.getElementType().isBF16())
+    return step.emitOpError()
+           << "stochastic rounding rounds the update to bfloat16, but " << name
+           << " is " << paramType.getElementType();
+  return std::pair{param, name};
+}
+
+static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
+  SmallVector<OptimizerStepOp> steps;
+  func.walk([&](OptimizerStepOp op) { steps.push_back(op); });
+  if (steps.empty())
+    return success();
+  FailureOr<Hyper> hyper = readHyper(func);
+  if (failed(hyper))
+    return failure();
+  if (!func.getBody().hasOneBlock())
+    return func.emitOpError()
+           << "a dist.train_step function must be one block to lower its "
+              "optimizer";
+
+  // tensor_id: the parameter's index among the dist.param arguments, the
+  // same on every rank and under every layout.
+  llvm::DenseMap<unsigned, int64_t> tensorIds;
+  for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
+    if (func.getArgAttrOfType<StringAttr>(i, "dist.param"))
+      tensorIds.try_emplace(i, static_cast<int64_t>(tensorIds.size()));
+
+  SmallVector<Update> updates;
+  llvm::DenseMap<unsigned, OptimizerStepOp> seen;
+  llvm::DenseMap<void *, Operation *> anchors;
+  for (OptimizerStepOp step : steps) {
+    auto checked = checkStep(func, step, *hyper);
+    if (failed(checked))
+      return failure();
+    auto [param, name] = *checked;
+    auto [it, inserted] = seen.try_emplace(param.getArgNumber(), step);
+    if (!inserted) {
+      InFlightDiagnostic diag = step.emitOpError()
+                                << "updates " << name << " a second time";
+      diag.attachNote(it->second.getLoc()) << "first update here";
+      return diag;
+    }
+    FailureOr<Value> reduced = reduceGradient(step, name, meshes, anchors);
+    if (failed(reduced))
+      return failure();
+    updates.push_back(
+        {step, param, name, tensorIds.lookup(param.getArgNumber()), *reduced});
+  }
+
+  // Optimizer state: two fp32 arguments per parameter in the stored layout,
+  // appended in parameter order.
+  SmallVector<Update *> byParam;
+  for (Update &u : updates)
+    byParam.push_back(&u);
+  llvm::sort(byParam, [](Update *a, Update *b) {
+    return a->param.getArgNumber() < b->param.getArgNumber();
+  });
+  MLIRContext *ctx = func.getContext();
+  Builder builder(ctx);
+  llvm::DenseMap<Update *, std::pair<Value, Value>> state;
+  for (Update *u : byParam) {
+    auto paramType = cast<RankedTensorType>(u->param.getType());
+    auto stateType = RankedTensorType::get(
+        paramType.getShape(), builder.getF32Type(), paramType.getEncoding());
+    Value moments[2];
+    const char *suffixes[] = {".exp_avg", ".exp_avg_sq"};
+    for (auto [i, suffix] : llvm::enumerate(suffixes)) {
+      unsigned index = func.getNumArguments();
+      auto attrs = builder.getDictionaryAttr(builder.getNamedAttr(
+          "dist.state", builder.getStringAttr(u->name.getValue() + suffix)));
+      if (failed(
+              func.insertArgument(index, stateType, attrs, u->param.getLoc())))
+        return func.emitOpError()
+               << "cannot append the optimizer state of " << u->name;
+      moments[i] = func.getArgument(index);
+    }
+    state[u] = {moments[0], moments[1]};
+  }
+
+  // The updates, after every reduction, in the order of the steps.
+  OpBuilder b(func.getBody().back().getTerminator());
+  for (Update &u : updates) {
+    auto [m, v] = state.lookup(&u);
+    Type paramType = u.param.getType();
+    AdamWOp::create(
+        b, u.op.getLoc(), paramType, m.getType(), v.getType(), u.param,
+        u.reducedGrad, m, v, b.getF64FloatAttr(hyper->lr),
+        b.getF64FloatAttr(hyper->beta1), b.getF64FloatAttr(hyper->beta2),
+        b.getF64FloatAttr(hyper->eps), b.getF64FloatAttr(hyper->weightDecay),
+        hyper->stochasticRounding ? b.getUnitAttr() : nullptr,
+        b.getI64IntegerAttr(hyper->seed), b.getI64IntegerAttr(u.tensorId));
+    u.op.erase();
+  }
+  return success();
+}
+
 namespace {
 struct LowerOptimizerPass
     : meshplan::dist::impl::DistLowerOptimizerBase<LowerOptimizerPass> {
   void runOnOperation() override {
-    getOperation().emitError() << "LowerOptimizer: not implemented yet";
-    signalPassFailure();
+    ModuleOp module = getOperation();
+    MeshCache meshes(module);
+    bool failedAny = false;
+    module.walk([&](OptimizerStepOp op) {
+      auto func = op->getParentOfType<func::FuncOp>();
+      if (!func || !func->hasAttr("dist.train_step")) {
+        op.emitOpError() << "is outside a dist.train_step function; the "
+                            "hyper-parameters come from its dist.optimizer";
+        failedAny = true;
+      }
+    });
+    if (failedAny)
+      return signalPassFailure();
+    for (auto func : module.getOps<func::FuncOp>())
+      if (func->hasAttr("dist.train_step") &&
+          failed(lowerFunction(func, meshes)))
+        return signalPassFailure();
   }
 };
 } // namespace
