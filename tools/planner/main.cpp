@@ -1,13 +1,14 @@
 //===- main.cpp - The meshplan command-line tool --------------------------===//
 //
-// Subcommands: mesh, layout, redistribute, verify. Every user error prints
-// one line "meshplan: error: <flag>: <what is wrong>" on stderr, exits with
-// code 2 and prints nothing on stdout. `verify` exits with 1 (report on
-// stderr) when a well-formed plan set fails verification.
+// Subcommands: plan, explain, trace, verify, mesh, layout, redistribute. Every
+// user error prints one line "meshplan: error: <flag>: <what is wrong>" on
+// stderr, exits with code 2 and prints nothing on stdout. `verify` exits with 1
+// (report on stderr) when a well-formed plan set fails verification.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Commands.h"
+#include "PlanCommands.h"
 
 #include <CLI/CLI.hpp>
 
@@ -31,6 +32,21 @@ static void addMeshFlags(CLI::App *cmd, MeshFlags &flags) {
   cmd->add_option("--view", flags.view,
                   "View expression: slice(a,b), flatten(a,b as name), "
                   "unflatten(name as a:2,b:4), chained with '.'");
+}
+
+static void addSpecFlags(CLI::App *cmd, SpecFlags &flags) {
+  cmd->add_option("--spec", flags.spec, "Parallelism spec (JSON; docs/spec.md)")
+      ->required();
+  cmd->add_option("--model", flags.model,
+                  "Model: a preset (tiny, llama3-8b, llama3-70b, "
+                  "llama3-405b) or a model JSON file; overrides the spec's");
+  cmd->add_option("--world-size", flags.worldSize,
+                  "The job's world size; the mesh must match it");
+  cmd->add_option("--tokens", flags.tokens,
+                  "Tokens per rank per microbatch, for the cost model "
+                  "(default 8192)");
+  cmd->add_option("--seq-len", flags.seqLen,
+                  "Sequence length, for the cost model (default 8192)");
 }
 
 int main(int argc, char **argv) {
@@ -92,6 +108,49 @@ int main(int argc, char **argv) {
   verifyCmd->add_option("--threads", verifyOptions.threads,
                         "Threads for reading plans (default: all cores)");
 
+  PlanOptions planOptions;
+  CLI::App *planCmd = app.add_subcommand(
+      "plan", "Plan a training step: every rank's communicators, buffers "
+              "and program, verified across ranks (exit 0: ok, 1: "
+              "verification failed, 2: bad input)");
+  addSpecFlags(planCmd, planOptions.spec);
+  planCmd->add_option("--rank", planOptions.rank, "Plan only this rank");
+  planCmd->add_flag("--all", planOptions.all, "Plan every rank");
+  planCmd
+      ->add_option("-o,--output", planOptions.outDir,
+                   "Output directory (rankN.json + index.json); "
+                   "replaced only when everything succeeded")
+      ->required();
+  planCmd->add_flag("--no-verify", planOptions.noVerify,
+                    "Skip the cross-rank verification (done by default up "
+                    "to 4096 ranks)");
+  planCmd->add_option("--dump-ir", planOptions.dumpIr,
+                      "Write the IR after import and after every pass to "
+                      "this directory (NN-<stage>.mlir)");
+  planCmd->add_option("--progress", planOptions.progress,
+                      "Progress bar on stderr: auto (if a terminal), "
+                      "always, never");
+  planCmd->add_option("--threads", planOptions.threads,
+                      "Threads writing plan files (default 1)");
+
+  ExplainOptions explainOptions;
+  CLI::App *explainCmd = app.add_subcommand(
+      "explain", "Explain a plan: mesh and groups, collectives per step "
+                 "with bytes, memory per rank, what float8 saves");
+  addSpecFlags(explainCmd, explainOptions.spec);
+  explainCmd->add_option("--rank", explainOptions.rank,
+                         "The rank to describe (default 0)");
+
+  TraceOptions traceOptions;
+  CLI::App *traceCmd = app.add_subcommand(
+      "trace", "Write a Chrome/Perfetto trace of one rank's step under the "
+               "cost model");
+  addSpecFlags(traceCmd, traceOptions.spec);
+  traceCmd->add_option("--rank", traceOptions.rank,
+                       "The rank to trace (default 0)");
+  traceCmd->add_option("-o,--output", traceOptions.output, "Trace file")
+      ->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success &e) {
@@ -99,7 +158,8 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) {
     std::cerr << "meshplan: error: " << e.what();
     if (app.get_subcommands().empty())
-      std::cerr << " (subcommands: mesh, layout, redistribute, verify; see "
+      std::cerr << " (subcommands: plan, explain, trace, verify, mesh, "
+                   "layout, redistribute; see "
                    "'meshplan --help')";
     std::cerr << "\n";
     return 2;
@@ -113,7 +173,17 @@ int main(int argc, char **argv) {
       std::cerr << v.err;
       return v.exitCode;
     }
-    if (meshCmd->parsed())
+    if (planCmd->parsed()) {
+      CommandOutput p = runPlanCommand(planOptions);
+      std::cout << p.out;
+      std::cerr << p.err;
+      return p.exitCode;
+    }
+    if (explainCmd->parsed())
+      output = runExplainCommand(explainOptions);
+    else if (traceCmd->parsed())
+      output = runTraceCommand(traceOptions);
+    else if (meshCmd->parsed())
       output = runMeshCommand(meshOptions);
     else if (layoutCmd->parsed())
       output = runLayoutCommand(layoutOptions);

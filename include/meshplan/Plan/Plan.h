@@ -75,6 +75,7 @@ enum class OpKind {
   // Local instructions.
   Fp8Amax,
   Fp8Cast,
+  Cast,
   Compute,
   OptimizerUpdate,
   Free,

@@ -1,0 +1,70 @@
+//===- Import.h - A model and a spec as a dist training-step module -------===//
+//
+// Import is where the spec's words become layouts. It builds one
+// rank-independent module: the mesh, and a `func.func @train_step` whose
+// arguments are the parameters in their stored (FSDP-sharded) layouts and
+// whose body is the step as the trainer sees it: per FSDP unit, the cast to
+// the mixed-precision dtype and a dist.redistribute to the compute layout
+// (the TP split only), the forward callback; in reverse, the backward
+// callback returning gradients partial over the data-parallel axes, and one
+// dist.optimizer_step per parameter. docs/dialect.md "The training step"
+// fixes these conventions; the passes refine them (collectives, float8,
+// optimizer, schedule) and export turns the result into per-rank plans.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_PIPELINE_IMPORT_H
+#define MESHPLAN_PIPELINE_IMPORT_H
+
+#include "meshplan/Core/Layout.h"
+#include "meshplan/Frontend/Spec.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+
+#include <string>
+#include <vector>
+
+namespace meshplan::pipeline {
+
+/// The work per microbatch, for the cost model's FLOP estimates (the spec
+/// states parallelism, not the batch): tokens each data-parallel rank
+/// processes per microbatch, and the sequence length (attention's cost).
+struct ImportOptions {
+  int64_t tokensPerMicrobatch = 8192;
+  int64_t sequenceLength = 8192;
+};
+
+/// One FSDP unit: the modules gathered together and run by one callback.
+struct Unit {
+  std::string name;        ///< "tok_embeddings", "layers.3"
+  std::vector<int> params; ///< indices into ResolvedSpec::params
+  double forwardFlops = 0; ///< per rank, per microbatch
+};
+
+/// The units of a resolved spec, in forward order: each top-level module,
+/// except that a top-level container of containers ("layers") contributes
+/// each child ("layers.0", "layers.1", ...), as torchtitan applies
+/// fully_shard per transformer block.
+std::vector<Unit> fsdpUnits(const frontend::ResolvedSpec &spec,
+                            const ImportOptions &options = {});
+
+/// Where one parameter lives: stored (between steps, what the optimizer
+/// updates), computed with (gathered), and its gradient (partial over the
+/// data-parallel axes). Derived from the spec's roles in one place.
+struct ParamLayouts {
+  Layout stored;
+  Layout compute;
+  Layout grad;
+};
+ParamLayouts paramLayouts(const frontend::ResolvedSpec &spec,
+                          const frontend::ParamAssignment &param);
+
+/// Builds the training-step module (see file comment) in `context`, which
+/// must have the dist, func and arith dialects loaded.
+mlir::OwningOpRef<mlir::ModuleOp>
+importTrainStep(mlir::MLIRContext &context, const frontend::ResolvedSpec &spec,
+                const ImportOptions &options = {});
+
+} // namespace meshplan::pipeline
+
+#endif // MESHPLAN_PIPELINE_IMPORT_H

@@ -1,0 +1,74 @@
+//===- Pipeline.h - spec -> dist module -> passes -> plan template --------===//
+//
+// The planner's main job in one place:
+//
+//   import -> dist-propagate-layouts -> dist-lower-redistribute
+//     -> dist-fuse-fp8-gather -> dist-lower-optimizer -> dist-materialize-comms
+//     -> dist-schedule -> export (one rank-independent ProgramTemplate)
+//
+// and then one plan per rank from the template (plan::PreparedTemplate),
+// which asks core for that rank's groups and boxes. `dist-specialize-rank`
+// is the same per-rank step on the IR; `meshplan plan --rank R --dump-ir`
+// runs it to show one rank's program.
+//
+// Input errors are the frontend's (located, before anything is built); a
+// pass failing on an imported module is a planner bug and is reported as an
+// internal error with the pass's diagnostics.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_PIPELINE_PIPELINE_H
+#define MESHPLAN_PIPELINE_PIPELINE_H
+
+#include "meshplan/Pipeline/Import.h"
+#include "meshplan/Plan/Template.h"
+
+#include "mlir/IR/MLIRContext.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace meshplan::pipeline {
+
+/// Pass flags in pipeline order (after "import").
+const std::vector<std::string_view> &pipelinePasses();
+
+/// A context with every dialect the pipeline uses loaded, single-threaded
+/// (the machines this runs on are small; the passes are linear).
+std::unique_ptr<mlir::MLIRContext> makeContext();
+
+struct StageTiming {
+  std::string stage; ///< "import", a pass flag, "export"
+  double seconds = 0;
+};
+
+struct CompileOptions {
+  ImportOptions import;
+  /// Called with the module after import and after every pass (IR dumps).
+  std::function<Result<void>(std::string_view stage, mlir::ModuleOp)>
+      afterStage;
+  /// Verify the module after every stage (on by default; the bench turns it
+  /// off to time the passes alone).
+  bool verifyEachStage = true;
+};
+
+struct Compiled {
+  mlir::OwningOpRef<mlir::ModuleOp> module; ///< after dist-schedule
+  plan::ProgramTemplate program;
+  std::vector<StageTiming> timings;
+};
+
+/// Runs import, the passes and export.
+Result<Compiled> compile(mlir::MLIRContext &context,
+                         const frontend::ResolvedSpec &spec,
+                         const CompileOptions &options = {});
+
+/// Runs dist-specialize-rank{rank} on a copy of a compiled module.
+Result<mlir::OwningOpRef<mlir::ModuleOp>> specializeRank(mlir::ModuleOp module,
+                                                         int64_t rank);
+
+} // namespace meshplan::pipeline
+
+#endif // MESHPLAN_PIPELINE_PIPELINE_H

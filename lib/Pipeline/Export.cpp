@@ -1,0 +1,554 @@
+//===- Export.cpp - A scheduled dist module as a plan template ------------===//
+
+#include "meshplan/Pipeline/Export.h"
+
+#include "meshplan/Dialect/Dist/IR/CoreBridge.h"
+#include "meshplan/Dialect/Dist/IR/DistDialect.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/StringMap.h"
+
+#include <set>
+
+using namespace mlir;
+using namespace meshplan;
+using namespace meshplan::pipeline;
+namespace pl = meshplan::plan;
+
+static std::string describe(Operation *op) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << "'" << op->getName() << "' at " << op->getLoc();
+  return text;
+}
+
+static Error opError(Operation *op, const std::string &message) {
+  return Error(describe(op) + ": " + message);
+}
+
+static std::optional<pl::DType> planDType(Type type) {
+  if (type.isF32())
+    return pl::DType::Float32;
+  if (type.isBF16())
+    return pl::DType::BFloat16;
+  if (type.isF16())
+    return pl::DType::Float16;
+  if (type.isF64())
+    return pl::DType::Float64;
+  if (isa<Float8E4M3FNType>(type))
+    return pl::DType::Float8E4M3;
+  if (isa<Float8E5M2Type>(type))
+    return pl::DType::Float8E5M2;
+  if (type.isInteger(8))
+    return pl::DType::Int8;
+  if (type.isInteger(32))
+    return pl::DType::Int32;
+  if (type.isInteger(64))
+    return pl::DType::Int64;
+  return std::nullopt;
+}
+
+static int64_t product(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+namespace {
+class Exporter {
+public:
+  explicit Exporter(ModuleOp module) : module(module) {}
+
+  Result<pl::ProgramTemplate> run() {
+    if (auto ok = exportMesh(); !ok)
+      return ok.error();
+    func::FuncOp step;
+    for (auto func : module.getOps<func::FuncOp>())
+      if (func->hasAttr("dist.train_step")) {
+        if (step)
+          return opError(func, "a second dist.train_step function");
+        step = func;
+      }
+    if (!step)
+      return Error("the module has no dist.train_step function");
+    if (auto ok = exportComms(); !ok)
+      return ok.error();
+    if (auto ok = exportArguments(step); !ok)
+      return ok.error();
+    for (Operation &op : step.getBody().front()) {
+      if (isa<func::ReturnOp>(op))
+        continue;
+      if (auto ok = exportOp(&op); !ok)
+        return ok.error();
+    }
+    return std::move(out);
+  }
+
+private:
+  ModuleOp module;
+  pl::ProgramTemplate out;
+  std::shared_ptr<const Mesh> mesh;
+  std::optional<View> view;
+  FlatSymbolRefAttr meshName;
+
+  llvm::DenseMap<Value, int> bufferOf;          ///< value -> out.buffers index
+  llvm::DenseMap<Value, std::string> rootOf;    ///< value -> parameter name
+  llvm::StringMap<int> liveIds;                 ///< buffer id -> index, if live
+  llvm::DenseMap<int64_t, int> instructionOfId; ///< dist.id -> instruction
+  llvm::DenseMap<Operation *, int> instructionOfOp;
+  llvm::DenseMap<int64_t, int> bucketInstruction; ///< dist.bucket -> instr
+  std::string lastUpdateUnit; ///< unit of the last optimizer instruction
+  int lastUpdateInstruction = -1;
+
+  Result<void> exportMesh() {
+    auto meshes = module.getOps<dist::MeshOp>();
+    if (std::distance(meshes.begin(), meshes.end()) != 1)
+      return Error("the module must hold exactly one dist.mesh");
+    dist::MeshOp meshOp = *meshes.begin();
+    auto core = dist::coreMesh(meshOp);
+    if (!core)
+      return opError(meshOp, core.error().message);
+    mesh = std::make_shared<const Mesh>(std::move(*core));
+    view = View::root(mesh);
+    meshName = FlatSymbolRefAttr::get(meshOp.getSymNameAttr());
+    out.mesh.axes = mesh->getAxes();
+    if (auto order = meshOp.getDeviceOrder())
+      out.mesh.deviceOrder = std::vector<int64_t>(order->begin(), order->end());
+    return {};
+  }
+
+  Result<void> exportComms() {
+    for (auto comm : module.getOps<dist::CommOp>()) {
+      auto refs = dist::coreAxisRefs(*mesh, comm.getAxes());
+      if (!refs)
+        return opError(comm, refs.error().message);
+      pl::CommTemplate t;
+      t.id = comm.getSymName().str();
+      bool whole = true;
+      for (const AxisRef &ref : *refs) {
+        t.axes.push_back(formatAxisRef(*mesh, ref));
+        // A group along a managed axis changes membership at run time.
+        t.faultTolerant |= mesh->axis(ref.axis).managed;
+        whole &= ref.isWhole(*mesh);
+      }
+      if (auto v = comm.getViewAttr())
+        t.view = v.getExpr().str();
+      else if (whole)
+        t.view = "slice(" + formatAxisRefs(*mesh, *refs) + ")";
+      out.comms.push_back(std::move(t));
+    }
+    return {};
+  }
+
+  /// The core layout of a value's type (replicated when it has none).
+  Result<Layout> layoutOf(Operation *op, Value value) {
+    auto type = cast<RankedTensorType>(value.getType());
+    dist::LayoutAttr attr = dist::getLayout(type);
+    if (!attr) {
+      Layout layout;
+      layout.dims.assign(type.getRank(), {});
+      return layout;
+    }
+    if (attr.getMesh() != meshName)
+      return opError(op, "value on mesh " + attr.getMesh().getValue().str() +
+                             ", not the module's mesh");
+    auto layout = dist::coreLayout(*view, attr);
+    if (!layout)
+      return opError(op, layout.error().message);
+    return std::move(*layout);
+  }
+
+  Result<int> addBuffer(Operation *op, Value value, std::string id,
+                        pl::BufferKind kind, bool persistent) {
+    auto type = cast<RankedTensorType>(value.getType());
+    auto dtype = planDType(type.getElementType());
+    if (!dtype)
+      return opError(op, "no plan dtype for element type of value " + id);
+    auto layout = layoutOf(op, value);
+    if (!layout)
+      return layout.error();
+    // A buffer id names one live buffer; a re-gather after a free reuses
+    // the id (same buffer, gathered again), a simultaneous one gets a
+    // suffix.
+    std::string unique = id;
+    for (int n = 2; liveIds.count(unique) &&
+                    !reusable(out.buffers[liveIds.lookup(unique)], type);
+         ++n)
+      unique = id + "." + std::to_string(n);
+    int index;
+    if (auto it = liveIds.find(unique);
+        it != liveIds.end() && reusable(out.buffers[it->second], type)) {
+      index = it->second;
+    } else {
+      pl::BufferTemplate buffer;
+      buffer.id = unique;
+      buffer.kind = kind;
+      buffer.dtype = *dtype;
+      buffer.globalShape.assign(type.getShape().begin(), type.getShape().end());
+      buffer.layout = std::move(*layout);
+      buffer.persistent = persistent;
+      index = static_cast<int>(out.buffers.size());
+      out.buffers.push_back(std::move(buffer));
+    }
+    liveIds[unique] = index;
+    freed.erase(index);
+    bufferOf[value] = index;
+    return index;
+  }
+
+  /// An earlier buffer with this id may hold the value again when it was
+  /// freed and has the same dtype and shape.
+  std::set<int> freed;
+  bool reusable(const pl::BufferTemplate &buffer, RankedTensorType type) {
+    int index = static_cast<int>(&buffer - out.buffers.data());
+    return freed.count(index) &&
+           planDType(type.getElementType()) == buffer.dtype &&
+           std::vector<int64_t>(type.getShape().begin(),
+                                type.getShape().end()) == buffer.globalShape;
+  }
+
+  Result<void> exportArguments(func::FuncOp step) {
+    for (BlockArgument arg : step.getArguments()) {
+      unsigned i = arg.getArgNumber();
+      pl::BufferKind kind;
+      std::string name;
+      if (auto param = step.getArgAttrOfType<StringAttr>(i, "dist.param")) {
+        kind = pl::BufferKind::ParamShard;
+        name = param.str();
+      } else if (auto state =
+                     step.getArgAttrOfType<StringAttr>(i, "dist.state")) {
+        kind = pl::BufferKind::OptimizerState;
+        name = state.str();
+      } else {
+        return opError(step, "argument #" + std::to_string(i) +
+                                 " has neither dist.param nor dist.state");
+      }
+      rootOf[arg] = name;
+      auto index = addBuffer(step, arg, name, kind, /*persistent=*/true);
+      if (!index)
+        return index.error();
+      freed.insert(*index); // persistent: never "live" for id reuse
+      liveIds.erase(name);
+    }
+    return {};
+  }
+
+  std::string bufferId(Value v) { return out.buffers[bufferOf.lookup(v)].id; }
+
+  Result<std::string> inputId(Operation *op, Value v) {
+    if (!bufferOf.count(v))
+      return opError(op, "operand is not a buffer of the step");
+    return bufferId(v);
+  }
+
+  /// Buffer kind and id suffix of an op's results.
+  static std::pair<pl::BufferKind, std::string> roleOf(Operation *op) {
+    if (isa<dist::AllGatherOp>(op))
+      return {pl::BufferKind::Gathered, "gathered"};
+    if (isa<dist::ReduceScatterOp>(op))
+      return {pl::BufferKind::Gradient, "reduced"};
+    if (isa<dist::AllReduceOp>(op))
+      return {pl::BufferKind::Gradient, "allreduced"};
+    if (isa<dist::Fp8CastOp>(op))
+      return {pl::BufferKind::Scratch, "fp8"};
+    if (isa<arith::TruncFOp, arith::ExtFOp>(op))
+      return {pl::BufferKind::Scratch, "cast"};
+    return {pl::BufferKind::Scratch, "tmp"};
+  }
+
+  Result<void> exportOp(Operation *op) {
+    auto idAttr = op->getAttrOfType<IntegerAttr>("dist.id");
+    auto streamAttr = op->getAttrOfType<StringAttr>("dist.stream");
+    if (!idAttr || !streamAttr)
+      return opError(op, "has no dist.id / dist.stream (run dist-schedule)");
+    int64_t distId = idAttr.getInt();
+    std::string stream = streamAttr.str();
+    if (std::find(out.streams.begin(), out.streams.end(), stream) ==
+        out.streams.end())
+      out.streams.push_back(stream);
+
+    pl::Instruction in;
+    in.id = "i" + std::to_string(distId);
+    in.stream = stream;
+    double flops = 0;
+    std::vector<Value> results;
+
+    // Results become buffers first (inputs are looked up before).
+    std::vector<std::string> inputs;
+    for (Value v : op->getOperands()) {
+      auto id = inputId(op, v);
+      if (!id)
+        return id.error();
+      inputs.push_back(*id);
+    }
+
+    if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
+      in.op = pl::OpKind::Compute;
+      bool forward = compute.getPhase() == dist::Phase::Forward;
+      in.label = std::string(forward ? "forward " : "backward ") +
+                 compute.getModule().str();
+      if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
+        in.label += " (microbatch " + std::to_string(mb.getInt()) + ")";
+      if (auto f = compute.getFlopsAttr())
+        flops = f.getValueAsDouble();
+      in.inputs = inputs;
+      for (auto [i, grad] : llvm::enumerate(compute.getGrads())) {
+        Value source = compute.getInputs()[i];
+        std::string root = rootOf.lookup(source);
+        rootOf[grad] = root;
+        auto index = addBuffer(op, grad, root + ".grad",
+                               pl::BufferKind::Gradient, false);
+        if (!index)
+          return index.error();
+        in.outputs.push_back(bufferId(grad));
+      }
+    } else if (auto adam = dyn_cast<dist::AdamWOp>(op)) {
+      in.op = pl::OpKind::OptimizerUpdate;
+      // In place: the results are the parameter and state buffers.
+      for (auto [result, operand] :
+           {std::pair{adam.getNewParam(), adam.getParam()},
+            std::pair{adam.getNewExpAvg(), adam.getExpAvg()},
+            std::pair{adam.getNewExpAvgSq(), adam.getExpAvgSq()}}) {
+        bufferOf[result] = bufferOf.lookup(operand);
+        rootOf[result] = rootOf.lookup(operand);
+      }
+      in.inputs = inputs;
+      in.outputs = {bufferId(adam.getParam()), bufferId(adam.getExpAvg()),
+                    bufferId(adam.getExpAvgSq())};
+      auto layout = layoutOf(op, adam.getParam());
+      if (!layout)
+        return layout.error();
+      auto type = cast<RankedTensorType>(adam.getParam().getType());
+      std::vector<int64_t> shape(type.getShape().begin(),
+                                 type.getShape().end());
+      // ~ 12 flops per element for AdamW (+ rounding); memory-bound anyway.
+      flops =
+          12.0 * static_cast<double>(product(paddedShapeOf(*layout, shape)));
+      std::string unit = unitOfGradient(adam.getGrad());
+      in.label = "adamw " + unit;
+      if (adam.getStochasticRounding())
+        in.label += " (bf16 stochastic rounding)";
+      // One fused multi-tensor update per FSDP unit.
+      if (lastUpdateInstruction >= 0 && unit == lastUpdateUnit &&
+          lastUpdateInstruction + 1 == static_cast<int>(out.program.size())) {
+        return mergeInto(lastUpdateInstruction, op, distId, in, flops);
+      }
+      lastUpdateUnit = unit;
+      lastUpdateInstruction = static_cast<int>(out.program.size());
+    } else if (isa<dist::FreeOp>(op)) {
+      in.op = pl::OpKind::Free;
+      in.inputs = inputs;
+      for (Value v : op->getOperands()) {
+        int index = bufferOf.lookup(v);
+        if (out.buffers[index].persistent)
+          return opError(op, "frees a persistent buffer");
+        freed.insert(index);
+      }
+    } else if (auto amax = dyn_cast<dist::Fp8AmaxOp>(op)) {
+      in.op = pl::OpKind::Fp8Amax;
+      in.inputs = inputs;
+      in.dtype = pl::DType::Float32;
+      auto index = addBuffer(op, amax.getAmax(), "fp8.amax.local",
+                             pl::BufferKind::Scratch, false);
+      if (!index)
+        return index.error();
+      rootOf[amax.getAmax()] = "fp8.amax";
+      in.outputs.push_back(bufferId(amax.getAmax()));
+      in.label = "float8 amax of " + std::to_string(amax.getInputs().size()) +
+                 " weights";
+    } else if (op->getNumResults() == 1 &&
+               (isa<dist::Fp8CastOp, arith::TruncFOp, arith::ExtFOp,
+                    dist::AllGatherOp, dist::ReduceScatterOp, dist::AllReduceOp,
+                    dist::AllToAllOp, dist::PermuteOp, dist::BroadcastOp>(
+                   op))) {
+      Value result = op->getResult(0);
+      Value source = op->getOperand(0);
+      std::string root = rootOf.lookup(source);
+      rootOf[result] = root;
+      auto [kind, role] = roleOf(op);
+      if (bufferOf.count(source) &&
+          out.buffers[bufferOf.lookup(source)].kind == pl::BufferKind::Gradient)
+        kind = pl::BufferKind::Gradient;
+      if (root == "fp8.amax")
+        kind = pl::BufferKind::Scratch;
+      auto index = addBuffer(op, result, root + "." + role, kind, false);
+      if (!index)
+        return index.error();
+      in.inputs = {inputs[0]};
+      in.outputs = {bufferId(result)};
+      auto elt = cast<RankedTensorType>(result.getType()).getElementType();
+      if (isa<dist::Fp8CastOp>(op)) {
+        in.op = pl::OpKind::Fp8Cast;
+        in.dtype = planDType(elt);
+        in.inputs = inputs; // the shard and the amax
+        in.label = "float8 cast " + root;
+      } else if (isa<arith::TruncFOp, arith::ExtFOp>(op)) {
+        in.op = pl::OpKind::Cast;
+        in.dtype = planDType(elt);
+        in.label =
+            "cast " + root + " to " + std::string(pl::dtypeName(*in.dtype));
+      } else {
+        if (auto ok = exportCollective(op, in); !ok)
+          return ok.error();
+        if (auto bucket = op->getAttrOfType<IntegerAttr>("dist.bucket")) {
+          auto it = bucketInstruction.find(bucket.getInt());
+          if (it != bucketInstruction.end())
+            return mergeInto(it->second, op, distId, in, 0);
+          bucketInstruction[bucket.getInt()] =
+              static_cast<int>(out.program.size());
+        }
+      }
+    } else {
+      return opError(op, "has no plan instruction (export supports the "
+                         "ops of a scheduled dist.train_step)");
+    }
+    if (auto ok = addDeps(op, in); !ok)
+      return ok.error();
+    instructionOfId[distId] = static_cast<int>(out.program.size());
+    instructionOfOp[op] = static_cast<int>(out.program.size());
+    out.program.push_back(std::move(in));
+    out.flops.push_back(flops);
+    return {};
+  }
+
+  /// The unit whose backward produced a gradient (through its reductions).
+  std::string unitOfGradient(Value grad) {
+    while (Operation *def = grad.getDefiningOp()) {
+      if (auto compute = dyn_cast<dist::ComputeOp>(def))
+        return compute.getModule().str();
+      if (def->getNumOperands() == 0)
+        break;
+      grad = def->getOperand(0);
+    }
+    return "";
+  }
+
+  Result<void> exportCollective(Operation *op, pl::Instruction &in) {
+    auto comm = op->getAttrOfType<FlatSymbolRefAttr>("comm");
+    if (!comm)
+      return opError(op, "has no comm (run dist-materialize-comms)");
+    in.comm = comm.getValue().str();
+    Value input = op->getOperand(0), result = op->getResult(0);
+    auto inType = cast<RankedTensorType>(input.getType());
+    std::vector<int64_t> shape(inType.getShape().begin(),
+                               inType.getShape().end());
+    in.dtype = planDType(inType.getElementType());
+    if (!in.dtype)
+      return opError(op, "no plan dtype for its element type");
+    auto inLayout = layoutOf(op, input);
+    auto outLayout = layoutOf(op, result);
+    if (!inLayout || !outLayout)
+      return (inLayout ? outLayout : inLayout).error();
+    int64_t inElems = product(paddedShapeOf(*inLayout, shape));
+    int64_t outElems = product(paddedShapeOf(*outLayout, shape));
+    auto axes = dist::coreAxisRefs(*mesh, op->getAttrOfType<ArrayAttr>("axes"));
+    if (!axes)
+      return opError(op, axes.error().message);
+    int64_t group = refsSize(*axes);
+    std::string what = rootOf.lookup(input);
+    std::string over = " over " + formatAxisRefs(*mesh, *axes);
+    if (isa<dist::AllGatherOp>(op)) {
+      in.op = pl::OpKind::AllGather;
+      in.count = inElems;
+      in.label = "all-gather " + what + over;
+    } else if (auto rs = dyn_cast<dist::ReduceScatterOp>(op)) {
+      in.op = pl::OpKind::ReduceScatter;
+      in.count = outElems;
+      in.reduce = dist::coreReduceOp(rs.getReduce());
+      in.label = "reduce-scatter " + what + over;
+    } else if (auto ar = dyn_cast<dist::AllReduceOp>(op)) {
+      in.op = pl::OpKind::AllReduce;
+      in.count = inElems;
+      in.reduce = dist::coreReduceOp(ar.getReduce());
+      in.label = "all-reduce " + what + over;
+      if (ar.getFaultTolerant())
+        in.label += " (fault-tolerant)";
+    } else if (isa<dist::AllToAllOp>(op)) {
+      in.op = pl::OpKind::AllToAll;
+      in.count = group > 0 ? inElems / group : inElems;
+      in.label = "all-to-all " + what + over;
+    } else if (isa<dist::PermuteOp>(op)) {
+      in.op = pl::OpKind::Permute;
+      in.count = inElems;
+      in.label = "permute " + what + over;
+    } else {
+      auto bc = cast<dist::BroadcastOp>(op);
+      in.op = pl::OpKind::Broadcast;
+      in.count = inElems;
+      in.root = bc.getRootAttr().getInt();
+      in.label = "broadcast " + what + over;
+    }
+    return {};
+  }
+
+  /// Deps: producers of the operands on other streams, and dist.after.
+  Result<void> addDeps(Operation *op, pl::Instruction &in) {
+    auto addDep = [&](int index) {
+      const std::string &id = out.program[index].id;
+      if (id != in.id &&
+          std::find(in.deps.begin(), in.deps.end(), id) == in.deps.end())
+        in.deps.push_back(id);
+    };
+    for (Value v : op->getOperands()) {
+      Operation *def = v.getDefiningOp();
+      if (!def)
+        continue;
+      auto it = instructionOfOp.find(def);
+      if (it == instructionOfOp.end())
+        return opError(op, "an operand's producer was not exported first");
+      if (out.program[it->second].stream != in.stream)
+        addDep(it->second);
+    }
+    if (auto after = op->getAttrOfType<DenseI64ArrayAttr>("dist.after"))
+      for (int64_t id : after.asArrayRef()) {
+        auto it = instructionOfId.find(id);
+        if (it == instructionOfId.end())
+          return opError(op, "dist.after names id " + std::to_string(id) +
+                                 ", which no earlier op has");
+        addDep(it->second);
+      }
+    return {};
+  }
+
+  /// Adds `op` (already translated into `in`) to the instruction at
+  /// `index`: one bucket or one fused update.
+  Result<void> mergeInto(int index, Operation *op, int64_t distId,
+                         pl::Instruction &in, double flops) {
+    pl::Instruction &target = out.program[index];
+    if (target.op != in.op || target.comm != in.comm ||
+        target.dtype != in.dtype || target.reduce != in.reduce)
+      return opError(op, "dist.bucket mixes different collectives");
+    if (auto ok = addDeps(op, in); !ok)
+      return ok.error();
+    target.count += in.count;
+    auto append = [](std::vector<std::string> &to,
+                     const std::vector<std::string> &from) {
+      for (const std::string &s : from)
+        if (std::find(to.begin(), to.end(), s) == to.end())
+          to.push_back(s);
+    };
+    append(target.inputs, in.inputs);
+    append(target.outputs, in.outputs);
+    for (const std::string &dep : in.deps)
+      if (dep != target.id)
+        append(target.deps, {dep});
+    out.flops[index] += flops;
+    if (!bucketed.count(index)) {
+      bucketed.insert(index);
+      target.label += " (bucket)";
+    }
+    instructionOfId[distId] = index;
+    instructionOfOp[op] = index;
+    return {};
+  }
+  std::set<int> bucketed;
+};
+} // namespace
+
+Result<pl::ProgramTemplate>
+meshplan::pipeline::exportTemplate(ModuleOp module) {
+  return Exporter(module).run();
+}

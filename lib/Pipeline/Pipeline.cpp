@@ -1,0 +1,127 @@
+//===- Pipeline.cpp - spec -> dist module -> passes -> plan template ------===//
+
+#include "meshplan/Pipeline/Pipeline.h"
+
+#include "meshplan/Dialect/Dist/IR/DistDialect.h"
+#include "meshplan/Dialect/Dist/Transforms/Passes.h"
+#include "meshplan/Pipeline/Export.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+
+#include <chrono>
+
+using namespace mlir;
+using namespace meshplan;
+using namespace meshplan::pipeline;
+
+const std::vector<std::string_view> &meshplan::pipeline::pipelinePasses() {
+  static const std::vector<std::string_view> passes = {
+      "dist-propagate-layouts", "dist-lower-redistribute",
+      "dist-fuse-fp8-gather",   "dist-lower-optimizer",
+      "dist-materialize-comms", "dist-schedule"};
+  return passes;
+}
+
+static std::unique_ptr<Pass> createPass(std::string_view flag) {
+  if (flag == "dist-propagate-layouts")
+    return dist::createDistPropagateLayouts();
+  if (flag == "dist-lower-redistribute")
+    return dist::createDistLowerRedistribute();
+  if (flag == "dist-fuse-fp8-gather")
+    return dist::createDistFuseFp8Gather();
+  if (flag == "dist-lower-optimizer")
+    return dist::createDistLowerOptimizer();
+  if (flag == "dist-materialize-comms")
+    return dist::createDistMaterializeComms();
+  return dist::createDistSchedule();
+}
+
+std::unique_ptr<MLIRContext> meshplan::pipeline::makeContext() {
+  DialectRegistry registry;
+  registry.insert<dist::DistDialect, func::FuncDialect, arith::ArithDialect>();
+  auto context =
+      std::make_unique<MLIRContext>(registry, MLIRContext::Threading::DISABLED);
+  context->loadAllAvailableDialects();
+  return context;
+}
+
+namespace {
+/// Collects diagnostics so a failing stage reports them in its error.
+struct DiagnosticCollector {
+  explicit DiagnosticCollector(MLIRContext &context)
+      : handler(&context, [this](Diagnostic &diag) {
+          if (!text.empty())
+            text += "\n";
+          llvm::raw_string_ostream os(text);
+          os << diag.getLocation() << ": " << diag;
+          for (Diagnostic &note : diag.getNotes())
+            os << "\n  note: " << note;
+          return success();
+        }) {}
+  std::string text;
+  ScopedDiagnosticHandler handler;
+};
+
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+} // namespace
+
+Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,
+                                             const frontend::ResolvedSpec &spec,
+                                             const CompileOptions &options) {
+  DiagnosticCollector diagnostics(context);
+  Compiled out;
+  auto start = Clock::now();
+  out.module = importTrainStep(context, spec, options.import);
+  out.timings.push_back({"import", secondsSince(start)});
+  auto finishStage = [&](std::string_view stage) -> Result<void> {
+    if (options.verifyEachStage && failed(verify(*out.module)))
+      return Error("internal error: the module after " + std::string(stage) +
+                   " does not verify:\n" + diagnostics.text);
+    if (options.afterStage)
+      return options.afterStage(stage, *out.module);
+    return {};
+  };
+  if (auto ok = finishStage("import"); !ok)
+    return ok.error();
+  for (std::string_view flag : pipelinePasses()) {
+    PassManager pm(&context);
+    pm.enableVerifier(false); // finishStage verifies (and says which stage)
+    pm.addPass(createPass(flag));
+    start = Clock::now();
+    if (failed(pm.run(*out.module)))
+      return Error("internal error: pass " + std::string(flag) + " failed:\n" +
+                   diagnostics.text);
+    out.timings.push_back({std::string(flag), secondsSince(start)});
+    if (auto ok = finishStage(flag); !ok)
+      return ok.error();
+  }
+  start = Clock::now();
+  auto program = exportTemplate(*out.module);
+  if (!program)
+    return Error("internal error: export: " + program.error().message);
+  out.program = std::move(*program);
+  out.timings.push_back({"export", secondsSince(start)});
+  return out;
+}
+
+Result<OwningOpRef<ModuleOp>>
+meshplan::pipeline::specializeRank(ModuleOp module, int64_t rank) {
+  MLIRContext &context = *module->getContext();
+  DiagnosticCollector diagnostics(context);
+  OwningOpRef<ModuleOp> copy = module.clone();
+  PassManager pm(&context);
+  dist::DistSpecializeRankOptions options;
+  options.rank = rank;
+  pm.addPass(dist::createDistSpecializeRank(options));
+  if (failed(pm.run(*copy)))
+    return Error("internal error: pass dist-specialize-rank failed:\n" +
+                 diagnostics.text);
+  return copy;
+}

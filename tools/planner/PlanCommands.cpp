@@ -1,0 +1,476 @@
+//===- PlanCommands.cpp - plan, explain, trace ----------------------------===//
+
+#include "PlanCommands.h"
+
+#include "MeshSetup.h"
+
+#include "meshplan/Frontend/Spec.h"
+#include "meshplan/Pipeline/Pipeline.h"
+#include "meshplan/Plan/CostModel.h"
+#include "meshplan/Plan/PlanDirectory.h"
+#include "meshplan/Plan/Trace.h"
+#include "meshplan/Plan/Verify.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <sstream>
+#include <unistd.h>
+
+using namespace meshplan;
+using namespace meshplan::cli;
+namespace fs = std::filesystem;
+
+//===----------------------------------------------------------------------===//
+// Loading and compiling
+//===----------------------------------------------------------------------===//
+
+namespace {
+struct Planned {
+  std::unique_ptr<mlir::MLIRContext> context;
+  frontend::ResolvedSpec spec;
+  pipeline::Compiled compiled;
+  std::optional<plan::PreparedTemplate> prepared;
+};
+
+using Clock = std::chrono::steady_clock;
+double secondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+} // namespace
+
+static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
+  if (flags.spec.empty())
+    throw CliError("--spec: a parallelism spec file is required");
+  if (flags.tokens <= 0)
+    throw CliError("--tokens: must be > 0, not " +
+                   std::to_string(flags.tokens));
+  if (flags.seqLen <= 0)
+    throw CliError("--seq-len: must be > 0, not " +
+                   std::to_string(flags.seqLen));
+  frontend::SpecOptions options;
+  options.worldSize = flags.worldSize;
+  if (flags.model.empty()) {
+    auto resolved = frontend::loadSpecFile(flags.spec, options);
+    if (!resolved)
+      throw CliError(resolved.error().message);
+    return std::move(*resolved);
+  }
+  // --model replaces the spec's "model"; its errors name the flag.
+  auto text = plan::readTextFile(flags.spec);
+  if (!text)
+    throw CliError("--spec: " + text.error().message);
+  auto spec = frontend::parseSpec(*text, options);
+  if (!spec)
+    throw CliError(spec.error().within(flags.spec).message);
+  spec->model = flags.model;
+  auto model = frontend::loadSpecModel(*spec, ".");
+  if (!model) {
+    std::string message = model.error().message;
+    if (message.rfind("/model: ", 0) == 0)
+      message = message.substr(8);
+    throw CliError("--model: " + message);
+  }
+  auto resolved = frontend::resolveSpec(std::move(*spec), std::move(*model));
+  if (!resolved)
+    throw CliError(resolved.error().within(flags.spec).message);
+  return std::move(*resolved);
+}
+
+static Planned planOrThrow(
+    const SpecFlags &flags,
+    std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
+        nullptr) {
+  Planned p;
+  p.spec = loadSpecOrThrow(flags);
+  p.context = pipeline::makeContext();
+  pipeline::CompileOptions options;
+  options.import.tokensPerMicrobatch = flags.tokens;
+  options.import.sequenceLength = flags.seqLen;
+  options.afterStage = std::move(afterStage);
+  auto compiled = pipeline::compile(*p.context, p.spec, options);
+  if (!compiled)
+    throw std::runtime_error(compiled.error().message);
+  p.compiled = std::move(*compiled);
+  auto prepared = plan::PreparedTemplate::prepare(p.compiled.program);
+  if (!prepared)
+    throw std::runtime_error("internal error: the exported program is "
+                             "invalid: " +
+                             prepared.error().message);
+  p.prepared.emplace(std::move(*prepared));
+  return p;
+}
+
+static std::string meshText(const Mesh &mesh) {
+  std::string out;
+  for (const MeshAxis &axis : mesh.getAxes())
+    out += (out.empty() ? "" : ", ") + axis.name + "=" +
+           std::to_string(axis.size) + (axis.managed ? " (managed)" : "");
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// plan
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// A one-line progress bar on stderr, redrawn at most every 1%.
+class ProgressBar {
+public:
+  ProgressBar(bool enabled, std::string what)
+      : enabled(enabled), what(std::move(what)) {}
+  void operator()(int64_t done, int64_t total) {
+    if (!enabled || total <= 0)
+      return;
+    int64_t percent = done * 100 / total;
+    if (percent == lastPercent && done != total)
+      return;
+    lastPercent = percent;
+    int filled = static_cast<int>(percent * 30 / 100);
+    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", what.c_str(),
+                 std::string(filled, '#').c_str(),
+                 std::string(30 - filled, '.').c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total));
+    if (done == total)
+      std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+private:
+  bool enabled;
+  std::string what;
+  int64_t lastPercent = -1;
+};
+} // namespace
+
+static std::string fixed(double value, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << value;
+  return os.str();
+}
+
+CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
+  if (options.all == options.rank.has_value())
+    throw CliError(options.all ? "--all: give --all or --rank R, not both"
+                               : "--rank: give --rank R or --all");
+  if (options.outDir.empty())
+    throw CliError("-o: an output directory is required");
+  if (options.progress != "auto" && options.progress != "always" &&
+      options.progress != "never")
+    throw CliError("--progress: expected auto, always or never, not \"" +
+                   options.progress + "\"");
+  auto start = Clock::now();
+
+  // IR dumps go to a fresh directory, written only once the spec loaded.
+  int stage = 0;
+  std::function<Result<void>(std::string_view, mlir::ModuleOp)> dump;
+  if (!options.dumpIr.empty()) {
+    dump = [&](std::string_view name, mlir::ModuleOp module) -> Result<void> {
+      std::error_code ec;
+      fs::create_directories(options.dumpIr, ec);
+      char prefix[8];
+      std::snprintf(prefix, sizeof prefix, "%02d-", stage++);
+      std::string path =
+          options.dumpIr + "/" + prefix + std::string(name) + ".mlir";
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      module.print(os);
+      std::ofstream file(path);
+      file << text;
+      if (!file)
+        return Error("--dump-ir: cannot write " + path);
+      return {};
+    };
+  }
+  Planned p = planOrThrow(options.spec, dump);
+  const plan::PreparedTemplate &prepared = *p.prepared;
+  int64_t world = prepared.mesh().size();
+  if (options.rank) {
+    checkRank(p.prepared->mesh(), *options.rank);
+    if (dump) {
+      auto local = pipeline::specializeRank(*p.compiled.module, *options.rank);
+      if (!local)
+        throw std::runtime_error(local.error().message);
+      if (auto ok = dump("dist-specialize-rank", **local); !ok)
+        throw CliError(ok.error().message);
+    }
+  }
+  bool showProgress =
+      options.progress == "always" || (options.progress == "auto" && isatty(2));
+  std::vector<int64_t> ranks =
+      options.all ? prepared.ranks() : std::vector<int64_t>{*options.rank};
+
+  // Verify the whole set before writing anything.
+  std::string verified;
+  CommandOutput result;
+  if (options.all && !options.noVerify && world <= options.verifyLimit) {
+    auto verifyStart = Clock::now();
+    std::vector<plan::Plan> plans;
+    plans.reserve(ranks.size());
+    ProgressBar bar(showProgress, "verifying");
+    for (int64_t rank : ranks) {
+      auto plan = prepared.instantiate(rank, /*withEstimates=*/false);
+      if (!plan)
+        throw std::runtime_error("internal error: " + plan.error().message);
+      plans.push_back(std::move(*plan));
+      bar(static_cast<int64_t>(plans.size()), world);
+    }
+    auto report = plan::verifyPlans(plans);
+    if (!report)
+      throw std::runtime_error("internal error: " + report.error().message);
+    if (!report->ok()) {
+      result.exitCode = 1;
+      result.err = "meshplan: verification failed (" +
+                   std::string(plan::failureKindName(report->failure->kind)) +
+                   "): " + report->failure->message +
+                   "\nnothing was written to " + options.outDir + "\n";
+      return result;
+    }
+    verified = "verified all " + std::to_string(world) + " ranks (" +
+               std::to_string(report->stats.collectives) + " collectives on " +
+               std::to_string(report->stats.communicators) +
+               " communicators agree; every program runs to completion) in " +
+               fixed(secondsSince(verifyStart), 2) + " s";
+  } else if (options.all) {
+    verified = options.noVerify
+                   ? "not verified (--no-verify)"
+                   : "not verified: " + std::to_string(world) +
+                         " ranks exceed the default limit of " +
+                         std::to_string(options.verifyLimit) +
+                         " (run meshplan verify " + options.outDir + ")";
+  } else {
+    verified = "one rank; cross-rank verification needs --all";
+  }
+
+  ProgressBar bar(showProgress, "writing plans");
+  auto written = plan::writePlanDirectory(
+      options.outDir, world,
+      [&](int64_t rank) { return prepared.instantiate(rank); }, ranks,
+      [&](int64_t done, int64_t total) { bar(done, total); },
+      options.threads ? options.threads : 1);
+  if (!written)
+    throw CliError("-o: " + written.error().message);
+
+  const plan::ProgramTemplate &program = prepared.get();
+  std::ostringstream out;
+  out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
+      << " of " << p.spec.model->name << " on mesh "
+      << meshText(prepared.mesh()) << " (" << world
+      << " ranks): " << program.comms.size() << " communicators, "
+      << program.buffers.size() << " buffers, " << program.program.size()
+      << " instructions per rank\n";
+  out << verified << "\n";
+  out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
+      << " s\n";
+  result.out = out.str();
+  return result;
+}
+
+//===----------------------------------------------------------------------===//
+// explain
+//===----------------------------------------------------------------------===//
+
+static std::string bytesText(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fixed(bytes, u == 0 ? 0 : 2) + " " + units[u];
+}
+
+namespace {
+struct CollectiveSummary {
+  int64_t count = 0;    ///< instructions
+  int64_t elements = 0; ///< summed counts
+  int64_t bytes = 0;    ///< bytes this rank sends
+};
+} // namespace
+
+std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
+  Planned p = planOrThrow(options.spec);
+  checkRank(p.prepared->mesh(), options.rank);
+  const plan::PreparedTemplate &prepared = *p.prepared;
+  auto planned = prepared.instantiate(options.rank);
+  if (!planned)
+    throw std::runtime_error("internal error: " + planned.error().message);
+  const plan::Plan &plan = *planned;
+  const frontend::Spec &spec = p.spec.spec;
+  const Mesh &mesh = prepared.mesh();
+
+  std::map<std::string, const plan::Communicator *> comms;
+  for (const plan::Communicator &c : plan.communicators)
+    comms[c.id] = &c;
+  // (comm, op, dtype) -> summary
+  std::map<std::tuple<std::string, std::string, std::string>, CollectiveSummary>
+      collectives;
+  int64_t fp8Bytes = 0, fp8BytesAtParamDtype = 0, fp8Gathers = 0;
+  plan::DType paramDtype =
+      *plan::parseDType(frontend::dtypeName(spec.mixedPrecision.paramDtype));
+  for (const plan::Instruction &in : plan.program) {
+    if (!plan::isCollective(in.op))
+      continue;
+    int64_t n = static_cast<int64_t>(comms[in.comm]->ranks.size());
+    int64_t sent = plan::bytesSent(in.op, *in.dtype, in.count, n);
+    auto &s = collectives[{in.comm, std::string(plan::opKindName(in.op)),
+                           std::string(plan::dtypeName(*in.dtype))}];
+    s.count += 1;
+    s.elements += in.count;
+    s.bytes += sent;
+    if (in.op == plan::OpKind::AllGather &&
+        (*in.dtype == plan::DType::Float8E4M3 ||
+         *in.dtype == plan::DType::Float8E5M2)) {
+      ++fp8Gathers;
+      fp8Bytes += sent;
+      fp8BytesAtParamDtype += plan::bytesSent(in.op, paramDtype, in.count, n);
+    }
+  }
+  auto schedule = plan::simulate(plan, prepared.flops(), plan::CostModel{});
+
+  std::ostringstream out;
+  out << "model " << p.spec.model->name << ": "
+      << fixed(static_cast<double>(frontend::countParameters(*p.spec.model)) /
+                   1e9,
+               2)
+      << "B parameters in " << p.spec.params.size() << " tensors, "
+      << pipeline::fsdpUnits(p.spec).size() << " FSDP units\n";
+  out << "mesh " << meshText(mesh) << ": " << mesh.size() << " ranks\n";
+  auto list = [](const std::vector<std::string> &names) {
+    std::string s;
+    for (const std::string &n : names)
+      s += (s.empty() ? "" : ", ") + n;
+    return s.empty() ? std::string("-") : s;
+  };
+  out << "roles: replicate {" << list(spec.dataParallel.replicateAxes)
+      << "}, shard {" << list(spec.dataParallel.shardAxes) << "}, tensor {"
+      << (spec.tensorParallel ? spec.tensorParallel->axis : "-") << "}, extra {"
+      << list(spec.extraAxes) << "}; reshard after forward: "
+      << (spec.dataParallel.reshardAfterForward ? "yes" : "no") << "; params "
+      << frontend::dtypeName(spec.optimizer.paramDtype) << ", compute "
+      << frontend::dtypeName(spec.mixedPrecision.paramDtype) << ", reduce "
+      << frontend::dtypeName(spec.mixedPrecision.reduceDtype) << "\n\n";
+
+  out << "communicators of rank " << options.rank << ":\n";
+  for (const plan::Communicator &c : plan.communicators) {
+    out << "  " << std::left << std::setw(22) << c.id << " axes {"
+        << list(c.axes) << "}  group [";
+    for (size_t i = 0; i < c.ranks.size() && i < 8; ++i)
+      out << (i ? "," : "") << c.ranks[i];
+    if (c.ranks.size() > 8)
+      out << ",... " << c.ranks.size() << " ranks";
+    out << "]  color " << c.color << " key " << c.key
+        << (c.faultTolerant ? "  fault-tolerant" : "") << "\n";
+  }
+  out << "\ncollectives per step of rank " << options.rank
+      << " (bytes this rank sends, ring algorithms):\n";
+  out << "  " << std::left << std::setw(22) << "communicator" << std::setw(16)
+      << "op" << std::setw(15) << "dtype" << std::right << std::setw(6)
+      << "calls" << std::setw(16) << "elements" << std::setw(14) << "bytes"
+      << "\n";
+  int64_t totalBytes = 0;
+  for (const auto &[key, s] : collectives) {
+    const auto &[comm, op, dtype] = key;
+    out << "  " << std::left << std::setw(22) << comm << std::setw(16) << op
+        << std::setw(15) << dtype << std::right << std::setw(6) << s.count
+        << std::setw(16) << s.elements << std::setw(14)
+        << bytesText(static_cast<double>(s.bytes)) << "\n";
+    totalBytes += s.bytes;
+  }
+  out << "  total sent per step: " << bytesText(static_cast<double>(totalBytes))
+      << "\n\n";
+
+  out << "memory of rank " << options.rank << " (peak, by kind):";
+  if (plan.estimates)
+    for (const auto &[kind, bytes] : plan.estimates->peakMemoryBytes)
+      out << (kind == "total" ? "" : " ") << (kind == "total" ? "" : kind + " ")
+          << (kind == "total" ? ""
+                              : bytesText(static_cast<double>(bytes)) + ";");
+  if (plan.estimates && plan.estimates->peakMemoryBytes.count("total"))
+    out << " total "
+        << bytesText(static_cast<double>(
+               plan.estimates->peakMemoryBytes.at("total")));
+  out << " (activations are the trainer's and not counted)\n";
+
+  if (spec.float8 && spec.float8->enabled) {
+    out << "float8: ";
+    if (fp8Gathers == 0) {
+      out << (spec.float8->allGather
+                  ? "no float8 weight is all-gathered on this mesh"
+                  : "compute only (all_gather off): no gather savings")
+          << "\n";
+    } else {
+      out << fp8Gathers << " all-gathers in float8 send "
+          << bytesText(static_cast<double>(fp8Bytes)) << " instead of "
+          << bytesText(static_cast<double>(fp8BytesAtParamDtype)) << " in "
+          << frontend::dtypeName(spec.mixedPrecision.paramDtype) << ": saves "
+          << bytesText(static_cast<double>(fp8BytesAtParamDtype - fp8Bytes))
+          << " per step ("
+          << fixed(100.0 * double(fp8BytesAtParamDtype - fp8Bytes) /
+                       double(std::max<int64_t>(1, fp8BytesAtParamDtype)),
+                   0)
+          << "%)\n";
+    }
+  }
+  if (schedule)
+    out << "\nstep under the cost model (docs/plan-format.md#cost-model-and-"
+           "trace): "
+        << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed "
+        << "communication " << fixed(schedule->exposedCommSeconds * 1e3, 1)
+        << " ms (" << options.spec.tokens
+        << " tokens per rank per microbatch)\n";
+  return out.str();
+}
+
+//===----------------------------------------------------------------------===//
+// trace
+//===----------------------------------------------------------------------===//
+
+std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
+  if (options.output.empty())
+    throw CliError("-o: an output file is required");
+  Planned p = planOrThrow(options.spec);
+  checkRank(p.prepared->mesh(), options.rank);
+  auto planned = p.prepared->instantiate(options.rank);
+  if (!planned)
+    throw std::runtime_error("internal error: " + planned.error().message);
+  auto schedule =
+      plan::simulate(*planned, p.prepared->flops(), plan::CostModel{});
+  if (!schedule)
+    throw std::runtime_error("internal error: " + schedule.error().message);
+  std::string trace = plan::chromeTrace(*planned, *schedule);
+  // Write beside the target and rename: never a half-written trace.
+  std::string tmp = options.output + ".tmp";
+  {
+    std::ofstream file(tmp, std::ios::binary);
+    file << trace;
+    if (!file.good()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw CliError("-o: cannot write " + options.output);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, options.output, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw CliError("-o: cannot write " + options.output + ": " + ec.message());
+  }
+  std::ostringstream out;
+  out << "wrote " << options.output << ": rank " << options.rank << ", "
+      << planned->program.size() << " instructions on "
+      << planned->streams.size() << " streams; step "
+      << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed communication "
+      << fixed(schedule->exposedCommSeconds * 1e3, 1)
+      << " ms (open in ui.perfetto.dev or chrome://tracing)\n";
+  return out.str();
+}

@@ -1,0 +1,65 @@
+//===- PlanCommands.h - plan, explain, trace ------------------------------===//
+//
+// The commands that run the planner pipeline (lib/Pipeline) on a model and
+// a parallelism spec. Bad input (flags, spec, model) is a CliError: one line
+// on stderr naming the flag or the JSON pointer, exit code 2, and nothing
+// written: `plan` builds the whole directory beside its target and renames
+// it into place only once every plan is written (and verified).
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
+#define MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace meshplan::cli {
+
+/// Flags every pipeline command shares.
+struct SpecFlags {
+  std::string spec;
+  std::string model; ///< overrides the spec's "model" when set
+  std::optional<int64_t> worldSize;
+  int64_t tokens = 8192; ///< per rank per microbatch (cost model)
+  int64_t seqLen = 8192;
+};
+
+struct PlanOptions {
+  SpecFlags spec;
+  std::optional<int64_t> rank;
+  bool all = false;
+  std::string outDir;
+  bool noVerify = false;
+  /// Verify by default up to this many ranks.
+  int64_t verifyLimit = 4096;
+  std::string dumpIr;            ///< directory for IR after every stage
+  std::string progress = "auto"; ///< auto | always | never
+  unsigned threads = 0;
+};
+
+struct CommandOutput {
+  int exitCode = 0;
+  std::string out; ///< stdout
+  std::string err; ///< stderr
+};
+
+CommandOutput runPlanCommand(const PlanOptions &options);
+
+struct ExplainOptions {
+  SpecFlags spec;
+  int64_t rank = 0;
+  bool json = false;
+};
+std::string runExplainCommand(const ExplainOptions &options);
+
+struct TraceOptions {
+  SpecFlags spec;
+  int64_t rank = 0;
+  std::string output;
+};
+std::string runTraceCommand(const TraceOptions &options);
+
+} // namespace meshplan::cli
+
+#endif // MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
