@@ -20,6 +20,7 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
 
+#include <cstdio>
 #include <optional>
 
 namespace meshplan::dist {
@@ -50,6 +51,13 @@ struct Update {
 };
 
 } // namespace
+
+/// "0.999", "1e-08": a double as a person writes it, for messages.
+static std::string shortFloat(double d) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", d);
+  return buffer;
+}
 
 /// Reads and checks `dist.optimizer`; errors name the key.
 static FailureOr<Hyper> readHyper(func::FuncOp func) {
@@ -102,17 +110,12 @@ static FailureOr<Hyper> readHyper(func::FuncOp func) {
                                 << "\" must be an f64, not " << value;
     double d = f.getValueAsDouble();
     bool ok = (k.loOpen ? d > k.lo : d >= k.lo) && (!k.hiOpen || d < *k.hiOpen);
-    if (!ok) {
-      InFlightDiagnostic diag = func.emitOpError()
-                                << "dist.optimizer \"" << k.key << "\" = " << d
-                                << " is out of range ";
-      diag << (k.loOpen ? "(" : "[") << k.lo << ", ";
-      if (k.hiOpen)
-        diag << *k.hiOpen << ")";
-      else
-        diag << "inf)";
-      return diag;
-    }
+    if (!ok)
+      return func.emitOpError()
+             << "dist.optimizer \"" << k.key << "\" = " << shortFloat(d)
+             << " is out of range " << (k.loOpen ? "(" : "[")
+             << shortFloat(k.lo) << ", "
+             << (k.hiOpen ? shortFloat(*k.hiOpen) + ")" : std::string("inf)"));
     *k.out = d;
   }
 
@@ -167,8 +170,9 @@ static SmallVector<Operation *> chainOf(Value grad, Value reduced) {
 
 /// Redistributes one gradient into its parameter's layout, checks that this
 /// only reduces (no gather or other movement) and marks all-reduces over a
-/// managed axis fault-tolerant. `anchor` is the last op inserted after the
-/// same producer, so that gradients of one op are reduced in result order.
+/// managed axis fault-tolerant. `anchors` holds the last op inserted after
+/// each producer, so that the gradients of one op are reduced in the order
+/// of their optimizer_steps.
 static FailureOr<Value>
 reduceGradient(OptimizerStepOp step, StringAttr name, MeshCache &meshes,
                llvm::DenseMap<void *, Operation *> &anchors) {
@@ -206,9 +210,11 @@ reduceGradient(OptimizerStepOp step, StringAttr name, MeshCache &meshes,
     auto refs = coreAxisRefs(mesh, op->getAttrOfType<ArrayAttr>("axes"));
     if (!refs)
       return step.emitOpError() << refs.error().message;
+    StringRef kind = op->getName().stripDialect();
     return step.emitOpError()
-           << "the update of " << name << " would need an "
-           << op->getName().stripDialect() << " over " << spellAxes(mesh, *refs)
+           << "the update of " << name << " would need "
+           << (kind.starts_with("a") ? "an " : "a ") << kind << " over "
+           << spellAxes(mesh, *refs)
            << "; a per-shard optimizer needs the gradient reducible into the "
               "parameter's layout ("
            << gradType << " -> " << paramType << ")";
@@ -245,34 +251,18 @@ checkStep(func::FuncOp func, OptimizerStepOp step, const Hyper &hyper) {
     return step.emitOpError()
            << "updating " << name
            << " must be at the top level of the dist.train_step function";
+  // The op's verifier has checked shapes, element types, one mesh and a
+  // non-partial stored layout; what is left is that both are laid out.
   auto paramType = cast<RankedTensorType>(param.getType());
   auto gradType = cast<RankedTensorType>(step.getGrad().getType());
-  LayoutAttr stored = getLayout(paramType), computed = getLayout(gradType);
-  if (!stored)
+  if (!getLayout(paramType))
     return step.emitOpError()
            << "parameter " << name
            << " has no layout; run dist-propagate-layouts first";
-  if (!stored.getPartial().empty())
-    return step.emitOpError() << "parameter " << name
-                              << " is stored partial; a stored parameter "
-                                 "must be reduced";
-  if (!computed)
+  if (!getLayout(gradType))
     return step.emitOpError()
            << "the gradient of " << name
            << " has no layout; run dist-propagate-layouts first";
-  if (computed.getMesh() != stored.getMesh())
-    return step.emitOpError()
-           << "the gradient of " << name << " is on " << computed.getMesh()
-           << " but the parameter on " << stored.getMesh();
-  if (gradType.getShape() != paramType.getShape())
-    return step.emitOpError() << "the gradient of " << name << " has shape "
-                              << gradType << ", the parameter " << paramType;
-  if (!isa<FloatType>(paramType.getElementType()) ||
-      !isa<FloatType>(gradType.getElementType()))
-    return step.emitOpError()
-           << "AdamW needs a floating-point parameter and "
-              "gradient; "
-           << name << " has " << paramType << " and " << gradType;
   if (hyper.stochasticRounding && !paramType.getElementType().isBF16())
     return step.emitOpError()
            << "stochastic rounding rounds the update to bfloat16, but " << name
