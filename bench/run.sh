@@ -7,15 +7,15 @@
 #
 # BUILD_DIR defaults to "build". Extra flags go to every program, e.g.
 #   bench/run.sh build --benchmark_repetitions=9 --benchmark_min_time=0.2
-# Exit status is non-zero when a program reports FAIL (a query whose time per
-# query grows with the world size by more than 2x).
+# Exit status is non-zero when a program reports FAIL (a query, or a plan
+# instantiation, whose time grows with the world size by more than 2x).
 set -euo pipefail
 
 build_dir=${1:-build}
 shift || true
 
 status=0
-for name in bench-core-queries bench-propagation; do
+for name in bench-core-queries bench-plan-instantiate bench-propagation; do
   program="$build_dir/bin/$name"
   if [[ ! -x "$program" ]]; then
     echo "run.sh: $program not found; build it first:" >&2

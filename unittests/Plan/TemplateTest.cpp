@@ -967,6 +967,9 @@ TEST(CostModelTest, NodesAndDurations) {
   Instruction cast;
   cast.op = OpKind::Fp8Cast;
   EXPECT_DOUBLE_EQ(durationSeconds(cast, nullptr, 0, m, 6700000), 2e-6);
+  Instruction widen;
+  widen.op = OpKind::Cast;
+  EXPECT_DOUBLE_EQ(durationSeconds(widen, nullptr, 0, m, 3350000), 1e-6);
   Instruction fr;
   fr.op = OpKind::Free;
   EXPECT_EQ(durationSeconds(fr, nullptr, 1e12, m, 1 << 30), 0);
