@@ -91,11 +91,43 @@ def DistLowerOptimizer : Pass<"dist-lower-optimizer", "mlir::ModuleOp"> {
   let summary = "Turns dist.optimizer_step into gradient reduction and a "
                 "fused per-shard dist.adamw";
   let description = [{
-    The gradient is reduce-scattered over the shard axes and all-reduced over
-    the replicate axes into the parameter's stored layout (core's planner);
-    an all-reduce over a managed axis is marked `fault_tolerant`. The
-    optimizer state becomes function arguments; the update is one
-    `dist.adamw` on the stored shard, never a gather.
+    In every `dist.train_step` function, each `dist.optimizer_step %w, %g`
+    (`%w` a `dist.param` argument in its stored layout) becomes:
+    right after `%g` is produced, the collectives core's planner chooses to
+    bring `%g` into `%w`'s layout: a reduce-scatter over the shard axes and an
+    all-reduce over the replicate axes (HSDP), avg, in the gradient's reduce
+    dtype. A gradient that would need an all-gather, all-to-all or permute is
+    an error naming the parameter. An all-reduce over a managed axis (torchft
+    replicas) is marked `fault_tolerant`. The optimizer state becomes two fp32
+    arguments per parameter in its stored layout
+    (`{dist.state = "<param>.exp_avg"}`, `.exp_avg_sq`), and the update is
+    one `dist.adamw` on the stored shard at the end of the step, with the
+    hyper-parameters of the function's `dist.optimizer` and `tensor_id` = the
+    parameter's index among the `dist.param` arguments. See
+    docs/semantics.md "Optimizer lowering".
+
+    Before (`@m = ["r" = 2, "s" = 4] managed = ["r"]`):
+    ```mlir
+    func.func @step(%w: tensor<16xbf16, #dist.layout<@m, [ {"s"} ]>> {dist.param = "w"})
+        attributes {dist.train_step, dist.optimizer = {kind = "adamw", ...,
+                    stochastic_rounding = true, seed = 7 : i64}} {
+      %g = dist.compute backward "w" (...) : ... -> tensor<16xf32, #dist.layout<@m, [ {} ], partial(avg) = {"r", "s"}>>
+      dist.optimizer_step %w, %g : ...
+      return
+    }
+    ```
+    After:
+    ```mlir
+    func.func @step(%w: tensor<16xbf16, #dist.layout<@m, [ {"s"} ]>> {dist.param = "w"},
+                    %m: tensor<16xf32, #dist.layout<@m, [ {"s"} ]>> {dist.state = "w.exp_avg"},
+                    %v: tensor<16xf32, #dist.layout<@m, [ {"s"} ]>> {dist.state = "w.exp_avg_sq"}) ... {
+      %g = dist.compute backward "w" (...) : ...
+      %0 = dist.reduce_scatter %g dim 0 avg over {"s"} : ... -> tensor<16xf32, #dist.layout<@m, [ {"s"} ], partial(avg) = {"r"}>>
+      %1 = dist.all_reduce %0 avg fault_tolerant over {"r"} : ... -> tensor<16xf32, #dist.layout<@m, [ {"s"} ]>>
+      %p2, %m2, %v2 = dist.adamw %w, %1, %m, %v {..., stochastic_rounding, seed = 7, tensor_id = 0} : ...
+      return
+    }
+    ```
   }];
 }
 
