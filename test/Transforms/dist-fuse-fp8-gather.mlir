@@ -1,5 +1,7 @@
 // RUN: %meshplan-opt %s --dist-propagate-layouts --dist-lower-redistribute --dist-fuse-fp8-gather -split-input-file | FileCheck %s
 // RUN: %meshplan-opt %s --dist-propagate-layouts --dist-lower-redistribute --dist-fuse-fp8-gather --dist-materialize-comms -split-input-file | FileCheck %s --check-prefix=COMMS
+// The pass is idempotent: a second run changes nothing.
+// RUN: %meshplan-opt %s --dist-propagate-layouts --dist-lower-redistribute --dist-fuse-fp8-gather --dist-fuse-fp8-gather -split-input-file | FileCheck %s
 
 // FSDP x TP on (dp, tp) = (2, 2): two colwise float8 weights stored
 // [{tp, dp}, {}] (FSDP2 shards the TP shard over dp), gathered over dp to the
@@ -261,3 +263,12 @@ func.func @no_float8(%w: tensor<8x8xf32, #dist.layout<@m, [ {"dp"}, {} ]>> {dist
   dist.compute forward "l" (%g) : tensor<8x8xbf16, #dist.layout<@m, [ {}, {} ]>>
   return
 }
+
+// -----
+
+// A declaration has no body to rewrite.
+dist.mesh @m ["dp" = 2]
+// CHECK-LABEL: func.func private @declaration
+// CHECK-NOT:   dist.fp8
+func.func private @declaration(%w: tensor<8xf32, #dist.layout<@m, [{"dp"}]>> {dist.param = "l.weight", dist.float8})
+    attributes {dist.train_step, dist.float8 = {power_of_2 = true}}

@@ -69,7 +69,7 @@ public:
   LogicalResult run() {
     if (failed(readAttributes()))
       return failure();
-    if (!float8)
+    if (!float8 || func.isExternal())
       return success();
     std::vector<Float8Param> params;
     for (BlockArgument arg : func.getArguments()) {
@@ -96,11 +96,19 @@ public:
         it = sets.emplace(sets.end(), *key, SmallVector<Float8Param *>());
       it->second.push_back(&p);
     }
+    // All reductions first, at the start of the body, then the rewrites
+    // (which erase casts the builder could otherwise point at).
     OpBuilder b(func.getContext());
     b.setInsertionPointToStart(&func.getBody().front());
-    for (auto &[key, set] : sets)
-      if (failed(fuse(b, set)))
+    SmallVector<Value> reduced;
+    for (auto &[key, set] : sets) {
+      auto amax = reduceAmax(b, set);
+      if (failed(amax))
         return failure();
+      reduced.push_back(*amax);
+    }
+    for (auto [set, amax] : llvm::zip_equal(sets, reduced))
+      rewrite(set.second, amax);
     return success();
   }
 
@@ -173,6 +181,10 @@ private:
     if (!type || !isa<FloatType>(type.getElementType()))
       return func.emitOpError() << "float8 parameter " << p.name
                                 << " is not a floating-point tensor";
+    // Fused already (the pass ran before): nothing left to do.
+    if (llvm::any_of(p.arg.getUsers(),
+                     [](Operation *user) { return isa<Fp8AmaxOp>(user); }))
+      return success();
     for (OpOperand &use : p.arg.getUses()) {
       Operation *user = use.getOwner();
       // The update and the computes reading the stored shard itself are
@@ -246,9 +258,9 @@ private:
            partitionKeyOf(view->mesh(), split);
   }
 
-  /// One amax and its all-reduce for `set`, then the casts and the float8
-  /// gathers of its parameters.
-  LogicalResult fuse(OpBuilder &b, ArrayRef<Float8Param *> set) {
+  /// One amax over the stored shards of `set` and its all-reduce, at `b`
+  /// (left after them); returns the replicated amaxes.
+  FailureOr<Value> reduceAmax(OpBuilder &b, ArrayRef<Float8Param *> set) {
     MLIRContext *ctx = func.getContext();
     LayoutAttr stored = getLayout(set.front()->arg.getType());
     const View *view = meshes.get(func, stored.getMesh());
@@ -277,19 +289,26 @@ private:
       return failure();
     if (Operation *def = reduced->getDefiningOp())
       b.setInsertionPointAfter(def);
+    return *reduced;
+  }
 
+  /// Casts each parameter of `set` to float8 in place of its mixed-precision
+  /// cast, carries float8 through its layout ops, and passes `reduced` to
+  /// every compute that reads one of them.
+  void rewrite(ArrayRef<Float8Param *> set, Value reduced) {
+    MLIRContext *ctx = func.getContext();
     auto f8 = Float8E4M3FNType::get(ctx);
     auto toF8 = [&](Type type) {
       auto t = cast<RankedTensorType>(type);
       return RankedTensorType::get(t.getShape(), f8, t.getEncoding());
     };
-    UnitAttr pow2 = powerOf2 ? b.getUnitAttr() : nullptr;
+    UnitAttr pow2 = powerOf2 ? UnitAttr::get(ctx) : nullptr;
     llvm::SetVector<Operation *> computes;
     for (auto [i, p] : llvm::enumerate(set)) {
       auto castAt = [&](Operation *where) -> Value {
         OpBuilder cb(where);
         return Fp8CastOp::create(cb, where->getLoc(), toF8(p->arg.getType()),
-                                 p->arg, *reduced, cb.getI64IntegerAttr(i),
+                                 p->arg, reduced, cb.getI64IntegerAttr(i),
                                  pow2);
       };
       for (Operation *cast : p->casts) {
@@ -303,8 +322,7 @@ private:
       computes.insert(p->computes.begin(), p->computes.end());
     }
     for (Operation *compute : computes)
-      cast<ComputeOp>(compute).getInputsMutable().append(*reduced);
-    return success();
+      cast<ComputeOp>(compute).getInputsMutable().append(reduced);
   }
 };
 
