@@ -10,6 +10,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/StringMap.h"
 
+#include <map>
 #include <set>
 
 using namespace mlir;
@@ -331,9 +332,9 @@ private:
       in.label = "adamw " + unit;
       if (adam.getStochasticRounding())
         in.label += " (bf16 stochastic rounding)";
-      // One fused multi-tensor update per FSDP unit.
-      if (lastUpdateInstruction >= 0 && unit == lastUpdateUnit &&
-          lastUpdateInstruction + 1 == static_cast<int>(out.program.size())) {
+      // One fused multi-tensor update per FSDP unit (frees of consumed
+      // gradients may sit between its members; they only wait for it).
+      if (lastUpdateInstruction >= 0 && unit == lastUpdateUnit) {
         return mergeInto(lastUpdateInstruction, op, distId, in, flops);
       }
       lastUpdateUnit = unit;
@@ -405,6 +406,11 @@ private:
       return opError(op, "has no plan instruction (export supports the "
                          "ops of a scheduled dist.train_step)");
     }
+    // Adjacent local instructions of one kind fuse into one (a unit's
+    // casts, the frees after one compute): fewer, larger instructions.
+    if (!out.program.empty() && fusable(out.program.back(), in))
+      return mergeInto(static_cast<int>(out.program.size()) - 1, op, distId,
+                       in, flops);
     if (auto ok = addDeps(op, in); !ok)
       return ok.error();
     instructionOfId[distId] = static_cast<int>(out.program.size());
@@ -412,6 +418,13 @@ private:
     out.program.push_back(std::move(in));
     out.flops.push_back(flops);
     return {};
+  }
+
+  static bool fusable(const pl::Instruction &last, const pl::Instruction &in) {
+    bool local = in.op == pl::OpKind::Cast || in.op == pl::OpKind::Fp8Cast ||
+                 in.op == pl::OpKind::Free;
+    return local && last.op == in.op && last.stream == in.stream &&
+           last.dtype == in.dtype;
   }
 
   /// The unit whose backward produced a gradient (through its reductions).
@@ -521,6 +534,7 @@ private:
     if (target.op != in.op || target.comm != in.comm ||
         target.dtype != in.dtype || target.reduce != in.reduce)
       return opError(op, "dist.bucket mixes different collectives");
+    bool collective = pl::isCollective(in.op);
     if (auto ok = addDeps(op, in); !ok)
       return ok.error();
     target.count += in.count;
@@ -538,13 +552,23 @@ private:
     out.flops[index] += flops;
     if (!bucketed.count(index)) {
       bucketed.insert(index);
-      target.label += " (bucket)";
+      if (collective)
+        target.label += " (bucket)";
+    }
+    if (!collective && in.op != pl::OpKind::OptimizerUpdate) {
+      // A fused local instruction lists its tensors in the label's count.
+      ++fusedCount[index];
+      size_t cut = target.label.find(" (+");
+      if (cut != std::string::npos)
+        target.label.resize(cut);
+      target.label += " (+" + std::to_string(fusedCount[index]) + " more)";
     }
     instructionOfId[distId] = index;
     instructionOfOp[op] = index;
     return {};
   }
   std::set<int> bucketed;
+  std::map<int, int> fusedCount;
 };
 } // namespace
 
