@@ -187,7 +187,8 @@ func.func @uneven(
 // [{dp}, {}] with dp of size 1 (its stored shard is the whole weight: the
 // redistribute only relabels it) and %t is TP-only, stored as computed; %g
 // is TP-sharded but computed replicated, so it is gathered over tp and is
-// the only operand of the amax.
+// the only operand of the amax. What else reads a weight that is never
+// gathered does not matter (%t's negf).
 dist.mesh @m12 ["dp" = 1, "tp" = 2]
 // CHECK-LABEL: func.func @not_gathered
 // CHECK-NEXT:  %[[AMAX:.*]] = dist.fp8_amax %arg2 : {{.*}} -> tensor<1xf32, #dist.layout<@m12, [{}], partial(max) = {"tp"}>>
@@ -195,6 +196,7 @@ dist.mesh @m12 ["dp" = 1, "tp" = 2]
 // CHECK-NEXT:  %[[S:.*]] = arith.truncf %arg0 : tensor<8x8xf32, #dist.layout<@m12, [{"dp"}, {}]>> to tensor<8x8xbf16, #dist.layout<@m12, [{"dp"}, {}]>>
 // CHECK-NEXT:  %[[SR:.*]] = dist.redistribute %[[S]] : tensor<8x8xbf16, #dist.layout<@m12, [{"dp"}, {}]>> -> tensor<8x8xbf16, #dist.layout<@m12, [{}, {}]>>
 // CHECK-NEXT:  %[[T:.*]] = arith.truncf %arg1 : tensor<8x8xf32, #dist.layout<@m12, [{"tp"}, {}]>> to tensor<8x8xbf16, #dist.layout<@m12, [{"tp"}, {}]>>
+// CHECK-NEXT:  arith.negf %[[T]] : tensor<8x8xbf16, #dist.layout<@m12, [{"tp"}, {}]>>
 // CHECK-NEXT:  %[[G8:.*]] = dist.fp8_cast %arg2 scale %[[R]][0] power_of_2 : {{.*}} -> tensor<8x8xf8E4M3FN, #dist.layout<@m12, [{"tp"}, {}]>>
 // CHECK-NEXT:  %[[GG:.*]] = dist.all_gather %[[G8]] dim 0 over {"tp"} : {{.*}} -> tensor<8x8xf8E4M3FN, #dist.layout<@m12, [{}, {}]>>
 // CHECK-NEXT:  dist.compute forward "layers.0"(%[[SR]], %[[T]], %[[GG]], %[[R]]) : tensor<8x8xbf16, #dist.layout<@m12, [{}, {}]>>, tensor<8x8xbf16, #dist.layout<@m12, [{"tp"}, {}]>>, tensor<8x8xf8E4M3FN
@@ -206,6 +208,7 @@ func.func @not_gathered(
   %cs = arith.truncf %s : tensor<8x8xf32, #dist.layout<@m12, [ {"dp"}, {} ]>> to tensor<8x8xbf16, #dist.layout<@m12, [ {"dp"}, {} ]>>
   %gs = dist.redistribute %cs : tensor<8x8xbf16, #dist.layout<@m12, [ {"dp"}, {} ]>> -> tensor<8x8xbf16, #dist.layout<@m12, [ {}, {} ]>>
   %ct = arith.truncf %t : tensor<8x8xf32, #dist.layout<@m12, [ {"tp"}, {} ]>> to tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>>
+  %nt = arith.negf %ct : tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>>
   %gt = dist.redistribute %ct : tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>> -> tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>>
   %cg = arith.truncf %g : tensor<8x8xf32, #dist.layout<@m12, [ {"tp"}, {} ]>> to tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>>
   %gg = dist.redistribute %cg : tensor<8x8xbf16, #dist.layout<@m12, [ {"tp"}, {} ]>> -> tensor<8x8xbf16, #dist.layout<@m12, [ {}, {} ]>>

@@ -26,6 +26,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTFUSEFP8GATHER
@@ -185,6 +186,10 @@ private:
     if (llvm::any_of(p.arg.getUsers(),
                      [](Operation *user) { return isa<Fp8AmaxOp>(user); }))
       return success();
+    // Never all-gathered (stored as computed): no float8 gather, whatever
+    // else reads it.
+    if (!reachesGather(p.arg))
+      return success();
     for (OpOperand &use : p.arg.getUses()) {
       Operation *user = use.getOwner();
       // The update and the computes reading the stored shard itself are
@@ -208,6 +213,25 @@ private:
       return unexpected(user, p, "as its stored shard");
     }
     return success();
+  }
+
+  /// Whether a dist.all_gather is reachable from `root` through any ops
+  /// before the computes and the update that consume the parameter.
+  static bool reachesGather(Value root) {
+    SmallVector<Value> work{root};
+    llvm::SmallPtrSet<Operation *, 16> seen;
+    while (!work.empty()) {
+      Value value = work.pop_back_val();
+      for (Operation *user : value.getUsers()) {
+        if (isa<AllGatherOp>(user))
+          return true;
+        if (isa<ComputeOp, OptimizerStepOp, AdamWOp>(user) ||
+            !seen.insert(user).second)
+          continue;
+        llvm::append_range(work, user->getResults());
+      }
+    }
+    return false;
   }
 
   LogicalResult walkLayoutOp(Float8Param &p, Operation *op) {
