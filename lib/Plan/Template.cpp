@@ -286,8 +286,8 @@ std::vector<int64_t> PreparedTemplate::ranks() const {
   return out;
 }
 
-Result<Plan> PreparedTemplate::instantiate(int64_t rank,
-                                           bool withEstimates) const {
+Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
+                                           bool verificationOnly) const {
   const Mesh &mesh = *meshPtr;
   if (!mesh.contains(rank))
     return makeError("rank " + std::to_string(rank) + " is not in the mesh " +
@@ -316,6 +316,26 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank,
     plan.communicators.push_back(std::move(out));
   }
 
+  plan.streams = tmpl.streams;
+  if (verificationOnly) {
+    // What verifyPlans reads: no buffers, no buffer lists, no labels.
+    plan.program.reserve(tmpl.program.size());
+    for (const Instruction &in : tmpl.program) {
+      Instruction lean;
+      lean.id = in.id;
+      lean.stream = in.stream;
+      lean.op = in.op;
+      lean.comm = in.comm;
+      lean.dtype = in.dtype;
+      lean.count = in.count;
+      lean.reduce = in.reduce;
+      lean.root = in.root;
+      lean.deps = in.deps;
+      plan.program.push_back(std::move(lean));
+    }
+    return plan;
+  }
+
   std::vector<int64_t> bufferBytes(tmpl.buffers.size());
   plan.buffers.reserve(tmpl.buffers.size());
   for (size_t i = 0; i < tmpl.buffers.size(); ++i) {
@@ -329,7 +349,6 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank,
                             std::move(box->offset)});
   }
 
-  plan.streams = tmpl.streams;
   plan.program = tmpl.program;
 
   if (withEstimates) {

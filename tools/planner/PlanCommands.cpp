@@ -192,6 +192,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     };
   }
   Planned p = planOrThrow(options.spec, dump);
+  auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = *p.prepared;
   int64_t world = prepared.mesh().size();
   if (options.rank) {
@@ -218,7 +219,8 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     plans.reserve(ranks.size());
     ProgressBar bar(showProgress, "verifying");
     for (int64_t rank : ranks) {
-      auto plan = prepared.instantiate(rank, /*withEstimates=*/false);
+      auto plan = prepared.instantiate(rank, /*withEstimates=*/false,
+                                       /*verificationOnly=*/true);
       if (!plan)
         throw std::runtime_error("internal error: " + plan.error().message);
       plans.push_back(std::move(*plan));
@@ -256,7 +258,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       options.outDir, world,
       [&](int64_t rank) { return prepared.instantiate(rank); }, ranks,
       [&](int64_t done, int64_t total) { bar(done, total); },
-      options.threads ? options.threads : 1);
+      options.threads ? options.threads : 2);
   if (!written)
     throw CliError("-o: " + written.error().message);
 
@@ -271,6 +273,14 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   out << verified << "\n";
   out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
       << " s\n";
+  if (options.timings) {
+    out << "stage timings:\n";
+    for (const pipeline::StageTiming &t : p.compiled.timings)
+      out << "  " << std::left << std::setw(26) << t.stage << std::right
+          << fixed(t.seconds * 1e3, 1) << " ms\n";
+    out << "  " << std::left << std::setw(26) << "verify + write" << std::right
+        << fixed(secondsSince(afterCompile) * 1e3, 1) << " ms\n";
+  }
   result.out = out.str();
   return result;
 }

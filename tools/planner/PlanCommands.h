@@ -36,6 +36,7 @@ struct PlanOptions {
   std::string dumpIr;            ///< directory for IR after every stage
   std::string progress = "auto"; ///< auto | always | never
   unsigned threads = 0;
+  bool timings = false; ///< print the time of every stage
 };
 
 struct CommandOutput {

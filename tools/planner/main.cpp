@@ -130,8 +130,11 @@ int main(int argc, char **argv) {
   planCmd->add_option("--progress", planOptions.progress,
                       "Progress bar on stderr: auto (if a terminal), "
                       "always, never");
+  planCmd->add_flag("--timings", planOptions.timings,
+                    "Print the time of import, every pass, export and "
+                    "writing");
   planCmd->add_option("--threads", planOptions.threads,
-                      "Threads writing plan files (default 1)");
+                      "Threads writing plan files (default 2)");
 
   ExplainOptions explainOptions;
   CLI::App *explainCmd = app.add_subcommand(

@@ -98,7 +98,12 @@ public:
   /// product(local_shape) * dtype bytes. Each buffer kind present in the
   /// template gets the largest live bytes of that kind at any instruction;
   /// "total" is the largest sum over all kinds.
-  Result<Plan> instantiate(int64_t rank, bool withEstimates = true) const;
+  ///
+  /// With `verificationOnly`, the plan holds just what verifyPlans reads
+  /// (communicators, streams, instructions without buffer lists and labels;
+  /// no buffers, no estimates): a whole mesh of plans fits in memory.
+  Result<Plan> instantiate(int64_t rank, bool withEstimates = true,
+                           bool verificationOnly = false) const;
 
   const ProgramTemplate &get() const { return tmpl; }
   const Mesh &mesh() const { return *meshPtr; }

@@ -652,7 +652,10 @@ LogicalResult Fp8AmaxOp::verifySymbolUses(SymbolTableCollection &symbols) {
     for (int d = 0; d < (*layout)->rank(); ++d)
       for (const AxisRef &r : (*layout)->dimRefs(d))
         split.push_back(r);
-    std::string key = partitionKeyOf(view->mesh(), split);
+    // MAX does not care about member order: compare the sets of axes.
+    std::sort(split.begin(), split.end());
+    std::string key =
+        partitionKeyOf(view->mesh(), canonicalizeRefs(view->mesh(), split));
     if (splitKey && *splitKey != key)
       return emitOpError() << what << " is split over " << key
                            << " but operand #0 over " << *splitKey
@@ -669,7 +672,10 @@ LogicalResult Fp8AmaxOp::verifySymbolUses(SymbolTableCollection &symbols) {
     return emitOpError() << "result must not be split";
   if ((*result)->reduceOp != ReduceOp::Max && (*result)->partial.size())
     return emitOpError() << "result must be partial(max)";
-  std::string key = partitionKeyOf(view->mesh(), (*result)->partial);
+  AxisRefList partial = (*result)->partial;
+  std::sort(partial.begin(), partial.end());
+  std::string key =
+      partitionKeyOf(view->mesh(), canonicalizeRefs(view->mesh(), partial));
   if (splitKey && key != *splitKey)
     return emitOpError() << "result is partial over " << key
                          << " but the inputs are split over " << *splitKey;

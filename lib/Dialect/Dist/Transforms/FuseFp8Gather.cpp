@@ -277,9 +277,13 @@ private:
     for (int d = 0; d < core->rank(); ++d)
       for (const AxisRef &r : core->dimRefs(d))
         split.push_back(r);
+    // A MAX reduction does not care about member order: weights split by
+    // the same axes in any order (colwise {tp, dp}, rowwise {dp} x {tp})
+    // share one amax all-reduce, over the axes in mesh order.
+    std::sort(split.begin(), split.end());
     p.split = canonicalizeRefs(view->mesh(), split);
     return layout.getMesh().getValue().str() +
-           partitionKeyOf(view->mesh(), split);
+           partitionKeyOf(view->mesh(), p.split);
   }
 
   /// One amax over the stored shards of `set` and its all-reduce, at `b`
