@@ -8,6 +8,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringMap.h"
 
 #include <map>
@@ -286,6 +287,32 @@ private:
       inputs.push_back(*id);
     }
 
+    // FSDP2 casts a parameter shard to the mixed-precision dtype while
+    // copying it into the all-gather buffer: a cast of a parameter read only
+    // by all-gathers (and frees) is no instruction and no buffer of its own;
+    // the all-gather reads the shard and converts to its dtype.
+    if (isa<arith::TruncFOp, arith::ExtFOp>(op) && foldsIntoGather(op)) {
+      Value result = op->getResult(0), source = op->getOperand(0);
+      bufferOf[result] = bufferOf.lookup(source);
+      rootOf[result] = rootOf.lookup(source);
+      folded.insert(result);
+      instructionOfId[distId] = -1;
+      instructionOfOp[op] = -1;
+      return {};
+    }
+    if (isa<dist::FreeOp>(op)) {
+      // Frees of folded casts release nothing.
+      inputs.clear();
+      for (Value v : op->getOperands())
+        if (!folded.count(v))
+          inputs.push_back(bufferId(v));
+      if (inputs.empty()) {
+        instructionOfId[distId] = -1;
+        instructionOfOp[op] = -1;
+        return {};
+      }
+    }
+
     if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
       in.op = pl::OpKind::Compute;
       bool forward = compute.getPhase() == dist::Phase::Forward;
@@ -343,6 +370,8 @@ private:
       in.op = pl::OpKind::Free;
       in.inputs = inputs;
       for (Value v : op->getOperands()) {
+        if (folded.count(v))
+          continue;
         int index = bufferOf.lookup(v);
         if (out.buffers[index].persistent)
           return opError(op, "frees a persistent buffer");
@@ -409,8 +438,8 @@ private:
     // Adjacent local instructions of one kind fuse into one (a unit's
     // casts, the frees after one compute): fewer, larger instructions.
     if (!out.program.empty() && fusable(out.program.back(), in))
-      return mergeInto(static_cast<int>(out.program.size()) - 1, op, distId,
-                       in, flops);
+      return mergeInto(static_cast<int>(out.program.size()) - 1, op, distId, in,
+                       flops);
     if (auto ok = addDeps(op, in); !ok)
       return ok.error();
     instructionOfId[distId] = static_cast<int>(out.program.size());
@@ -426,6 +455,21 @@ private:
     return local && last.op == in.op && last.stream == in.stream &&
            last.dtype == in.dtype;
   }
+
+  /// A cast of a parameter argument whose users are all-gathers and frees.
+  static bool foldsIntoGather(Operation *op) {
+    if (!isa<BlockArgument>(op->getOperand(0)))
+      return false;
+    bool gathered = false;
+    for (Operation *user : op->getResult(0).getUsers()) {
+      if (isa<dist::AllGatherOp>(user))
+        gathered = true;
+      else if (!isa<dist::FreeOp>(user))
+        return false;
+    }
+    return gathered;
+  }
+  llvm::DenseSet<Value> folded;
 
   /// The unit whose backward produced a gradient (through its reductions).
   std::string unitOfGradient(Value grad) {
@@ -512,6 +556,8 @@ private:
       auto it = instructionOfOp.find(def);
       if (it == instructionOfOp.end())
         return opError(op, "an operand's producer was not exported first");
+      if (it->second < 0) // folded into its consumer: nothing to wait for
+        continue;
       if (out.program[it->second].stream != in.stream)
         addDep(it->second);
     }
@@ -521,7 +567,8 @@ private:
         if (it == instructionOfId.end())
           return opError(op, "dist.after names id " + std::to_string(id) +
                                  ", which no earlier op has");
-        addDep(it->second);
+        if (it->second >= 0)
+          addDep(it->second);
       }
     return {};
   }
