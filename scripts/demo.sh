@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's main job: a walk-through of the failures that motivate
-# meshplan (see docs/architecture.md), each run through the `meshplan` CLI.
+# The README's main job: plan a training step from an example spec (every
+# rank's plan, verified across ranks, and explain's summary), then walk
+# through the failures that motivate meshplan (see docs/architecture.md),
+# each run through the `meshplan` CLI.
 set -euo pipefail
 MESHPLAN=${1:-build/bin/meshplan}
 
@@ -26,6 +28,24 @@ refused() {
   fi
   echo "(refused with exit code 2, as it should be)"
 }
+
+OUT=${2:-build/demo}
+SPEC=examples/specs/fsdp-fp8-3d.json
+step "0. Plan a training step: llama3-8b, HSDP on (ddp, fsdp) x an extra axis, float8 all-gather"
+mkdir -p "$OUT"
+run plan --spec "$SPEC" --all -o "$OUT/plans" --progress never --timings
+echo
+run explain --spec "$SPEC" --rank 5
+echo
+echo "The plans on disk verify on their own, as a runtime would check them:"
+run verify "$OUT/plans"
+run trace --spec "$SPEC" --rank 5 -o "$OUT/trace.json"
+echo
+echo "A spec with a typo is refused with the JSON pointer, and nothing is written:"
+mkdir -p "$OUT"
+sed 's/"tensorwise"/"tensorwsie"/' "$SPEC" > "$OUT/typo.json"
+refused plan --spec "$OUT/typo.json" --all -o "$OUT/typo-plans"
+test ! -e "$OUT/typo-plans" || { echo "demo: partial output" >&2; exit 1; }
 
 step "1. A submesh of a submesh (torch: 'Cannot create a submesh from a submesh')"
 echo "FSDP + float8 on a 3-D mesh (ddp, fsdp, abcd) = (2, 2, 2) needs the fsdp"
