@@ -290,8 +290,8 @@ bool StepScheduler::gatherChain(Value value, SmallVector<Operation *> &chain) {
 
 void StepScheduler::buildGatherGroups() {
   gathers.resize(computes.size());
-  /// Per gathered value: the copy computes read now, and the last compute
-  /// that read it.
+  // Per gathered value: the copy computes read now, and the last compute
+  // that read it.
   DenseMap<Value, std::pair<Value, unsigned>> current;
   SmallVector<Operation *> chain;
   for (auto [i, compute] : llvm::enumerate(computes)) {

@@ -164,16 +164,17 @@ def DistSchedule : Pass<"dist-schedule", "mlir::ModuleOp"> {
     each compute's gather chains (casts, `dist.fp8_cast`, collectives, back
     to a parameter) are prefetched right before the previous compute and
     wait (`dist.after`) for the compute two back, so at most two units are
-    gathered at once. With `dist.reshard_after_forward` (default true) a
-    backward re-gathers a copy of the forward's chain (sharing the float8
-    amax) unless the compute right before it used the same gather; a new
-    microbatch's forward always re-gathers. Gradient reductions go right
-    after their backward compute. A group's collectives that share comm, op,
-    dtype and reduce op form one `dist.bucket`. Every value gets a
-    `dist.free` after its last use; every op a `dist.stream` ("compute",
-    "comm.ag", "comm.rs") and a `dist.id` (block order).
+    gathered at once. A compute reading a gather an earlier compute read
+    gets a copy of its chain (sharing the float8 amax) when it is a backward
+    and `dist.reshard_after_forward` (default true) holds, or a forward of a
+    later microbatch; not when the compute right before it read the same
+    gather. Gradient reductions go right after their backward compute. A
+    group's collectives that share comm, op, dtype and reduce op form one
+    `dist.bucket`. Every value gets a `dist.free` after its last use; every
+    op a `dist.stream` ("compute", "comm.ag", "comm.rs") and a `dist.id`
+    (block order). See docs/dialect.md "The training step".
 
-    Before (forward of two units, comm types elided):
+    Before (forward of two units, types elided):
     ```mlir
     %c0 = arith.truncf %w0 : ...
     %g0 = dist.all_gather %c0 dim 0 over {"dp"} comm = @comm_m_dp : ...
