@@ -78,6 +78,8 @@ public:
       return Error("the module has no dist.train_step function");
     if (auto ok = exportComms(); !ok)
       return ok.error();
+    if (auto ok = exportTrainerComms(step); !ok)
+      return ok.error();
     if (auto ok = exportArguments(step); !ok)
       return ok.error();
     for (Operation &op : step.getBody().front()) {
@@ -140,6 +142,32 @@ private:
         t.view = v.getExpr().str();
       else if (whole)
         t.view = "slice(" + formatAxisRefs(*mesh, *refs) + ")";
+      out.comms.push_back(std::move(t));
+    }
+    return {};
+  }
+
+  /// One communicator per `dist.trainer_axes` axis (tensor parallel, extra
+  /// axes): no instruction of the plan uses it, the trainer's compute
+  /// callbacks do, and the runtime creates exactly the plan's communicators.
+  Result<void> exportTrainerComms(func::FuncOp step) {
+    auto axes = step->getAttrOfType<ArrayAttr>("dist.trainer_axes");
+    if (!axes)
+      return {};
+    for (Attribute attr : axes) {
+      auto name = dyn_cast<StringAttr>(attr);
+      if (!name || !mesh->findAxis(name.getValue()))
+        return opError(step, "dist.trainer_axes names no mesh axis");
+      bool exists = false;
+      for (const pl::CommTemplate &c : out.comms)
+        exists |= c.axes == std::vector<std::string>{name.str()};
+      if (exists)
+        continue;
+      pl::CommTemplate t;
+      t.id = "trainer_" + name.str();
+      t.axes = {name.str()};
+      t.view = "slice(" + name.str() + ")";
+      t.faultTolerant = mesh->axis(*mesh->findAxis(name.getValue())).managed;
       out.comms.push_back(std::move(t));
     }
     return {};

@@ -246,6 +246,16 @@ private:
     func->setAttr("dist.gradient_accumulation_steps",
                   b.getI64IntegerAttr(s.gradientAccumulationSteps));
     func->setAttr("dist.optimizer", optimizerAttr());
+    // The trainer's own collectives inside compute callbacks (tensor
+    // parallel matmuls, context parallel attention) run over these axes;
+    // export declares one communicator per axis so the runtime creates them.
+    SmallVector<Attribute> trainerAxes;
+    if (s.tensorParallel)
+      trainerAxes.push_back(b.getStringAttr(s.tensorParallel->axis));
+    for (const std::string &axis : s.extraAxes)
+      trainerAxes.push_back(b.getStringAttr(axis));
+    if (!trainerAxes.empty())
+      func->setAttr("dist.trainer_axes", b.getArrayAttr(trainerAxes));
     if (float8Gather)
       func->setAttr(
           "dist.float8",
