@@ -394,7 +394,9 @@ private:
     step.axes = canonicalizeRefs(mesh, factors);
     step.dim = dim;
     step.dstDim = dstDim;
-    step.op = before.reduceOp;
+    // A reduction performs the pending op; mark_partial declares the new
+    // one (the planner reduced any pending partial with another op first).
+    step.op = kind == StepKind::MarkPartial ? cur.reduceOp : before.reduceOp;
     step.before = normalizeLayout(mesh, before);
     step.after = normalizeLayout(mesh, cur);
     step.groupSize = refsSize(factors);

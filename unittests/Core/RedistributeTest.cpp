@@ -1003,6 +1003,34 @@ TEST(RedistributeRegression, ChangingTheReduceOpAllReducesOverThePartialAxes) {
   EXPECT_EQ(simulate(w, *from, *to, {5}), "");
 }
 
+// mark_partial declares the target's reduce op; applyStep (what the dialect
+// verifies each lowered step with) must reproduce the target from the step.
+TEST(RedistributeRegression, MarkPartialCarriesTheTargetReduceOp) {
+  SweepCase sc{"mesh (a=2)", {2}, {"a"}, {}};
+  World w = makeWorld(sc);
+  AxisNamespace ns(w.mesh);
+  for (const char *op : {"sum", "avg", "max", "min", "product"}) {
+    auto from = parseLayout(w.view, ns, "[{}]");
+    auto to =
+        parseLayout(w.view, ns, std::string("[{}] partial(") + op + ")={a}");
+    ASSERT_TRUE(from.ok() && to.ok());
+    auto plan = planRedistribute(w.view, *from, *to, {5});
+    ASSERT_TRUE(plan.ok());
+    ASSERT_EQ(plan->steps.size(), 1u);
+    const RedistributeStep &step = plan->steps[0];
+    EXPECT_EQ(step.kind, StepKind::MarkPartial);
+    EXPECT_EQ(reduceOpName(step.op), op);
+    StepSpec spec;
+    spec.kind = step.kind;
+    spec.axes = step.axes;
+    spec.op = step.op;
+    auto applied = applyStep(w.view, *from, spec, {5});
+    ASSERT_TRUE(applied.ok()) << applied.error().message;
+    EXPECT_TRUE(sameShards(w.view, *applied, *to, {5})) << op;
+    EXPECT_EQ(applied->reduceOp, to->reduceOp) << op;
+  }
+}
+
 // Two levels of sub-axes and the whole axis chunk an uneven dim differently,
 // so "nothing to do" is wrong; one level of the sub-axes is the whole axis.
 TEST(RedistributeRegression, SubAxesVersusWholeAxisIsNotANoOp) {
