@@ -434,3 +434,347 @@ func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
   %0 = dist.all_reduce %a mean over {"dp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
   return
 }
+
+// -----
+
+// Training-step ops (dist.compute, dist.optimizer_step, dist.adamw,
+// dist.fp8_amax, dist.fp8_cast, dist.free) and fault_tolerant all_reduce.
+
+// expected-error @+1 {{'dist.compute' op needs a module name}}
+dist.compute forward "" ()
+
+// -----
+
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.compute' op forward produces no values; gradients come from backward}}
+  %0 = dist.compute forward "l" (%a) : tensor<8xf32> -> tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.compute' op has 2 gradients but only 1 inputs}}
+  %0, %1 = dist.compute backward "l" (%a) : tensor<8xf32> -> tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'dist.compute' op flops must be >= 0}}
+dist.compute forward "l" () flops = -1.0
+
+// -----
+
+func.func @f(%a: tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.compute' op refers to @nowhere, which is not a dist.mesh}}
+  dist.compute forward "l" (%a) : tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %b: tensor<8xf32, #dist.layout<@n, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.compute' op operand #1 is on mesh @n but an earlier value is on @m}}
+  dist.compute forward "l" (%a, %b) : tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@n, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.compute' op result #0 layout has 2 dims but the tensor has 1}}
+  %0 = dist.compute backward "l" (%a) : tensor<8xf32, #dist.layout<@m, [{}]>> -> tensor<8xf32, #dist.layout<@m, [{}, {}], partial(sum) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"tp"}]>>) {
+  // expected-error @+1 {{'dist.compute' op operand #0 layout: dim 0: axis "tp" is not in the mesh (axes: dp)}}
+  dist.compute forward "l" (%a) : tensor<8xf32, #dist.layout<@m, [{"tp"}]>>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8x4xf32>, %g: tensor<4x8xf32>) {
+  // expected-error @+1 {{'dist.optimizer_step' op gradient shape differs from the parameter's ('tensor<4x8xf32>' vs 'tensor<8x4xf32>')}}
+  dist.optimizer_step %w, %g : tensor<8x4xf32>, tensor<4x8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xf32>, %g: tensor<8xi32>) {
+  // expected-error @+1 {{'dist.optimizer_step' op needs floating-point parameter and gradient}}
+  dist.optimizer_step %w, %g : tensor<8xf32>, tensor<8xi32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%w: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, %g: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.optimizer_step' op parameter layout is partial; a stored parameter is never pending a reduction}}
+  dist.optimizer_step %w, %g : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+func.func @f(%w: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %g: tensor<8xf32, #dist.layout<@n, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.optimizer_step' op operand #1 is on mesh @n but an earlier value is on @m}}
+  dist.optimizer_step %w, %g : tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@n, [{}], partial(sum) = {"dp"}>>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>, %g: tensor<4xf32>, %m: tensor<8xf32>, %v: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.adamw' op gradient shape differs from the parameter's ('tensor<4xf32>' vs 'tensor<8xf32>')}}
+  %0:3 = dist.adamw %p, %g, %m, %v {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32>, tensor<4xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%p: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %g: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %m: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %v: tensor<8xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.adamw' op exp_avg_sq is laid out differently from the parameter ('tensor<8xf32, #dist.layout<@m, [{}]>>' vs 'tensor<8xf32, #dist.layout<@m, [{"dp"}]>>'); the update must be local to the stored shard}}
+  %0:3 = dist.adamw %p, %g, %m, %v {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%p: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, %m: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.adamw' op operands are partial; reduce the gradient first}}
+  %0:3 = dist.adamw %p, %p, %m, %m {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xbf16>, %m: tensor<8xf32>, %v: tensor<8xbf16>) {
+  // expected-error @+1 {{'dist.adamw' op optimizer state must be float32}}
+  %0:3 = dist.adamw %p, %p, %m, %v {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xbf16>, tensor<8xbf16>, tensor<8xf32>, tensor<8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xi32>, %m: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.adamw' op needs floating-point parameter and gradient}}
+  %0:3 = dist.adamw %p, %p, %m, %m {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xi32>, tensor<8xi32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.adamw' op stochastic rounding needs a bfloat16 parameter, not 'f32'}}
+  %0:3 = dist.adamw %p, %p, %p, %p {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, stochastic_rounding, seed = 0, tensor_id = 0} : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+func.func @f(%p: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.adamw' op hyper-parameters out of range (lr >= 0, 0 <= beta < 1, eps > 0, weight_decay >= 0)}}
+  %0:3 = dist.adamw %p, %p, %p, %p {lr = 1.0e-3, beta1 = 1.0, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%p: tensor<8xf32, #dist.layout<@m, [{"tp"}]>>) {
+  // expected-error @+1 {{'dist.adamw' op operand #0 layout: dim 0: axis "tp" is not in the mesh (axes: dp)}}
+  %0:3 = dist.adamw %p, %p, %p, %p {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32, #dist.layout<@m, [{"tp"}]>>, tensor<8xf32, #dist.layout<@m, [{"tp"}]>>, tensor<8xf32, #dist.layout<@m, [{"tp"}]>>, tensor<8xf32, #dist.layout<@m, [{"tp"}]>>
+  return
+}
+
+// -----
+
+// Only reachable in generic form: the custom syntax cannot spell an empty
+// type list.
+func.func @f() {
+  // expected-error @+1 {{'dist.fp8_amax' op needs at least one input}}
+  %0 = "dist.fp8_amax"() : () -> tensor<0xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xbf16>, %b: tensor<8xbf16>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result must be tensor<2xf32>, one amax per input}}
+  %0 = dist.fp8_amax %a, %b : tensor<8xbf16>, tensor<8xbf16> -> tensor<1xf32>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xbf16>, %b: tensor<8xi8>) {
+  // expected-error @+1 {{'dist.fp8_amax' op operand #1 is not floating-point}}
+  %0 = dist.fp8_amax %a, %b : tensor<8xbf16>, tensor<8xi8> -> tensor<2xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op operand #0 is partial; its amax is undefined}}
+  %0 = dist.fp8_amax %a : tensor<8xbf16, #dist.layout<@m, [{}], partial(sum) = {"dp"}>> -> tensor<1xf32, #dist.layout<@m, [{}], partial(max) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %b: tensor<8xbf16, #dist.layout<@m, [{"tp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op operand #1 is split over [tp] but operand #0 over [dp]; one amax all-reduce needs one set of axes}}
+  %0 = dist.fp8_amax %a, %b : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<8xbf16, #dist.layout<@m, [{"tp"}]>> -> tensor<2xf32, #dist.layout<@m, [{}], partial(max) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result must not be split}}
+  %0 = dist.fp8_amax %a : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>> -> tensor<1xf32, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result must be partial(max)}}
+  %0 = dist.fp8_amax %a : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>> -> tensor<1xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result is partial over [dp,tp] but the inputs are split over [dp]}}
+  %0 = dist.fp8_amax %a : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>> -> tensor<1xf32, #dist.layout<@m, [{}], partial(max) = {"dp", "tp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+func.func @f(%a: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result is on mesh @n but an earlier value is on @m}}
+  %0 = dist.fp8_amax %a : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>> -> tensor<1xf32, #dist.layout<@n, [{}], partial(max) = {"dp"}>>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xbf16>, %a: tensor<1xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op result element type must be f8E4M3FN or f8E5M2, not 'bf16'}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16>, tensor<1xf32> -> tensor<8xbf16>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xbf16>, %a: tensor<1xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op changes more than the element type ('tensor<8xbf16>' -> 'tensor<4xf8E4M3FN>')}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16>, tensor<1xf32> -> tensor<4xf8E4M3FN>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%w: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %a: tensor<1xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.fp8_cast' op changes more than the element type ('tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>' -> 'tensor<8xf8E4M3FN, #dist.layout<@m, [{}]>>')}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<1xf32, #dist.layout<@m, [{}]>> -> tensor<8xf8E4M3FN, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xbf16>, %a: tensor<1xbf16>) {
+  // expected-error @+1 {{'dist.fp8_cast' op amax must be a 1-D float32 tensor}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16>, tensor<1xbf16> -> tensor<8xf8E5M2>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xbf16>, %a: tensor<2xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op amax index 2 is outside 'tensor<2xf32>'}}
+  %0 = dist.fp8_cast %w scale %a[2] : tensor<8xbf16>, tensor<2xf32> -> tensor<8xf8E4M3FN>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xbf16>, %a: tensor<?xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op amax index -1 is outside 'tensor<?xf32>'}}
+  %0 = dist.fp8_cast %w scale %a[-1] : tensor<8xbf16>, tensor<?xf32> -> tensor<8xf8E4M3FN>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%w: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %a: tensor<1xf32, #dist.layout<@m, [{}], partial(max) = {"dp"}>>) {
+  // expected-error @+1 {{'dist.fp8_cast' op amax is still partial; all-reduce it (max) before casting, or ranks scale differently}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<1xf32, #dist.layout<@m, [{}], partial(max) = {"dp"}>> -> tensor<8xf8E4M3FN, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+dist.mesh @n ["dp" = 2]
+func.func @f(%w: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %a: tensor<1xf32, #dist.layout<@n, [{}]>>) {
+  // expected-error @+1 {{'dist.fp8_cast' op operand #1 is on mesh @n but an earlier value is on @m}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<1xf32, #dist.layout<@n, [{}]>> -> tensor<8xf8E4M3FN, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+// Only reachable in generic form: the custom syntax cannot spell an empty
+// type list.
+func.func @f() {
+  // expected-error @+1 {{'dist.free' op needs at least one value}}
+  "dist.free"() : () -> ()
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.free' op frees a value that is used afterwards}}
+  dist.free %a : tensor<8xf32>
+  dist.compute forward "l" (%a) : tensor<8xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2, "tp" = 2] managed = ["dp"]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp", "tp"}>>) {
+  // expected-error @+1 {{'dist.all_reduce' op is fault_tolerant but reduces over no managed axis}}
+  %0 = dist.all_reduce %a sum fault_tolerant over {"tp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp", "tp"}>> -> tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
+  return
+}

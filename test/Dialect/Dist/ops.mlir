@@ -71,3 +71,93 @@ func.func @steps(%arg0: tensor<16x8xf32>) {
   %9 = dist.broadcast %8 root 1 over {"ddp"} : tensor<16x8xf32, #dist.layout<@world, [{}, {}]>> -> tensor<16x8xf32, #dist.layout<@world, [{}, {}]>>
   return
 }
+
+// Training-step ops, global form (layouts on @world).
+// CHECK-LABEL: func.func @train_step
+func.func @train_step(
+    %wq: tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>,
+    %wk: tensor<64x64xbf16, #dist.layout<@world, [{}, {"fsdp"}]>>,
+    %wv: tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>,
+    %gathered: tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>,
+    %m: tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>,
+    %v: tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>,
+    %w32: tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>) {
+  // CHECK: dist.compute forward "layers.0"(%{{.*}}, %{{.*}}) flops = 2.400000e+09 : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>{{$}}
+  dist.compute forward "layers.0" (%gathered, %wv) flops = 2.4e+09 : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>
+  // CHECK: dist.compute forward "layers.1"(%{{.*}}) : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>{{$}}
+  dist.compute forward "layers.1" (%gathered) : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>
+  // CHECK: dist.compute forward "loss"() flops = 1.000000e+06{{$}}
+  dist.compute forward "loss" () flops = 1.0e+06
+  // CHECK: dist.compute forward "noop"(){{$}}
+  dist.compute forward "noop" ()
+  // CHECK: %[[G:.*]]:2 = dist.compute backward "layers.0"(%{{.*}}, %{{.*}}) flops = 4.800000e+09 : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>> -> tensor<64x64xbf16, #dist.layout<@world, [{}, {}], partial(sum) = {"ddp", "fsdp"}>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}], partial(sum) = {"ddp"}>>{{$}}
+  %g0, %g1 = dist.compute backward "layers.0" (%gathered, %wv) flops = 4.8e+09 : tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>> -> tensor<64x64xbf16, #dist.layout<@world, [{}, {}], partial(sum) = {"ddp", "fsdp"}>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}], partial(sum) = {"ddp"}>>
+  // CHECK: dist.compute backward "loss"(){{$}}
+  dist.compute backward "loss" ()
+  // CHECK: dist.optimizer_step %{{.*}}, %[[G]]#0 : tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {}], partial(sum) = {"ddp", "fsdp"}>>{{$}}
+  dist.optimizer_step %w32, %g0 : tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {}], partial(sum) = {"ddp", "fsdp"}>>
+  // CHECK: dist.adamw %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {beta1 = 9.000000e-01 : f64, beta2 = 0.94999999999999996 : f64, eps = 1.000000e-08 : f64, lr = 3.000000e-04 : f64, seed = 7 : i64, stochastic_rounding, tensor_id = 3 : i64, weight_decay = 1.000000e-01 : f64} : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>{{$}}
+  %p, %m2, %v2 = dist.adamw %wq, %wq, %m, %v {lr = 3.0e-4, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8, weight_decay = 0.1, stochastic_rounding, seed = 7, tensor_id = 3} : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>
+  // CHECK: dist.adamw %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, lr = 1.000000e-03 : f64, seed = 0 : i64, tensor_id = 4 : i64, weight_decay = 0.000000e+00 : f64} : tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>{{$}}
+  %p3, %m3, %v3 = dist.adamw %w32, %w32, %m, %v {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 4} : tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf32, #dist.layout<@world, [{"fsdp"}, {}]>>
+  // CHECK: %[[A:.*]] = dist.fp8_amax %{{.*}}, %{{.*}}, %{{.*}} : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>> -> tensor<3xf32, #dist.layout<@world, [{}], partial(max) = {"fsdp"}>>{{$}}
+  %a = dist.fp8_amax %wq, %wk, %wv : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {}]>> -> tensor<3xf32, #dist.layout<@world, [{}], partial(max) = {"fsdp"}>>
+  // CHECK: %[[R:.*]] = dist.all_reduce %[[A]] max over {"fsdp"}
+  %r = dist.all_reduce %a max over {"fsdp"} : tensor<3xf32, #dist.layout<@world, [{}], partial(max) = {"fsdp"}>> -> tensor<3xf32, #dist.layout<@world, [{}]>>
+  // CHECK: %[[Q:.*]] = dist.fp8_cast %{{.*}} scale %[[R]][0] power_of_2 : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<3xf32, #dist.layout<@world, [{}]>> -> tensor<64x64xf8E4M3FN, #dist.layout<@world, [{"fsdp"}, {}]>>{{$}}
+  %q = dist.fp8_cast %wq scale %r[0] power_of_2 : tensor<64x64xbf16, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<3xf32, #dist.layout<@world, [{}]>> -> tensor<64x64xf8E4M3FN, #dist.layout<@world, [{"fsdp"}, {}]>>
+  // CHECK: %[[Q2:.*]] = dist.fp8_cast %{{.*}} scale %[[R]][1] : tensor<64x64xbf16, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<3xf32, #dist.layout<@world, [{}]>> -> tensor<64x64xf8E5M2, #dist.layout<@world, [{}, {"fsdp"}]>>{{$}}
+  %q2 = dist.fp8_cast %wk scale %r[1] : tensor<64x64xbf16, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<3xf32, #dist.layout<@world, [{}]>> -> tensor<64x64xf8E5M2, #dist.layout<@world, [{}, {"fsdp"}]>>
+  // CHECK: dist.free %[[Q]], %[[Q2]], %{{.*}} : tensor<64x64xf8E4M3FN, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf8E5M2, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>{{$}}
+  dist.free %q, %q2, %gathered : tensor<64x64xf8E4M3FN, #dist.layout<@world, [{"fsdp"}, {}]>>, tensor<64x64xf8E5M2, #dist.layout<@world, [{}, {"fsdp"}]>>, tensor<64x64xbf16, #dist.layout<@world, [{}, {}]>>
+  return
+}
+
+// Inputs split by the same axes in different orders and dims share one
+// partial(max) result.
+// CHECK-LABEL: func.func @fp8_amax_axes
+func.func @fp8_amax_axes(
+    %a: tensor<64x64xbf16, #dist.layout<@world, [{"ddp", "fsdp"}, {}]>>,
+    %b: tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {"ddp"}]>>) {
+  // CHECK: dist.fp8_amax %{{.*}}, %{{.*}} : tensor<64x64xbf16, #dist.layout<@world, [{"ddp", "fsdp"}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {"ddp"}]>> -> tensor<2xf32, #dist.layout<@world, [{}], partial(max) = {"ddp", "fsdp"}>>{{$}}
+  %0 = dist.fp8_amax %a, %b : tensor<64x64xbf16, #dist.layout<@world, [{"ddp", "fsdp"}, {}]>>, tensor<64x32xbf16, #dist.layout<@world, [{"fsdp"}, {"ddp"}]>> -> tensor<2xf32, #dist.layout<@world, [{}], partial(max) = {"ddp", "fsdp"}>>
+  return
+}
+
+// CHECK-LABEL: func.func @fault_tolerant
+func.func @fault_tolerant(
+    %g: tensor<8xf32, #dist.layout<@ft, [{"dp_shard"}], partial(sum) = {"dp_replicate"}>>,
+    %l: tensor<2xf32>) {
+  // CHECK: dist.all_reduce %{{.*}} sum fault_tolerant over {"dp_replicate"} : tensor<8xf32, #dist.layout<@ft, [{"dp_shard"}], partial(sum) = {"dp_replicate"}>> -> tensor<8xf32, #dist.layout<@ft, [{"dp_shard"}]>>{{$}}
+  %0 = dist.all_reduce %g sum fault_tolerant over {"dp_replicate"} : tensor<8xf32, #dist.layout<@ft, [{"dp_shard"}], partial(sum) = {"dp_replicate"}>> -> tensor<8xf32, #dist.layout<@ft, [{"dp_shard"}]>>
+  // CHECK: dist.all_reduce %{{.*}} avg fault_tolerant over {"dp_replicate"} group = [1, 5, 9] : tensor<2xf32> -> tensor<2xf32>{{$}}
+  %1 = dist.all_reduce %l avg fault_tolerant over {"dp_replicate"} group = [1, 5, 9] : tensor<2xf32> -> tensor<2xf32>
+  return
+}
+
+// Training-step ops, rank-local form (after dist-specialize-rank: no layouts).
+// CHECK-LABEL: func.func @train_step_rank_local
+func.func @train_step_rank_local(%x: tensor<32x64xbf16>, %y: tensor<64x32xbf16>,
+    %w: tensor<32x64xf32>, %m: tensor<32x64xf32>, %v: tensor<32x64xf32>) {
+  // CHECK: dist.compute forward "layers.0"(%{{.*}}, %{{.*}}) flops = 2.400000e+09 : tensor<32x64xbf16>, tensor<64x32xbf16>{{$}}
+  dist.compute forward "layers.0" (%x, %y) flops = 2.4e+09 : tensor<32x64xbf16>, tensor<64x32xbf16>
+  // CHECK: %[[G:.*]]:2 = dist.compute backward "layers.0"(%{{.*}}, %{{.*}}) : tensor<32x64xbf16>, tensor<64x32xbf16> -> tensor<32x64xbf16>, tensor<64x32xbf16>{{$}}
+  %gx, %gy = dist.compute backward "layers.0" (%x, %y) : tensor<32x64xbf16>, tensor<64x32xbf16> -> tensor<32x64xbf16>, tensor<64x32xbf16>
+  // CHECK: dist.optimizer_step %{{.*}}, %[[G]]#0 : tensor<32x64xf32>, tensor<32x64xbf16>{{$}}
+  dist.optimizer_step %w, %gx : tensor<32x64xf32>, tensor<32x64xbf16>
+  // CHECK: dist.adamw %{{.*}}, %[[G]]#0, %{{.*}}, %{{.*}} {beta1 = {{.*}}, stochastic_rounding, tensor_id = 3 : i64, weight_decay = {{.*}}} : tensor<32x64xbf16>, tensor<32x64xbf16>, tensor<32x64xf32>, tensor<32x64xf32>{{$}}
+  %p, %m2, %v2 = dist.adamw %x, %gx, %m, %v {lr = 3.0e-4, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8, weight_decay = 0.1, stochastic_rounding, seed = 7, tensor_id = 3} : tensor<32x64xbf16>, tensor<32x64xbf16>, tensor<32x64xf32>, tensor<32x64xf32>
+  // CHECK: dist.adamw %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} {beta1 = {{.*}}, tensor_id = 5 : i64, weight_decay = {{.*}}} : tensor<32x64xf32>, tensor<32x64xf32>, tensor<32x64xf32>, tensor<32x64xf32>{{$}}
+  %p3, %m3, %v3 = dist.adamw %w, %w, %m, %v {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 5} : tensor<32x64xf32>, tensor<32x64xf32>, tensor<32x64xf32>, tensor<32x64xf32>
+  // CHECK: %[[A:.*]] = dist.fp8_amax %{{.*}}, %{{.*}} : tensor<32x64xbf16>, tensor<64x32xbf16> -> tensor<2xf32>{{$}}
+  %a = dist.fp8_amax %x, %y : tensor<32x64xbf16>, tensor<64x32xbf16> -> tensor<2xf32>
+  // CHECK: %[[R:.*]] = dist.all_reduce %[[A]] max over {"ddp", "fsdp"} group = [0, 2, 4, 6] : tensor<2xf32> -> tensor<2xf32>{{$}}
+  %r = dist.all_reduce %a max over {"ddp", "fsdp"} group = [0, 2, 4, 6] : tensor<2xf32> -> tensor<2xf32>
+  // CHECK: %[[Q:.*]] = dist.fp8_cast %{{.*}} scale %[[R]][0] power_of_2 : tensor<32x64xbf16>, tensor<2xf32> -> tensor<32x64xf8E4M3FN>{{$}}
+  %q = dist.fp8_cast %x scale %r[0] power_of_2 : tensor<32x64xbf16>, tensor<2xf32> -> tensor<32x64xf8E4M3FN>
+  // CHECK: %[[Q2:.*]] = dist.fp8_cast %{{.*}} scale %[[R]][1] : tensor<64x32xbf16>, tensor<2xf32> -> tensor<64x32xf8E5M2>{{$}}
+  %q2 = dist.fp8_cast %y scale %r[1] : tensor<64x32xbf16>, tensor<2xf32> -> tensor<64x32xf8E5M2>
+  // CHECK: dist.free %[[Q]], %[[Q2]], %[[G]]#1 : tensor<32x64xf8E4M3FN>, tensor<64x32xf8E5M2>, tensor<64x32xbf16>{{$}}
+  dist.free %q, %q2, %gy : tensor<32x64xf8E4M3FN>, tensor<64x32xf8E5M2>, tensor<64x32xbf16>
+  return
+}
