@@ -98,6 +98,7 @@ private:
   std::optional<View> view;
   FlatSymbolRefAttr meshName;
 
+  llvm::DenseMap<Attribute, Layout> layouts;    ///< core layout of a LayoutAttr
   llvm::DenseMap<Value, int> bufferOf;          ///< value -> out.buffers index
   llvm::DenseMap<Value, std::string> rootOf;    ///< value -> parameter name
   llvm::StringMap<int> liveIds;                 ///< buffer id -> index, if live
@@ -185,9 +186,13 @@ private:
     if (attr.getMesh() != meshName)
       return opError(op, "value on mesh " + attr.getMesh().getValue().str() +
                              ", not the module's mesh");
+    // Attributes are uniqued: a step has a few dozen distinct layouts.
+    if (auto it = layouts.find(attr); it != layouts.end())
+      return it->second;
     auto layout = dist::coreLayout(*view, attr);
     if (!layout)
       return opError(op, layout.error().message);
+    layouts.try_emplace(attr, *layout);
     return std::move(*layout);
   }
 

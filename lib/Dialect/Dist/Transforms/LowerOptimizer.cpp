@@ -322,25 +322,31 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
   });
   MLIRContext *ctx = func.getContext();
   Builder builder(ctx);
-  llvm::DenseMap<Update *, std::pair<Value, Value>> state;
+  // One insertArguments call: appending one by one rebuilds the function
+  // type each time (quadratic in the parameters of a 405B model).
+  SmallVector<unsigned> indices;
+  SmallVector<Type> types;
+  SmallVector<DictionaryAttr> attrs;
+  SmallVector<Location> locs;
+  unsigned first = func.getNumArguments();
   for (Update *u : byParam) {
     auto paramType = cast<RankedTensorType>(u->param.getType());
     auto stateType = RankedTensorType::get(
         paramType.getShape(), builder.getF32Type(), paramType.getEncoding());
-    Value moments[2];
-    const char *suffixes[] = {".exp_avg", ".exp_avg_sq"};
-    for (auto [i, suffix] : llvm::enumerate(suffixes)) {
-      unsigned index = func.getNumArguments();
-      auto attrs = builder.getDictionaryAttr(builder.getNamedAttr(
-          "dist.state", builder.getStringAttr(u->name.getValue() + suffix)));
-      if (failed(
-              func.insertArgument(index, stateType, attrs, u->param.getLoc())))
-        return func.emitOpError()
-               << "cannot append the optimizer state of " << u->name;
-      moments[i] = func.getArgument(index);
+    for (const char *suffix : {".exp_avg", ".exp_avg_sq"}) {
+      indices.push_back(first);
+      types.push_back(stateType);
+      attrs.push_back(builder.getDictionaryAttr(builder.getNamedAttr(
+          "dist.state", builder.getStringAttr(u->name.getValue() + suffix))));
+      locs.push_back(u->param.getLoc());
     }
-    state[u] = {moments[0], moments[1]};
   }
+  if (failed(func.insertArguments(indices, types, attrs, locs)))
+    return func.emitOpError() << "cannot append the optimizer state";
+  llvm::DenseMap<Update *, std::pair<Value, Value>> state;
+  for (auto [i, u] : llvm::enumerate(byParam))
+    state[u] = {func.getArgument(first + 2 * i),
+                func.getArgument(first + 2 * i + 1)};
 
   // The updates, after every reduction, in the order of the steps.
   OpBuilder b(func.getBody().back().getTerminator());
