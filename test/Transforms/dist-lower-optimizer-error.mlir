@@ -246,13 +246,14 @@ func.func @twice(%w: tensor<8xf32, #dist.layout<@m, [ {"dp"} ]>> {dist.param = "
 
 dist.mesh @m ["dp" = 2]
 func.func @no_layout(%w: tensor<8xf32> {dist.param = "w"},
-                     %g: tensor<8xf32, #dist.layout<@m, [ {} ], partial(avg) = {"dp"}>>)
+                     %g: tensor<8xf32>)
     attributes {dist.train_step,
                 dist.optimizer = {kind = "adamw", lr = 1.0e-3 : f64, beta1 = 0.9 : f64, beta2 = 0.999 : f64,
                                   eps = 1.0e-8 : f64, weight_decay = 0.0 : f64,
                                   stochastic_rounding = false, seed = 0 : i64}} {
+  // The rank-local form (no layouts at all) cannot be lowered.
   // expected-error @+1 {{'dist.optimizer_step' op parameter "w" has no layout; run dist-propagate-layouts first}}
-  dist.optimizer_step %w, %g : tensor<8xf32>, tensor<8xf32, #dist.layout<@m, [ {} ], partial(avg) = {"dp"}>>
+  dist.optimizer_step %w, %g : tensor<8xf32>, tensor<8xf32>
   return
 }
 
@@ -265,7 +266,8 @@ func.func @grad_no_layout(%w: tensor<8xf32, #dist.layout<@m, [ {"dp"} ]>> {dist.
                 dist.optimizer = {kind = "adamw", lr = 1.0e-3 : f64, beta1 = 0.9 : f64, beta2 = 0.999 : f64,
                                   eps = 1.0e-8 : f64, weight_decay = 0.0 : f64,
                                   stochastic_rounding = false, seed = 0 : i64}} {
-  // expected-error @+1 {{'dist.optimizer_step' op the gradient of "w" has no layout; run dist-propagate-layouts first}}
+  // A layout on one of the two only is the verifier's error.
+  // expected-error @+1 {{'dist.optimizer_step' op operand #1 has no layout but an earlier value has one; use layouts on every value (global form) or on none (rank-local form)}}
   dist.optimizer_step %w, %g : tensor<8xf32, #dist.layout<@m, [ {"dp"} ]>>, tensor<8xf32>
   return
 }

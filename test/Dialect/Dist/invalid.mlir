@@ -778,3 +778,80 @@ func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp", "tp"
   %0 = dist.all_reduce %a sum fault_tolerant over {"tp"} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp", "tp"}>> -> tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
   return
 }
+
+// -----
+
+// A size-1 piece of a managed axis reduces over nothing of it.
+dist.mesh @m ["dp" = 2, "tp" = 2] managed = ["dp"]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"tp"}>>) {
+  // expected-error @+1 {{'dist.all_reduce' op is fault_tolerant but reduces over no managed axis}}
+  %0 = dist.all_reduce %a sum fault_tolerant over {"tp", "dp":(1)1} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"tp"}>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+// The operand the message compares with is the first one with a layout.
+dist.mesh @m ["dp" = 2, "tp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, %b: tensor<8xf32, #dist.layout<@m, [{"tp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op operand #1 is split over [tp] but operand #0 over [dp]}}
+  %0 = dist.fp8_amax %a, %b : tensor<8xf32, #dist.layout<@m, [{"dp"}]>>, tensor<8xf32, #dist.layout<@m, [{"tp"}]>> -> tensor<2xf32, #dist.layout<@m, [{}], partial(max) = {"dp"}>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_amax' op result #0 has no layout but an earlier value has one; use layouts on every value (global form) or on none (rank-local form)}}
+  %0 = dist.fp8_amax %a : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<1xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%w: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %a: tensor<1xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op operand #1 has no layout but an earlier value has one}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<1xf32> -> tensor<8xf8E4M3FN, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["dp" = 2]
+func.func @f(%w: tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, %a: tensor<2xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.fp8_cast' op amax must be replicated: every rank reads every weight's scale}}
+  %0 = dist.fp8_cast %w scale %a[1] : tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>, tensor<2xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf8E4M3FN, #dist.layout<@m, [{"dp"}]>>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xi32>, %a: tensor<1xf32>) {
+  // expected-error @+1 {{'dist.fp8_cast' op input must be a wider floating-point tensor, not 'i32'}}
+  %0 = dist.fp8_cast %w scale %a[0] : tensor<8xi32>, tensor<1xf32> -> tensor<8xf8E4M3FN>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.compute' op gradient #0 ('tensor<3x3xi8>') must be a floating-point tensor of the shape of input #0 ('tensor<8xf32>')}}
+  %0 = dist.compute backward "l" (%w) : tensor<8xf32> -> tensor<3x3xi8>
+  return
+}
+
+// -----
+
+func.func @f(%a: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.free' op frees a value that is used afterwards}}
+  dist.free %a : tensor<8xf32>
+  %0 = tensor.generate {
+  ^bb0(%i: index):
+    %c0 = arith.constant 0 : index
+    %x = tensor.extract %a[%c0] : tensor<8xf32>
+    tensor.yield %x : f32
+  } : tensor<4xf32>
+  return
+}

@@ -330,7 +330,7 @@ LogicalResult AllReduceOp::verifySymbolUses(SymbolTableCollection &symbols) {
       bool managed = false;
       if (refs)
         for (const AxisRef &r : *refs)
-          managed |= view->mesh().axis(r.axis).managed;
+          managed |= r.size > 1 && view->mesh().axis(r.axis).managed;
       if (refs && !managed)
         return emitOpError() << "is fault_tolerant but reduces over no "
                                 "managed axis";
@@ -520,9 +520,39 @@ resolveOptionalLayout(Operation *op, Value value, StringRef what,
   return std::optional<Layout>(std::move(*core));
 }
 
+/// Either every tensor operand and result has a layout (the global form) or
+/// none has (the rank-local form after dist-specialize-rank).
+static LogicalResult verifyOneForm(Operation *op) {
+  std::optional<bool> global;
+  auto check = [&](Value v, StringRef what, size_t i) -> LogicalResult {
+    bool laidOut = static_cast<bool>(getLayout(v.getType()));
+    if (!global) {
+      global = laidOut;
+      return success();
+    }
+    if (*global != laidOut)
+      return op->emitOpError()
+             << what << " #" << i
+             << (laidOut ? " has a layout but an earlier value has none"
+                         : " has no layout but an earlier value has one")
+             << "; use layouts on every value (global form) or on none "
+                "(rank-local form)";
+    return success();
+  };
+  for (auto [i, v] : llvm::enumerate(op->getOperands()))
+    if (failed(check(v, "operand", i)))
+      return failure();
+  for (auto [i, v] : llvm::enumerate(op->getResults()))
+    if (failed(check(v, "result", i)))
+      return failure();
+  return success();
+}
+
 /// Checks every operand's and result's layout resolves on one mesh.
 static LogicalResult verifyAllLayouts(Operation *op,
                                       SymbolTableCollection &symbols) {
+  if (failed(verifyOneForm(op)))
+    return failure();
   std::optional<View> view;
   FlatSymbolRefAttr meshName;
   for (auto [i, v] : llvm::enumerate(op->getOperands()))
@@ -552,6 +582,18 @@ LogicalResult ComputeOp::verify() {
                          << " inputs";
   if (auto flops = getFlopsAttr(); flops && !(flops.getValueAsDouble() >= 0))
     return emitOpError() << "flops must be >= 0";
+  // Gradient i is the gradient of input i (parameters come first; scales
+  // and accumulated gradients follow).
+  for (auto [i, grad] : llvm::enumerate(getGrads())) {
+    auto in = cast<RankedTensorType>(getInputs()[i].getType());
+    auto out = cast<RankedTensorType>(grad.getType());
+    if (in.getShape() != out.getShape() ||
+        !isa<FloatType>(out.getElementType()))
+      return emitOpError() << "gradient #" << i << " (" << out
+                           << ") must be a floating-point tensor of the shape "
+                              "of input #"
+                           << i << " (" << in << ")";
+  }
   return success();
 }
 
@@ -634,7 +676,10 @@ LogicalResult Fp8AmaxOp::verifySymbolUses(SymbolTableCollection &symbols) {
                          << "xf32>, one amax per input";
   std::optional<View> view;
   FlatSymbolRefAttr meshName;
+  if (failed(verifyOneForm(*this)))
+    return failure();
   std::optional<std::string> splitKey;
+  size_t splitOperand = 0;
   for (auto [i, input] : llvm::enumerate(getInputs())) {
     std::string what = "operand #" + std::to_string(i);
     if (!isa<FloatType>(
@@ -658,8 +703,11 @@ LogicalResult Fp8AmaxOp::verifySymbolUses(SymbolTableCollection &symbols) {
         partitionKeyOf(view->mesh(), canonicalizeRefs(view->mesh(), split));
     if (splitKey && *splitKey != key)
       return emitOpError() << what << " is split over " << key
-                           << " but operand #0 over " << *splitKey
+                           << " but operand #" << splitOperand << " over "
+                           << *splitKey
                            << "; one amax all-reduce needs one set of axes";
+    if (!splitKey)
+      splitOperand = i;
     splitKey = key;
   }
   auto result = resolveOptionalLayout(*this, getAmax(), "result", view,
@@ -698,20 +746,34 @@ LogicalResult Fp8CastOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t index = getIndexAttr().getInt();
   if (index < 0 || (!amax.isDynamicDim(0) && index >= amax.getDimSize(0)))
     return emitOpError() << "amax index " << index << " is outside " << amax;
+  if (!isa<FloatType>(in.getElementType()) || isFloat8(in.getElementType()))
+    return emitOpError() << "input must be a wider floating-point tensor, not "
+                         << in.getElementType();
   if (LayoutAttr layout = getLayout(amax); layout && layout.getPartial().size())
     return emitOpError() << "amax is still partial; all-reduce it (max) "
                             "before casting, or ranks scale differently";
+  if (LayoutAttr layout = getLayout(amax))
+    for (int64_t d = 0; d < layout.getRank(); ++d)
+      if (layout.getLevels(d).size())
+        return emitOpError() << "amax must be replicated: every rank reads "
+                                "every weight's scale";
   return verifyAllLayouts(*this, symbols);
 }
 
 LogicalResult FreeOp::verify() {
   if (getInputs().empty())
     return emitOpError() << "needs at least one value";
+  Block *block = getOperation()->getBlock();
   for (Value v : getInputs())
-    for (Operation *user : v.getUsers())
-      if (user != getOperation() &&
-          user->getBlock() == getOperation()->getBlock() &&
-          getOperation()->isBeforeInBlock(user))
+    for (Operation *user : v.getUsers()) {
+      if (user == getOperation())
+        continue;
+      // A use nested in a later op's region counts as that op's use; a use
+      // outside this block (a later block, or no common ancestor here) is
+      // not known to precede the free.
+      Operation *ancestor = block->findAncestorOpInBlock(*user);
+      if (!ancestor || getOperation()->isBeforeInBlock(ancestor))
         return emitOpError() << "frees a value that is used afterwards";
+    }
   return success();
 }

@@ -251,17 +251,13 @@ checkStep(func::FuncOp func, OptimizerStepOp step, const Hyper &hyper) {
     return step.emitOpError()
            << "updating " << name
            << " must be at the top level of the dist.train_step function";
-  // The op's verifier has checked shapes, element types, one mesh and a
-  // non-partial stored layout; what is left is that both are laid out.
+  // The op's verifier has checked shapes, element types, one mesh, a
+  // non-partial stored layout and that both or neither are laid out; what is
+  // left is the rank-local form, which cannot be lowered.
   auto paramType = cast<RankedTensorType>(param.getType());
-  auto gradType = cast<RankedTensorType>(step.getGrad().getType());
   if (!getLayout(paramType))
     return step.emitOpError()
            << "parameter " << name
-           << " has no layout; run dist-propagate-layouts first";
-  if (!getLayout(gradType))
-    return step.emitOpError()
-           << "the gradient of " << name
            << " has no layout; run dist-propagate-layouts first";
   if (hyper.stochasticRounding && !paramType.getElementType().isBF16())
     return step.emitOpError()
