@@ -402,6 +402,7 @@ private:
     } else if (isa<dist::FreeOp>(op)) {
       in.op = pl::OpKind::Free;
       in.inputs = inputs;
+      in.label = "free " + inputs.front();
       for (Value v : op->getOperands()) {
         if (folded.count(v))
           continue;
@@ -589,8 +590,16 @@ private:
       auto it = instructionOfOp.find(def);
       if (it == instructionOfOp.end())
         return opError(op, "an operand's producer was not exported first");
-      if (it->second < 0) // folded into its consumer: nothing to wait for
+      if (it->second < 0) {
+        // Folded into this consumer, which inherits what it waited for
+        // (a prefetch bound, a free).
+        if (auto after = def->getAttrOfType<DenseI64ArrayAttr>("dist.after"))
+          for (int64_t id : after.asArrayRef())
+            if (auto dep = instructionOfId.find(id);
+                dep != instructionOfId.end() && dep->second >= 0)
+              addDep(dep->second);
         continue;
+      }
       if (out.program[it->second].stream != in.stream)
         addDep(it->second);
     }

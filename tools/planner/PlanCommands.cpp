@@ -60,6 +60,9 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   frontend::SpecOptions options;
   options.worldSize = flags.worldSize;
   if (flags.model.empty()) {
+    // Unreadable is the flag's problem; what is inside is the file's.
+    if (auto text = plan::readTextFile(flags.spec); !text)
+      throw CliError("--spec: " + text.error().message);
     auto resolved = frontend::loadSpecFile(flags.spec, options);
     if (!resolved)
       throw CliError(resolved.error().message);
@@ -86,12 +89,16 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   return std::move(*resolved);
 }
 
+/// Loads the spec, checks `rank` (when given) against its mesh before
+/// anything is compiled or written, and runs the pipeline.
 static Planned planOrThrow(
-    const SpecFlags &flags,
+    const SpecFlags &flags, std::optional<int64_t> rank,
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
         nullptr) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
+  if (rank)
+    checkRank(*p.spec.mesh, *rank);
   p.context = pipeline::makeContext();
   pipeline::CompileOptions options;
   options.import.tokensPerMicrobatch = flags.tokens;
@@ -191,12 +198,11 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       return {};
     };
   }
-  Planned p = planOrThrow(options.spec, dump);
+  Planned p = planOrThrow(options.spec, options.rank, dump);
   auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = *p.prepared;
   int64_t world = prepared.mesh().size();
   if (options.rank) {
-    checkRank(p.prepared->mesh(), *options.rank);
     if (dump) {
       auto local = pipeline::specializeRank(*p.compiled.module, *options.rank);
       if (!local)
@@ -308,8 +314,7 @@ struct CollectiveSummary {
 } // namespace
 
 std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
-  Planned p = planOrThrow(options.spec);
-  checkRank(p.prepared->mesh(), options.rank);
+  Planned p = planOrThrow(options.spec, options.rank);
   const plan::PreparedTemplate &prepared = *p.prepared;
   auto planned = prepared.instantiate(options.rank);
   if (!planned)
@@ -348,11 +353,12 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   auto schedule = plan::simulate(plan, prepared.flops(), plan::CostModel{});
 
   std::ostringstream out;
+  double count = static_cast<double>(frontend::countParameters(*p.spec.model));
   out << "model " << p.spec.model->name << ": "
-      << fixed(static_cast<double>(frontend::countParameters(*p.spec.model)) /
-                   1e9,
-               2)
-      << "B parameters in " << p.spec.params.size() << " tensors, "
+      << (count >= 1e9   ? fixed(count / 1e9, 2) + "B"
+          : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
+                         : fixed(count / 1e3, 1) + "K")
+      << " parameters in " << p.spec.params.size() << " tensors, "
       << pipeline::fsdpUnits(p.spec).size() << " FSDP units\n";
   out << "mesh " << meshText(mesh) << ": " << mesh.size() << " ranks\n";
   auto list = [](const std::vector<std::string> &names) {
@@ -370,9 +376,13 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       << frontend::dtypeName(spec.mixedPrecision.paramDtype) << ", reduce "
       << frontend::dtypeName(spec.mixedPrecision.reduceDtype) << "\n\n";
 
+  // Columns as wide as the longest communicator id.
+  int idWidth = 14;
+  for (const plan::Communicator &c : plan.communicators)
+    idWidth = std::max(idWidth, static_cast<int>(c.id.size()) + 2);
   out << "communicators of rank " << options.rank << ":\n";
   for (const plan::Communicator &c : plan.communicators) {
-    out << "  " << std::left << std::setw(22) << c.id << " axes {"
+    out << "  " << std::left << std::setw(idWidth) << c.id << "axes {"
         << list(c.axes) << "}  group [";
     for (size_t i = 0; i < c.ranks.size() && i < 8; ++i)
       out << (i ? "," : "") << c.ranks[i];
@@ -383,15 +393,16 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   }
   out << "\ncollectives per step of rank " << options.rank
       << " (bytes this rank sends, ring algorithms):\n";
-  out << "  " << std::left << std::setw(22) << "communicator" << std::setw(16)
-      << "op" << std::setw(15) << "dtype" << std::right << std::setw(6)
-      << "calls" << std::setw(16) << "elements" << std::setw(14) << "bytes"
+  out << "  " << std::left << std::setw(idWidth) << "communicator"
+      << std::setw(16) << "op" << std::setw(15) << "dtype" << std::right
+      << std::setw(6) << "calls" << std::setw(16) << "elements" << std::setw(14)
+      << "bytes"
       << "\n";
   int64_t totalBytes = 0;
   for (const auto &[key, s] : collectives) {
     const auto &[comm, op, dtype] = key;
-    out << "  " << std::left << std::setw(22) << comm << std::setw(16) << op
-        << std::setw(15) << dtype << std::right << std::setw(6) << s.count
+    out << "  " << std::left << std::setw(idWidth) << comm << std::setw(16)
+        << op << std::setw(15) << dtype << std::right << std::setw(6) << s.count
         << std::setw(16) << s.elements << std::setw(14)
         << bytesText(static_cast<double>(s.bytes)) << "\n";
     totalBytes += s.bytes;
@@ -448,8 +459,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
 std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   if (options.output.empty())
     throw CliError("-o: an output file is required");
-  Planned p = planOrThrow(options.spec);
-  checkRank(p.prepared->mesh(), options.rank);
+  Planned p = planOrThrow(options.spec, options.rank);
   auto planned = p.prepared->instantiate(options.rank);
   if (!planned)
     throw std::runtime_error("internal error: " + planned.error().message);
