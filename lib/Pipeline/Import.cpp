@@ -139,6 +139,13 @@ ParamLayouts meshplan::pipeline::paramLayouts(const ResolvedSpec &spec,
   std::sort(partial.begin(), partial.end());
   out.grad.partial = partial;
   out.grad.reduceOp = ReduceOp::Avg;
+  // One spelling per layout (size-1 axes split nothing and reduce nothing),
+  // so that a redistribute between equal layouts is no op at all.
+  for (Layout *layout : {&out.stored, &out.compute, &out.grad}) {
+    *layout = normalizeLayout(mesh, *layout);
+    if (layout->partial.empty())
+      layout->reduceOp = ReduceOp::Sum;
+  }
   return out;
 }
 

@@ -44,10 +44,6 @@
 //               the prefetch bound (two units) when resharding
 //   determinism instantiate twice and compile twice give equal results
 //
-// Known planner bugs are marked "BUG" in configs(): a configuration they keep
-// from compiling is reported on stdout ("known BUG") and skipped, and is
-// checked in full as soon as it compiles. Everything else must hold.
-//
 //===----------------------------------------------------------------------===//
 
 #include "../Core/BruteForce.h"
@@ -96,10 +92,6 @@ struct Config {
   bool stochasticRounding = false;
   bool reshard = true;
   int64_t ga = 1;
-  /// A known planner bug that makes compile fail for this configuration
-  /// (see the "BUG" comments in configs()): the test reports it and skips;
-  /// once compile succeeds, every property is checked as usual.
-  std::string compileBug;
 };
 
 std::ostream &operator<<(std::ostream &os, const Config &c) {
@@ -306,17 +298,10 @@ std::vector<Config> configs() {
     add(c);
   }
   {
-    // BUG (dist-lower-redistribute, LowerRedistribute.cpp "same shards,
-    // another spelling: keep it"): a shard axis of size 1 gives a stored
-    // layout [{"s"}, {}] and a compute layout [{}, {}] with the same shards;
-    // lowering keeps that dist.redistribute and dist-schedule then fails
-    // ("'dist.redistribute' op cannot be scheduled; run
-    // dist-lower-redistribute first"): an internal error for a valid spec.
-    // Same with a size-1 shard axis next to others (mesh r=2, s=1).
+    // A shard axis of size 1 splits nothing: no collective at all.
     Config c{.name = "tiny_single_rank"};
     c.axes = {{"s", 1}};
     c.shard = {"s"};
-    c.compileBug = "a size-1 shard axis leaves an unlowered dist.redistribute";
     add(c);
   }
   {
@@ -520,15 +505,8 @@ std::vector<Config> configs() {
     c.extra = {"x"};
     c.tpAxis = "tp";
     c.tpPlan = oddFullPlan();
-    // BUG (dist-lower-optimizer + dist-lower-redistribute): without
-    // data_parallel ("no DP", valid per docs/spec.md) the gradient layout
-    // is the compute layout with reduce op avg and no partial axes, the
-    // parameter's is the same with sum; the gradient's dist.redistribute
-    // plans no step but the types differ, so it is kept ("another
-    // spelling") and dist-schedule fails with "'dist.redistribute' op
-    // cannot be scheduled". Any spec without data_parallel hits it (e.g.
-    // tiny on a mesh (x=2) with extra_axes [x], or TP only).
-    c.compileBug = "no data_parallel leaves the gradient's dist.redistribute";
+    // No data_parallel ("no DP", valid per docs/spec.md): gradients are
+    // already in the stored layout, nothing is reduced.
     add(c);
   }
   {
@@ -827,7 +805,6 @@ struct Totals {
   int64_t instructions = 0;
   int64_t collectivesChecked = 0;
   int64_t readsChecked = 0;
-  int configsWithKnownBugs = 0;
 };
 Totals totals;
 
@@ -1777,13 +1754,6 @@ TEST_P(PipelineSweep, MatchesReferences) {
                          << specText(c);
   auto context = pipeline::makeContext();
   auto compiled = pipeline::compile(*context, *spec);
-  if (!compiled.ok() && !c.compileBug.empty()) {
-    std::printf("[ pipeline ] %s: known BUG (%s): %s\n", c.name.c_str(),
-                c.compileBug.c_str(),
-                compiled.error().message.substr(0, 160).c_str());
-    ++totals.configsWithKnownBugs;
-    GTEST_SKIP() << "known BUG: " << c.compileBug;
-  }
   ASSERT_TRUE(compiled.ok()) << c.name << ": " << compiled.error().message;
   auto prepared = pl::PreparedTemplate::prepare(compiled->program);
   ASSERT_TRUE(prepared.ok()) << c.name << ": " << prepared.error().message;
@@ -1886,10 +1856,6 @@ public:
                 static_cast<long long>(totals.instructions),
                 static_cast<long long>(totals.collectivesChecked),
                 static_cast<long long>(totals.readsChecked));
-    if (totals.configsWithKnownBugs)
-      std::printf("[ pipeline ] %d configurations skipped for known BUGs (see "
-                  "the \"BUG\" comments)\n",
-                  totals.configsWithKnownBugs);
   }
 };
 [[maybe_unused]] ::testing::Environment *const summary =
