@@ -2,9 +2,73 @@
 
 #include "meshplan/Dialect/Dist/IR/CoreBridge.h"
 
+#include "llvm/ADT/DenseMap.h"
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
 using namespace mlir;
 
 namespace meshplan::dist {
+
+class CoreCache {
+public:
+  std::mutex mutex;
+  /// Root views by the dist.mesh attributes that define them.
+  llvm::DenseMap<std::tuple<Attribute, Attribute, Attribute, Attribute>,
+                 std::shared_ptr<const View>>
+      views;
+  /// Layouts by (mesh, layout attribute). Each entry keeps its mesh alive,
+  /// so a mesh address is never reused while a key names it.
+  struct Entry {
+    std::shared_ptr<const Mesh> mesh;
+    Result<Layout> layout;
+  };
+  std::map<std::pair<const Mesh *, const void *>, Entry> layouts;
+  /// Collective steps that verified (see StepKey).
+  std::set<StepKey> steps;
+};
+
+std::shared_ptr<CoreCache> makeCoreCache() {
+  return std::make_shared<CoreCache>();
+}
+
+static CoreCache &cacheOf(MLIRContext *ctx) {
+  return ctx->getLoadedDialect<DistDialect>()->getCoreCache();
+}
+
+bool isStepVerified(MLIRContext *ctx, const StepKey &key) {
+  CoreCache &cache = cacheOf(ctx);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.steps.count(key) != 0;
+}
+
+void setStepVerified(MLIRContext *ctx, const StepKey &key) {
+  CoreCache &cache = cacheOf(ctx);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.steps.insert(key);
+}
+
+Result<View> cachedRootView(MeshOp op) {
+  CoreCache &cache = cacheOf(op.getContext());
+  auto key = std::make_tuple(
+      Attribute(op.getAxisNamesAttr()), Attribute(op.getShapeAttr()),
+      Attribute(op.getManagedAttr()), Attribute(op.getDeviceOrderAttr()));
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (auto it = cache.views.find(key); it != cache.views.end())
+      return *it->second;
+  }
+  auto mesh = coreMesh(op);
+  if (!mesh)
+    return mesh.error();
+  auto view = std::make_shared<const View>(
+      View::root(std::make_shared<const Mesh>(std::move(*mesh))));
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  return *cache.views.try_emplace(key, view).first->second;
+}
 
 Result<Mesh> coreMesh(MeshOp op) {
   std::vector<MeshAxis> axes;
@@ -90,7 +154,31 @@ ReduceKind distReduceKind(ReduceOp op) {
   return ReduceKind::Sum;
 }
 
+static Result<Layout> convertLayout(const View &view, LayoutAttr attr);
+
 Result<Layout> coreLayout(const View &view, LayoutAttr attr) {
+  // Only root views are memoized: a layout verified against a sub-view may
+  // be rejected there and accepted on the root.
+  const Mesh &mesh = view.mesh();
+  bool root = static_cast<int>(view.refs().size()) == mesh.numAxes();
+  for (const AxisRef &ref : view.refs())
+    root &= ref.isWhole(mesh);
+  if (!root)
+    return convertLayout(view, attr);
+  CoreCache &cache = cacheOf(attr.getContext());
+  auto key = std::make_pair(&mesh, attr.getAsOpaquePointer());
+  {
+    std::lock_guard<std::mutex> lock(cache.mutex);
+    if (auto it = cache.layouts.find(key); it != cache.layouts.end())
+      return it->second.layout;
+  }
+  Result<Layout> layout = convertLayout(view, attr);
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  cache.layouts.try_emplace(key, CoreCache::Entry{view.meshHandle(), layout});
+  return layout;
+}
+
+static Result<Layout> convertLayout(const View &view, LayoutAttr attr) {
   const Mesh &mesh = view.mesh();
   Layout layout;
   layout.reduceOp = coreReduceOp(attr.getReduce());

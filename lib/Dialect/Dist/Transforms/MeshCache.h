@@ -32,13 +32,12 @@ public:
                           << ", which is not a dist.mesh";
       return nullptr;
     }
-    auto core = coreMesh(mesh);
-    if (!core) {
-      mesh.emitOpError() << core.error().message;
+    auto root = cachedRootView(mesh);
+    if (!root) {
+      mesh.emitOpError() << root.error().message;
       return nullptr;
     }
-    auto view = std::make_unique<View>(
-        View::root(std::make_shared<const Mesh>(std::move(*core))));
+    auto view = std::make_unique<View>(std::move(*root));
     return (views[name.getAttr()] = std::move(view)).get();
   }
 

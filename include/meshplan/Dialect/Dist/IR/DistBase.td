@@ -31,6 +31,14 @@ def Dist_Dialect : Dialect {
   // Attribute storage is only complete in DistAttrs.cpp, which registers them.
   let extraClassDeclaration = [{
     void registerAttributes();
+    /// Memoized core conversions of this context's (uniqued) attributes;
+    /// see CoreBridge.h.
+    ::meshplan::dist::CoreCache &getCoreCache() const { return *coreCache; }
+
+  private:
+    std::shared_ptr<::meshplan::dist::CoreCache> coreCache;
+
+  public:
   }];
 }
 

@@ -9,6 +9,12 @@
 
 #include "mlir/IR/Dialect.h"
 
+#include <memory>
+
+namespace meshplan::dist {
+class CoreCache;
+} // namespace meshplan::dist
+
 #include "meshplan/Dialect/Dist/IR/DistDialect.h.inc"
 
 #include "meshplan/Dialect/Dist/IR/DistAttrs.h"
