@@ -101,7 +101,7 @@ private:
   llvm::DenseMap<Attribute, Layout> layouts;    ///< core layout of a LayoutAttr
   llvm::DenseMap<Value, int> bufferOf;          ///< value -> out.buffers index
   llvm::DenseMap<Value, std::string> rootOf;    ///< value -> parameter name
-  llvm::StringMap<int> liveIds;                 ///< buffer id -> index, if live
+  llvm::StringMap<int> bufferIds;               ///< buffer id -> index
   llvm::DenseMap<int64_t, int> instructionOfId; ///< dist.id -> instruction
   llvm::DenseMap<Operation *, int> instructionOfOp;
   llvm::DenseMap<int64_t, int> bucketInstruction; ///< dist.bucket -> instr
@@ -205,45 +205,45 @@ private:
     auto layout = layoutOf(op, value);
     if (!layout)
       return layout.error();
-    // A buffer id names one live buffer; a re-gather after a free reuses
-    // the id (same buffer, gathered again), a simultaneous one gets a
-    // suffix.
+    // Ids name buffers. A value gathered again after its buffer was freed
+    // (FSDP's backward re-gather) goes back into that buffer; otherwise the
+    // value takes the first unused id of `id`, `id.2`, `id.3`, ...
+    std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
     std::string unique = id;
-    for (int n = 2; liveIds.count(unique) &&
-                    !reusable(out.buffers[liveIds.lookup(unique)], type);
-         ++n)
+    int index = -1;
+    for (int n = 2;; ++n) {
+      auto it = bufferIds.find(unique);
+      if (it == bufferIds.end())
+        break;
+      const pl::BufferTemplate &earlier = out.buffers[it->second];
+      if (freed.count(it->second) && earlier.dtype == *dtype &&
+          earlier.globalShape == shape &&
+          sameShards(*view, earlier.layout, *layout, shape)) {
+        index = it->second;
+        break;
+      }
       unique = id + "." + std::to_string(n);
-    int index;
-    if (auto it = liveIds.find(unique);
-        it != liveIds.end() && reusable(out.buffers[it->second], type)) {
-      index = it->second;
-    } else {
+    }
+    if (index < 0) {
       pl::BufferTemplate buffer;
       buffer.id = unique;
       buffer.kind = kind;
       buffer.dtype = *dtype;
-      buffer.globalShape.assign(type.getShape().begin(), type.getShape().end());
+      buffer.globalShape = shape;
       buffer.layout = std::move(*layout);
       buffer.persistent = persistent;
       index = static_cast<int>(out.buffers.size());
       out.buffers.push_back(std::move(buffer));
+      bufferIds[unique] = index;
     }
-    liveIds[unique] = index;
     freed.erase(index);
     bufferOf[value] = index;
     return index;
   }
 
-  /// An earlier buffer with this id may hold the value again when it was
-  /// freed and has the same dtype and shape.
+  /// Buffers released by a `free` (and persistent ones, which no value may
+  /// take over).
   std::set<int> freed;
-  bool reusable(const pl::BufferTemplate &buffer, RankedTensorType type) {
-    int index = static_cast<int>(&buffer - out.buffers.data());
-    return freed.count(index) &&
-           planDType(type.getElementType()) == buffer.dtype &&
-           std::vector<int64_t>(type.getShape().begin(),
-                                type.getShape().end()) == buffer.globalShape;
-  }
 
   Result<void> exportArguments(func::FuncOp step) {
     for (BlockArgument arg : step.getArguments()) {
@@ -265,8 +265,6 @@ private:
       auto index = addBuffer(step, arg, name, kind, /*persistent=*/true);
       if (!index)
         return index.error();
-      freed.insert(*index); // persistent: never "live" for id reuse
-      liveIds.erase(name);
     }
     return {};
   }
