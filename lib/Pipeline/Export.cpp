@@ -307,9 +307,8 @@ private:
     in.id = "i" + std::to_string(distId);
     in.stream = stream;
     double flops = 0;
-    std::vector<Value> results;
 
-    // Results become buffers first (inputs are looked up before).
+    // Operands are buffers of earlier ops (or arguments).
     std::vector<std::string> inputs;
     for (Value v : op->getOperands()) {
       auto id = inputId(op, v);
