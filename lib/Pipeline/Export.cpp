@@ -350,6 +350,9 @@ private:
                  compute.getModule().str();
       if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
         in.label += " (microbatch " + std::to_string(mb.getInt()) + ")";
+      if (auto n = op->getAttrOfType<IntegerAttr>("dist.tp_summed_grads"))
+        in.label += " (sums " + std::to_string(n.getInt()) +
+                    " sequence-parallel gradients over tp)";
       if (auto f = compute.getFlopsAttr())
         flops = f.getValueAsDouble();
       in.inputs = inputs;

@@ -330,6 +330,17 @@ private:
                                     b.getF64FloatAttr(2 * unit.forwardFlops));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
+        // Sequence-parallel weights' gradients are partial over TP too (a
+        // sum, where the data-parallel reduction is an average); one layout
+        // states one reduce op, so the callback sums them over the TP axis
+        // (docs/semantics.md, "What the trainer owns"). Say so in the plan.
+        int64_t tpSummed = 0;
+        for (int p : unit.params)
+          tpSummed += spec.assignments[spec.params[p].module].tpStyle ==
+                      frontend::TPStyle::SequenceParallel;
+        if (tpSummed)
+          compute->setAttr("dist.tp_summed_grads",
+                           b.getI64IntegerAttr(tpSummed));
         for (auto [i, p] : llvm::enumerate(unit.params))
           grads[p] = compute.getResult(i);
         if (mb + 1 == microbatches)

@@ -1449,9 +1449,10 @@ private:
     for (std::string prefix : {"forward ", "backward "})
       if (s.rfind(prefix, 0) == 0)
         s = s.substr(prefix.size());
-    size_t mb = s.find(" (microbatch ");
-    if (mb != std::string::npos)
-      s.resize(mb);
+    // Then notes in parentheses: " (microbatch 1)", " (sums 2 ...)".
+    size_t note = s.find(" (");
+    if (note != std::string::npos)
+      s.resize(note);
     return s;
   }
 
