@@ -1469,7 +1469,11 @@ private:
     for (const pl::Instruction &in : p.program) {
       if (in.op != pl::OpKind::Compute)
         continue;
-      labels.push_back(in.label);
+      // The note on sequence-parallel gradients is not part of the order.
+      std::string label = in.label;
+      if (size_t note = label.find(" (sums "); note != std::string::npos)
+        label.erase(note, label.find(')', note) + 1 - note);
+      labels.push_back(label);
       bool backward = in.label.rfind("backward ", 0) == 0;
       std::string unit = unitOf(in);
       std::map<std::string, int> reads, grads;
