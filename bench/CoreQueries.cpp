@@ -22,6 +22,8 @@
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Core/MeshView.h"
 
+#include "BenchSupport.h"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -31,11 +33,8 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 using namespace meshplan;
 
@@ -269,9 +268,9 @@ void runQuery(benchmark::State &state, Query query) {
   }
 }
 
-/// Console output, showing only the median and cv of repeated runs, plus a
-/// record of every run's time per iteration for the summary.
-class SummaryReporter : public benchmark::ConsoleReporter {
+/// Every repetition's real and CPU ns per query, and the library's median,
+/// for the summary.
+class SummaryReporter : public bench::QuietConsoleReporter {
 public:
   struct Samples {
     std::vector<double> real, cpu; // ns per query, one per repetition
@@ -279,64 +278,21 @@ public:
   };
   /// query name -> world -> samples
   std::map<std::string, std::map<int64_t, Samples>> samples;
-  std::vector<std::string> errors;
-  int64_t repetitions = 1;
-
-  explicit SummaryReporter(OutputOptions options) : ConsoleReporter(options) {}
-
-  void ReportRuns(const std::vector<Run> &runs) override {
-    std::vector<Run> shown;
-    for (const Run &run : runs) {
-      bool aggregate = run.run_type == Run::RT_Aggregate;
-      if (run.error_occurred || run.repetitions <= 1 ||
-          (aggregate &&
-           (run.aggregate_name == "median" || run.aggregate_name == "cv")))
-        shown.push_back(run);
-      if (run.error_occurred) {
-        errors.push_back(run.benchmark_name() + ": " + run.error_message);
-        continue;
-      }
-      const std::string &args = run.run_name.args;
-      size_t colon = args.find(':');
-      int64_t world = std::atoll(args.c_str() +
-                                 (colon == std::string::npos ? 0 : colon + 1));
-      Samples &s = samples[run.run_name.function_name][world];
-      repetitions = std::max<int64_t>(repetitions, run.repetitions);
-      double scale = toNs(run.time_unit);
-      if (!aggregate) {
-        s.real.push_back(run.GetAdjustedRealTime() * scale);
-        s.cpu.push_back(run.GetAdjustedCPUTime() * scale);
-      } else if (run.aggregate_name == "median") {
-        s.reportedMedian = run.GetAdjustedRealTime() * scale;
-      }
-    }
-    if (!shown.empty())
-      ConsoleReporter::ReportRuns(shown);
-  }
 
 private:
-  static double toNs(benchmark::TimeUnit unit) {
-    switch (unit) {
-    case benchmark::kNanosecond:
-      return 1;
-    case benchmark::kMicrosecond:
-      return 1e3;
-    case benchmark::kMillisecond:
-      return 1e6;
-    case benchmark::kSecond:
-      return 1e9;
-    }
-    return 1;
+  void record(const Run &run) override {
+    Samples &s = samples[run.run_name.function_name][worldOf(run, 0)];
+    double ns = scale(run.time_unit, 1e9);
+    s.real.push_back(run.GetAdjustedRealTime() * ns);
+    s.cpu.push_back(run.GetAdjustedCPUTime() * ns);
+  }
+  void recordAggregate(const Run &run) override {
+    Samples &s = samples[run.run_name.function_name][worldOf(run, 0)];
+    repetitions = std::max<int64_t>(repetitions, run.repetitions);
+    if (run.aggregate_name == "median")
+      s.reportedMedian = run.GetAdjustedRealTime() * scale(run.time_unit, 1e9);
   }
 };
-
-double median(std::vector<double> values) {
-  if (values.empty())
-    return -1;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 /// Prints the table; returns true when every ratio is within kMaxRatio.
 bool printSummary(const SummaryReporter &reporter) {
@@ -368,10 +324,11 @@ bool printSummary(const SummaryReporter &reporter) {
         std::printf(" %9s", "-");
         continue;
       }
-      double real = sample->second.real.empty() ? sample->second.reportedMedian
-                                                : median(sample->second.real);
+      double real = sample->second.real.empty()
+                        ? sample->second.reportedMedian
+                        : bench::median(sample->second.real);
       double cpu =
-          sample->second.cpu.empty() ? real : median(sample->second.cpu);
+          sample->second.cpu.empty() ? real : bench::median(sample->second.cpu);
       std::printf(" %9.1f", real);
       if (first || real < lo)
         lo = real, loWorld = world;
@@ -398,47 +355,17 @@ bool printSummary(const SummaryReporter &reporter) {
     failures.push_back("error in " + error);
   if (!any)
     failures.push_back("no query was timed (check --benchmark_filter)");
-  if (failures.empty()) {
-    std::printf("PASS: all ratios <= %.1f\n", kMaxRatio);
-    return true;
-  }
-  std::printf("FAIL: ");
-  for (size_t i = 0; i < failures.size(); ++i)
-    std::printf("%s%s", i ? "; " : "", failures[i].c_str());
-  std::printf(" (limit %.1f)\n", kMaxRatio);
-  return false;
+  return bench::printVerdict(failures,
+                             bench::formatted("all ratios <= %.1f", kMaxRatio),
+                             bench::formatted(" (limit %.1f)", kMaxRatio));
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
-  // Defaults for a noisy machine, unless given on the command line.
-  std::vector<std::string> defaults;
-  auto given = [&](std::string_view flag) {
-    for (int i = 1; i < argc; ++i) {
-      std::string_view arg = argv[i];
-      if (arg.substr(0, flag.size()) == flag &&
-          (arg.size() == flag.size() || arg[flag.size()] == '='))
-        return true;
-    }
-    return false;
-  };
-  if (!given("--benchmark_repetitions"))
-    defaults.push_back("--benchmark_repetitions=5");
-  if (!given("--benchmark_min_time"))
-    defaults.push_back("--benchmark_min_time=0.1");
-  if (!given("--benchmark_enable_random_interleaving"))
-    defaults.push_back("--benchmark_enable_random_interleaving=true");
-  std::vector<char *> args{argv[0]};
-  for (std::string &flag : defaults)
-    args.push_back(flag.data());
-  for (int i = 1; i < argc; ++i)
-    args.push_back(argv[i]);
-  int count = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data()))
-    return 2;
+  if (int status =
+          bench::initBenchmark(argc, argv, {{"--benchmark_min_time", "0.1"}}))
+    return status;
 
   for (const MeshShape &shape : kShapes) {
     auto setup = makeSetup(shape);
@@ -455,10 +382,7 @@ int main(int argc, char **argv) {
       bench->Arg(shape.world());
   }
 
-  // Colour only on a terminal (the library's own --benchmark_color=auto).
-  SummaryReporter reporter(isatty(fileno(stdout))
-                               ? benchmark::ConsoleReporter::OO_ColorTabular
-                               : benchmark::ConsoleReporter::OO_Tabular);
+  SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return printSummary(reporter) ? 0 : 1;

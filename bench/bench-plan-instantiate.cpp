@@ -20,6 +20,8 @@
 #include "meshplan/Plan/Template.h"
 #include "meshplan/Plan/Verify.h"
 
+#include "BenchSupport.h"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -30,11 +32,8 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 using namespace meshplan;
 using namespace meshplan::plan;
@@ -323,69 +322,18 @@ void runAllRanks(benchmark::State &state) {
   }
 }
 
-/// Console output showing only medians and cvs, plus every repetition's
-/// time for the summary.
-class SummaryReporter : public benchmark::ConsoleReporter {
+/// Every repetition's real ms per iteration, for the summary.
+class SummaryReporter : public bench::QuietConsoleReporter {
 public:
   /// benchmark name -> world -> real ms per iteration, one per repetition
   std::map<std::string, std::map<int64_t, std::vector<double>>> samples;
-  std::vector<std::string> errors;
-  int64_t repetitions = 1;
-
-  explicit SummaryReporter(OutputOptions options) : ConsoleReporter(options) {}
-
-  void ReportRuns(const std::vector<Run> &runs) override {
-    std::vector<Run> shown;
-    for (const Run &run : runs) {
-      bool aggregate = run.run_type == Run::RT_Aggregate;
-      if (run.error_occurred || run.repetitions <= 1 ||
-          (aggregate &&
-           (run.aggregate_name == "median" || run.aggregate_name == "cv")))
-        shown.push_back(run);
-      if (run.error_occurred) {
-        errors.push_back(run.benchmark_name() + ": " + run.error_message);
-        continue;
-      }
-      if (aggregate)
-        continue;
-      const std::string &args = run.run_name.args;
-      size_t colon = args.find(':');
-      int64_t world =
-          args.empty()
-              ? kAllRanksWorld
-              : std::atoll(args.c_str() +
-                           (colon == std::string::npos ? 0 : colon + 1));
-      repetitions = std::max<int64_t>(repetitions, run.repetitions);
-      samples[run.run_name.function_name][world].push_back(
-          run.GetAdjustedRealTime() * toMs(run.time_unit));
-    }
-    if (!shown.empty())
-      ConsoleReporter::ReportRuns(shown);
-  }
 
 private:
-  static double toMs(benchmark::TimeUnit unit) {
-    switch (unit) {
-    case benchmark::kNanosecond:
-      return 1e-6;
-    case benchmark::kMicrosecond:
-      return 1e-3;
-    case benchmark::kMillisecond:
-      return 1;
-    case benchmark::kSecond:
-      return 1e3;
-    }
-    return 1;
+  void record(const Run &run) override {
+    samples[run.run_name.function_name][worldOf(run, kAllRanksWorld)].push_back(
+        run.GetAdjustedRealTime() * scale(run.time_unit, 1e3));
   }
 };
-
-double median(std::vector<double> values) {
-  if (values.empty())
-    return -1;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 bool printSummary(const SummaryReporter &reporter) {
   const ProgramTemplate &t = setups().begin()->second.plain->get();
@@ -416,7 +364,7 @@ bool printSummary(const SummaryReporter &reporter) {
         std::printf(" %9s", "-");
         continue;
       }
-      med[shape.world()] = median(sample->second);
+      med[shape.world()] = bench::median(sample->second);
       std::printf(" %9.2f", med[shape.world()]);
     }
     int64_t lo = kShapes.front().world(), hi = kShapes.back().world();
@@ -440,55 +388,26 @@ bool printSummary(const SummaryReporter &reporter) {
     for (const auto &[world, ms] : it->second)
       std::printf("\ninstantiate all %lld ranks one after the other: %.2f s "
                   "(median)\n",
-                  static_cast<long long>(world), median(ms) / 1e3);
+                  static_cast<long long>(world), bench::median(ms) / 1e3);
   std::printf("\n");
   for (const std::string &error : reporter.errors)
     failures.push_back("error in " + error);
   if (reporter.samples.empty())
     failures.push_back("nothing was timed (check --benchmark_filter)");
-  if (failures.empty()) {
-    std::printf("PASS: t(%lld)/t(%lld) <= %.1f and < %.0f ms per rank\n",
-                static_cast<long long>(kShapes.back().world()),
-                static_cast<long long>(kShapes.front().world()), kMaxRatio,
-                kMaxMsPerRank);
-    return true;
-  }
-  std::printf("FAIL: ");
-  for (size_t i = 0; i < failures.size(); ++i)
-    std::printf("%s%s", i ? "; " : "", failures[i].c_str());
-  std::printf("\n");
-  return false;
+  return bench::printVerdict(
+      failures,
+      bench::formatted("t(%lld)/t(%lld) <= %.1f and < %.0f ms per rank",
+                       static_cast<long long>(kShapes.back().world()),
+                       static_cast<long long>(kShapes.front().world()),
+                       kMaxRatio, kMaxMsPerRank));
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
-  std::vector<std::string> defaults;
-  auto given = [&](std::string_view flag) {
-    for (int i = 1; i < argc; ++i) {
-      std::string_view arg = argv[i];
-      if (arg.substr(0, flag.size()) == flag &&
-          (arg.size() == flag.size() || arg[flag.size()] == '='))
-        return true;
-    }
-    return false;
-  };
-  if (!given("--benchmark_repetitions"))
-    defaults.push_back("--benchmark_repetitions=5");
-  if (!given("--benchmark_min_time"))
-    defaults.push_back("--benchmark_min_time=0.2");
-  if (!given("--benchmark_enable_random_interleaving"))
-    defaults.push_back("--benchmark_enable_random_interleaving=true");
-  std::vector<char *> args{argv[0]};
-  for (std::string &flag : defaults)
-    args.push_back(flag.data());
-  for (int i = 1; i < argc; ++i)
-    args.push_back(argv[i]);
-  int count = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data()))
-    return 2;
+  if (int status =
+          bench::initBenchmark(argc, argv, {{"--benchmark_min_time", "0.2"}}))
+    return status;
 
   for (const MeshShape &shape : kShapes) {
     Setup s = makeSetup(shape);
@@ -509,9 +428,7 @@ int main(int argc, char **argv) {
       ->Unit(benchmark::kSecond)
       ->Iterations(1);
 
-  SummaryReporter reporter(isatty(fileno(stdout))
-                               ? benchmark::ConsoleReporter::OO_ColorTabular
-                               : benchmark::ConsoleReporter::OO_Tabular);
+  SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return printSummary(reporter) ? 0 : 1;

@@ -47,6 +47,8 @@
 #include "meshplan/Plan/Template.h"
 #include "meshplan/Plan/Verify.h"
 
+#include "BenchSupport.h"
+
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -237,8 +239,8 @@ OneRank planOneRank(const std::string &specText, int64_t rank) {
   };
   auto compileStart = Clock::now();
   std::optional<pipeline::Compiled> compiled;
-  compiled.emplace(orDie(pipeline::compile(*context, *spec, options),
-                         "compile"));
+  compiled.emplace(
+      orDie(pipeline::compile(*context, *spec, options), "compile"));
   auto compileEnd = Clock::now();
   const std::vector<pipeline::StageTiming> &timings = compiled->timings;
   auto ms = [](Clock::time_point a, Clock::time_point b) {
@@ -264,8 +266,8 @@ OneRank planOneRank(const std::string &specText, int64_t rank) {
   t = Clock::now();
   // The CLI prepares a copy of the program (it keeps the Compiled).
   std::optional<plan::PreparedTemplate> prepared;
-  prepared.emplace(orDie(plan::PreparedTemplate::prepare(compiled->program),
-                         "prepare"));
+  prepared.emplace(
+      orDie(plan::PreparedTemplate::prepare(compiled->program), "prepare"));
   stage("prepare");
   std::optional<plan::Plan> plan;
   plan.emplace(orDie(prepared->instantiate(rank), "instantiate"));
@@ -346,8 +348,8 @@ void runVerifyDirectory(benchmark::State &state) {
     plan::VerifyResult v = orDie(plan::verifyPlans(plans), "verifyPlans");
     auto t2 = Clock::now();
     if (!v.ok()) {
-      state.SkipWithError(("verification failed: " + v.failure->message)
-                              .c_str());
+      state.SkipWithError(
+          ("verification failed: " + v.failure->message).c_str());
       break;
     }
     verifyStats = v.stats;
@@ -409,8 +411,9 @@ ChildRun inChild(const std::string &what,
     run.values.resize(count);
     size_t got = 0;
     while (got < count * sizeof(double)) {
-      ssize_t k = read(fds[0], reinterpret_cast<char *>(run.values.data()) + got,
-                       count * sizeof(double) - got);
+      ssize_t k =
+          read(fds[0], reinterpret_cast<char *>(run.values.data()) + got,
+               count * sizeof(double) - got);
       if (k <= 0)
         break;
       got += static_cast<size_t>(k);
@@ -423,8 +426,8 @@ ChildRun inChild(const std::string &what,
     die(what, "wait4 failed");
   run.wallS = std::chrono::duration<double>(Clock::now() - start).count();
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    die(what, "the child process failed (status " + std::to_string(status) +
-                  ")");
+    die(what,
+        "the child process failed (status " + std::to_string(status) + ")");
   run.maxRssMiB = static_cast<double>(usage.ru_maxrss) / 1024.0; // KiB
   run.userS = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6;
   run.sysS = usage.ru_stime.tv_sec + usage.ru_stime.tv_usec / 1e6;
@@ -445,69 +448,19 @@ struct Sample {
   double realMs, cpuMs;
 };
 
-/// Console output showing only medians and cvs; every repetition is kept
-/// for the summary.
-class SummaryReporter : public benchmark::ConsoleReporter {
+/// Every repetition's real and CPU ms, for the summary.
+class SummaryReporter : public bench::QuietConsoleReporter {
 public:
   /// benchmark name -> world (0: none) -> one sample per repetition
   std::map<std::string, std::map<int64_t, std::vector<Sample>>> samples;
-  std::vector<std::string> errors;
-  int64_t repetitions = 1;
-
-  explicit SummaryReporter(OutputOptions options) : ConsoleReporter(options) {}
-
-  void ReportRuns(const std::vector<Run> &runs) override {
-    std::vector<Run> shown;
-    for (const Run &run : runs) {
-      bool aggregate = run.run_type == Run::RT_Aggregate;
-      if (run.error_occurred || run.repetitions <= 1 ||
-          (aggregate &&
-           (run.aggregate_name == "median" || run.aggregate_name == "cv")))
-        shown.push_back(run);
-      if (run.error_occurred) {
-        errors.push_back(run.benchmark_name() + ": " + run.error_message);
-        continue;
-      }
-      if (aggregate)
-        continue;
-      const std::string &args = run.run_name.args;
-      size_t colon = args.find(':');
-      int64_t world =
-          args.empty() ? 0
-                       : std::atoll(args.c_str() +
-                                    (colon == std::string::npos ? 0 : colon + 1));
-      repetitions = std::max<int64_t>(repetitions, run.repetitions);
-      double unit = toMs(run.time_unit);
-      samples[run.run_name.function_name][world].push_back(
-          {run.GetAdjustedRealTime() * unit, run.GetAdjustedCPUTime() * unit});
-    }
-    if (!shown.empty())
-      ConsoleReporter::ReportRuns(shown);
-  }
 
 private:
-  static double toMs(benchmark::TimeUnit unit) {
-    switch (unit) {
-    case benchmark::kNanosecond:
-      return 1e-6;
-    case benchmark::kMicrosecond:
-      return 1e-3;
-    case benchmark::kMillisecond:
-      return 1;
-    case benchmark::kSecond:
-      return 1e3;
-    }
-    return 1;
+  void record(const Run &run) override {
+    double unit = scale(run.time_unit, 1e3);
+    samples[run.run_name.function_name][worldOf(run, 0)].push_back(
+        {run.GetAdjustedRealTime() * unit, run.GetAdjustedCPUTime() * unit});
   }
 };
-
-double median(std::vector<double> values) {
-  if (values.empty())
-    return -1;
-  std::sort(values.begin(), values.end());
-  size_t k = values.size();
-  return k % 2 ? values[k / 2] : (values[k / 2 - 1] + values[k / 2]) / 2;
-}
 
 /// Medians of real and CPU ms of one benchmark at one world, if timed.
 std::optional<Sample> medianOf(const SummaryReporter &reporter,
@@ -523,7 +476,7 @@ std::optional<Sample> medianOf(const SummaryReporter &reporter,
     real.push_back(s.realMs);
     cpu.push_back(s.cpuMs);
   }
-  return Sample{median(real), median(cpu)};
+  return Sample{bench::median(real), bench::median(cpu)};
 }
 
 std::string mib(double bytes) {
@@ -604,9 +557,9 @@ bool printSummary(const SummaryReporter &reporter) {
       std::printf(" %9s", "-");
       continue;
     }
-    std::string text = std::to_string(it->second.wallS).substr(0, 4) + "/" +
-                       std::to_string(it->second.userS + it->second.sysS)
-                           .substr(0, 4);
+    std::string text =
+        std::to_string(it->second.wallS).substr(0, 4) + "/" +
+        std::to_string(it->second.userS + it->second.sysS).substr(0, 4);
     std::printf(" %9s", text.c_str());
   }
   std::printf("\n");
@@ -642,14 +595,14 @@ bool printSummary(const SummaryReporter &reporter) {
         std::printf(" %9s", "-");
         continue;
       }
-      double m = median(it->second.at(stage));
+      double m = bench::median(it->second.at(stage));
       if (!partial)
         sums[i] += m;
       std::printf(" %9.1f", m);
     }
     std::printf("\n");
   }
-  std::printf("%-40s", "sum of stage medians");  // (...) rows not added
+  std::printf("%-40s", "sum of stage medians"); // (...) rows not added
   for (double s : sums)
     std::printf(" %9.1f", s);
   std::printf("\n");
@@ -676,11 +629,12 @@ bool printSummary(const SummaryReporter &reporter) {
                 "cpu (median; limit %.0f s)\n",
                 m->realMs / 1e3, m->cpuMs / 1e3, kMaxVerifyDirS);
     std::printf("  of which readPlanDirectory       %8.2f s real (median)\n",
-                median(dirReadS));
+                bench::median(dirReadS));
     std::printf("  of which verifyPlans             %8.2f s real (median)\n",
-                median(dirVerifyS));
+                bench::median(dirVerifyS));
     std::printf("  rest (freeing the 1,024 plans)   %8.2f s real\n",
-                m->realMs / 1e3 - median(dirReadS) - median(dirVerifyS));
+                m->realMs / 1e3 - bench::median(dirReadS) -
+                    bench::median(dirVerifyS));
     if (!(m->realMs / 1e3 <= kMaxVerifyDirS))
       failures.push_back("verify DIR: " + std::to_string(m->realMs / 1e3) +
                          " s > 10 s");
@@ -699,48 +653,20 @@ bool printSummary(const SummaryReporter &reporter) {
     failures.push_back("error in " + error);
   if (reporter.samples.empty())
     failures.push_back("nothing was timed (check --benchmark_filter)");
-  if (failures.empty()) {
-    std::printf("PASS: one rank's plan <= %.0f ms, t(%lld)/t(%lld) <= %.1f, "
-                "peak RSS <= %.0f MiB; verify of %lld ranks <= %.0f s\n",
-                kMaxPlanMs, static_cast<long long>(hi),
-                static_cast<long long>(lo), kMaxPlanRatio, kMaxPlanRssMiB,
-                static_cast<long long>(kVerifyWorld), kMaxVerifyDirS);
-    return true;
-  }
-  std::printf("FAIL: ");
-  for (size_t i = 0; i < failures.size(); ++i)
-    std::printf("%s%s", i ? "; " : "", failures[i].c_str());
-  std::printf("\n");
-  return false;
+  return bench::printVerdict(
+      failures, bench::formatted(
+                    "one rank's plan <= %.0f ms, t(%lld)/t(%lld) <= %.1f, "
+                    "peak RSS <= %.0f MiB; verify of %lld ranks <= %.0f s",
+                    kMaxPlanMs, static_cast<long long>(hi),
+                    static_cast<long long>(lo), kMaxPlanRatio, kMaxPlanRssMiB,
+                    static_cast<long long>(kVerifyWorld), kMaxVerifyDirS));
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
-  std::vector<std::string> defaults;
-  auto given = [&](std::string_view flag) {
-    for (int i = 1; i < argc; ++i) {
-      std::string_view arg = argv[i];
-      if (arg.substr(0, flag.size()) == flag &&
-          (arg.size() == flag.size() || arg[flag.size()] == '='))
-        return true;
-    }
-    return false;
-  };
-  if (!given("--benchmark_repetitions"))
-    defaults.push_back("--benchmark_repetitions=5");
-  if (!given("--benchmark_enable_random_interleaving"))
-    defaults.push_back("--benchmark_enable_random_interleaving=true");
-  std::vector<char *> args{argv[0]};
-  for (std::string &flag : defaults)
-    args.push_back(flag.data());
-  for (int i = 1; i < argc; ++i)
-    args.push_back(argv[i]);
-  int count = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&count, args.data());
-  if (benchmark::ReportUnrecognizedArguments(count, args.data()))
-    return 2;
+  if (int status = bench::initBenchmark(argc, argv))
+    return status;
 
   for (const MeshShape &s : kShapes)
     specs405b()[s.world()] = spec405b(s);
@@ -759,8 +685,8 @@ int main(int argc, char **argv) {
 
   // B: the plan directory, written in a child as `plan --all --no-verify`.
   const char *tmp = std::getenv("TMPDIR");
-  std::string root = std::string(tmp && *tmp ? tmp : "/tmp") +
-                     "/bench-planner-XXXXXX";
+  std::string root =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/bench-planner-XXXXXX";
   if (!mkdtemp(root.data()))
     die(root, "mkdtemp failed");
   mainPid = getpid();
@@ -796,17 +722,18 @@ int main(int argc, char **argv) {
   {
     plan::PreparedTemplate prepared = prepare8b();
     for (int64_t rank : prepared.ranks())
-      inMemoryPlans.push_back(orDie(
-          prepared.instantiate(rank, /*withEstimates=*/false,
-                               /*verificationOnly=*/true),
-          "instantiate"));
+      inMemoryPlans.push_back(
+          orDie(prepared.instantiate(rank, /*withEstimates=*/false,
+                                     /*verificationOnly=*/true),
+                "instantiate"));
   }
 
   for (bool last : {false, true}) {
     auto *bench = benchmark::RegisterBenchmark(
         last ? "plan_last_rank" : "plan_rank_0",
         [last](benchmark::State &state) { runPlan(state, last); });
-    bench->ArgName("world")->Unit(benchmark::kMillisecond)
+    bench->ArgName("world")
+        ->Unit(benchmark::kMillisecond)
         ->MeasureProcessCPUTime();
     for (const MeshShape &s : kShapes)
       bench->Arg(s.world());
@@ -819,9 +746,7 @@ int main(int argc, char **argv) {
       ->Unit(benchmark::kMillisecond)
       ->MeasureProcessCPUTime();
 
-  SummaryReporter reporter(isatty(fileno(stdout))
-                               ? benchmark::ConsoleReporter::OO_ColorTabular
-                               : benchmark::ConsoleReporter::OO_Tabular);
+  SummaryReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   bool ok = printSummary(reporter);
