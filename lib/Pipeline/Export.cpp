@@ -102,6 +102,7 @@ private:
   llvm::DenseMap<Value, int> bufferOf;          ///< value -> out.buffers index
   llvm::DenseMap<Value, std::string> rootOf;    ///< value -> parameter name
   llvm::StringMap<int> bufferIds;               ///< buffer id -> index
+  std::vector<Type> bufferTypes;                ///< parallel to out.buffers
   llvm::DenseMap<int64_t, int> instructionOfId; ///< dist.id -> instruction
   llvm::DenseMap<Operation *, int> instructionOfOp;
   llvm::DenseMap<int64_t, int> bucketInstruction; ///< dist.bucket -> instr
@@ -215,10 +216,8 @@ private:
       auto it = bufferIds.find(unique);
       if (it == bufferIds.end())
         break;
-      const pl::BufferTemplate &earlier = out.buffers[it->second];
-      if (freed.count(it->second) && earlier.dtype == *dtype &&
-          earlier.globalShape == shape &&
-          sameShards(*view, earlier.layout, *layout, shape)) {
+      // Types are uniqued: equal types have the same dtype, shape and layout.
+      if (freed.count(it->second) && bufferTypes[it->second] == type) {
         index = it->second;
         break;
       }
@@ -234,6 +233,7 @@ private:
       buffer.persistent = persistent;
       index = static_cast<int>(out.buffers.size());
       out.buffers.push_back(std::move(buffer));
+      bufferTypes.push_back(type);
       bufferIds[unique] = index;
     }
     freed.erase(index);

@@ -213,9 +213,7 @@ public:
   }
   bool start_object(std::size_t) override { return open(Json::object()); }
   bool key(string_t &name) override {
-    Json *object = stack.back();
-    if (object->find(name) != object->end())
-      return fail(childPointer(pointers.back(), name), "duplicate key");
+    // Duplicates are found when the value is stored (one search, not two).
     pendingKey = std::move(name);
     return true;
   }
@@ -234,13 +232,25 @@ public:
   std::string syntaxMessage;
 
 private:
+  /// The pointer of the open container at `depth` (0: the root): built
+  /// only for errors, from each container's key or index in its parent.
+  std::string pointerAt(size_t depth) const {
+    std::string pointer;
+    for (size_t i = 1; i <= depth; ++i)
+      pointer = segments[i].isIndex ? childPointer(pointer, segments[i].index)
+                                    : childPointer(pointer, segments[i].key);
+    return pointer;
+  }
+
+  /// The pointer of the value about to be stored.
   std::string currentPointer() const {
     if (stack.empty())
       return "";
     const Json *parent = stack.back();
+    std::string pointer = pointerAt(stack.size() - 1);
     if (parent->is_array())
-      return childPointer(pointers.back(), parent->size());
-    return childPointer(pointers.back(), pendingKey);
+      return childPointer(pointer, parent->size());
+    return childPointer(pointer, pendingKey);
   }
 
   bool fail(const std::string &pointer, const std::string &message) {
@@ -248,7 +258,8 @@ private:
     return false;
   }
 
-  /// Stores a value at the current position and returns where it went.
+  /// Stores a value at the current position and returns where it went, or
+  /// null (after recording the error) for a duplicate key.
   Json *store(Json value) {
     if (stack.empty()) {
       root = std::move(value);
@@ -259,38 +270,56 @@ private:
       parent->push_back(std::move(value));
       return &parent->back();
     }
-    Json &slot = (*parent)[pendingKey];
-    slot = std::move(value);
-    return &slot;
+    auto [it, inserted] = parent->emplace(pendingKey, std::move(value));
+    if (!inserted) {
+      fail(currentPointer(), "duplicate key");
+      return nullptr;
+    }
+    return &it.value();
   }
 
-  bool put(Json value) {
-    store(std::move(value));
-    return true;
-  }
+  bool put(Json value) { return store(std::move(value)) != nullptr; }
 
   bool open(Json container) {
-    std::string pointer = currentPointer();
     if (static_cast<int>(stack.size()) >= maxDepth)
-      return fail(pointer,
+      return fail(currentPointer(),
                   "nested deeper than " + std::to_string(maxDepth) + " levels");
+    Segment segment;
+    if (!stack.empty()) {
+      if (stack.back()->is_array()) {
+        segment.isIndex = true;
+        segment.index = stack.back()->size();
+      } else {
+        segment.key = pendingKey;
+      }
+    }
     // Pointers into ancestors stay valid: only the innermost open container
     // grows, and its earlier elements are never open.
-    stack.push_back(store(std::move(container)));
-    pointers.push_back(std::move(pointer));
+    Json *stored = store(std::move(container));
+    if (!stored)
+      return false;
+    stack.push_back(stored);
+    segments.push_back(std::move(segment));
     return true;
   }
 
   bool close() {
     stack.pop_back();
-    pointers.pop_back();
+    segments.pop_back();
     return true;
   }
+
+  /// Where an open container sits in its parent.
+  struct Segment {
+    bool isIndex = false;
+    size_t index = 0;
+    std::string key;
+  };
 
   Json &root;
   int maxDepth;
   std::vector<Json *> stack;
-  std::vector<std::string> pointers;
+  std::vector<Segment> segments; ///< parallel to stack; [0] is the root
   std::string pendingKey;
 };
 
