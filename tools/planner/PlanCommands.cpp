@@ -410,16 +410,17 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   out << "  total sent per step: " << bytesText(static_cast<double>(totalBytes))
       << "\n\n";
 
+  // Kinds first ("gathered 1.18 GiB; gradient ..."), then the total.
   out << "memory of rank " << options.rank << " (peak, by kind):";
-  if (plan.estimates)
-    for (const auto &[kind, bytes] : plan.estimates->peakMemoryBytes)
-      out << (kind == "total" ? "" : " ") << (kind == "total" ? "" : kind + " ")
-          << (kind == "total" ? ""
-                              : bytesText(static_cast<double>(bytes)) + ";");
-  if (plan.estimates && plan.estimates->peakMemoryBytes.count("total"))
-    out << " total "
-        << bytesText(static_cast<double>(
-               plan.estimates->peakMemoryBytes.at("total")));
+  if (plan.estimates) {
+    const auto &peak = plan.estimates->peakMemoryBytes;
+    for (const auto &[kind, bytes] : peak)
+      if (kind != "total")
+        out << " " << kind << " " << bytesText(static_cast<double>(bytes))
+            << ";";
+    if (auto total = peak.find("total"); total != peak.end())
+      out << " total " << bytesText(static_cast<double>(total->second));
+  }
   out << " (activations are the trainer's and not counted)\n";
 
   if (spec.float8 && spec.float8->enabled) {
