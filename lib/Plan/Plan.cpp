@@ -34,10 +34,9 @@ static constexpr std::array<std::string_view, 6> kBufferKindNames = {
     "param_shard",     "gathered",   "gradient",
     "optimizer_state", "activation", "scratch"};
 static constexpr std::array<std::string_view, 13> kOpNames = {
-    "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
-    "permute",    "broadcast",      "fp8_amax",   "fp8_cast",
-    "cast",       "compute",        "optimizer_update", "free",
-    "wait"};
+    "all_gather",       "reduce_scatter", "all_reduce", "all_to_all", "permute",
+    "broadcast",        "fp8_amax",       "fp8_cast",   "cast",       "compute",
+    "optimizer_update", "free",           "wait"};
 
 template <typename E, size_t N>
 static std::optional<E> lookup(const std::array<std::string_view, N> &names,
