@@ -350,9 +350,6 @@ private:
                  compute.getModule().str();
       if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
         in.label += " (microbatch " + std::to_string(mb.getInt()) + ")";
-      if (auto n = op->getAttrOfType<IntegerAttr>("dist.tp_summed_grads"))
-        in.label += " (sums " + std::to_string(n.getInt()) +
-                    " sequence-parallel gradients over tp)";
       if (auto f = compute.getFlopsAttr())
         flops = f.getValueAsDouble();
       in.inputs = inputs;
@@ -411,6 +408,22 @@ private:
           return opError(op, "frees a persistent buffer");
         freed.insert(index);
       }
+    } else if (auto sum = dyn_cast<dist::ReduceSumOp>(op)) {
+      // The local half of a sum over a split dim (a stacked gradient's TP
+      // rows); the all-reduce over the dim's axes follows.
+      std::string root = rootOf.lookup(sum.getInput());
+      rootOf[sum.getResult()] = root;
+      auto index =
+          addBuffer(op, sum.getResult(), root + ".summed",
+                    out.buffers[bufferOf.lookup(sum.getInput())].kind, false);
+      if (!index)
+        return index.error();
+      in.op = pl::OpKind::Sum;
+      in.inputs = inputs;
+      in.outputs = {bufferId(sum.getResult())};
+      in.dtype = planDType(
+          cast<RankedTensorType>(sum.getResult().getType()).getElementType());
+      in.label = "sum the rows of " + root;
     } else if (auto amax = dyn_cast<dist::Fp8AmaxOp>(op)) {
       in.op = pl::OpKind::Fp8Amax;
       in.inputs = inputs;

@@ -139,9 +139,21 @@ ParamLayouts meshplan::pipeline::paramLayouts(const ResolvedSpec &spec,
   std::sort(partial.begin(), partial.end());
   out.grad.partial = partial;
   out.grad.reduceOp = ReduceOp::Avg;
+  // Sequence-parallel weights: see Import.h.
+  if (s.tensorParallel && param.tpDim < 0 &&
+      spec.assignments[param.module].tpStyle == TPStyle::SequenceParallel &&
+      mesh.axis(*mesh.findAxis(s.tensorParallel->axis)).size > 1) {
+    AxisRefList tp = wholeAxes(mesh, {s.tensorParallel->axis});
+    out.stacked = true;
+    out.grad.dims.insert(out.grad.dims.begin(), SplitLevels{tp});
+    out.stackedStored = out.stored;
+    out.stackedStored.dims.insert(out.stackedStored.dims.begin(),
+                                  SplitLevels{tp});
+  }
   // One spelling per layout (size-1 axes split nothing and reduce nothing),
   // so that a redistribute between equal layouts is no op at all.
-  for (Layout *layout : {&out.stored, &out.compute, &out.grad}) {
+  for (Layout *layout :
+       {&out.stored, &out.compute, &out.grad, &out.stackedStored}) {
     *layout = normalizeLayout(mesh, *layout);
     if (layout->partial.empty())
       layout->reduceOp = ReduceOp::Sum;
@@ -190,10 +202,16 @@ private:
   Location loc;
   FlatSymbolRefAttr meshName;
 
+  /// The parameter's tensor type; with `stackedDim`, under one more leading
+  /// dim of that size (a stacked gradient, see Import.h).
   RankedTensorType tensorType(const ParamAssignment &param, DType dtype,
-                              const Layout &layout) {
+                              const Layout &layout, int64_t stackedDim = 0) {
+    SmallVector<int64_t> shape;
+    if (stackedDim)
+      shape.push_back(stackedDim);
+    shape.append(param.shape.begin(), param.shape.end());
     return RankedTensorType::get(
-        param.shape, elementType(&ctx, dtype),
+        shape, elementType(&ctx, dtype),
         dist::layoutAttr(&ctx, meshName, *spec.mesh, layout));
   }
 
@@ -230,9 +248,38 @@ private:
     return attrs.getDictionary(&ctx);
   }
 
+  std::vector<ParamLayouts> layouts;
+
+  /// Rows of a stacked gradient (the TP size), or 0.
+  int64_t stackedRows(int p) const {
+    if (!layouts[p].stacked)
+      return 0;
+    const Mesh &mesh = *spec.mesh;
+    return mesh.axis(*mesh.findAxis(spec.spec.tensorParallel->axis)).size;
+  }
+
+  /// A stacked gradient reduced over the data-parallel axes into the stored
+  /// layout under its TP rows, then summed over the rows: partial(sum) over
+  /// TP, which dist-lower-optimizer all-reduces (see Import.h).
+  Value summedGradient(int p, Value grad) {
+    if (!layouts[p].stacked)
+      return grad;
+    const ParamAssignment &param = spec.params[p];
+    DType dtype = spec.spec.mixedPrecision.reduceDtype;
+    Value reduced = dist::RedistributeOp::create(
+        b, loc,
+        tensorType(param, dtype, layouts[p].stackedStored, stackedRows(p)),
+        grad);
+    Layout summed = layouts[p].stored;
+    for (const AxisRef &ref : layouts[p].stackedStored.dims[0].front())
+      summed.partial.push_back(ref);
+    summed.reduceOp = ReduceOp::Sum;
+    return dist::ReduceSumOp::create(b, loc, tensorType(param, dtype, summed),
+                                     reduced, b.getDenseI64ArrayAttr({0}));
+  }
+
   void buildStep() {
     const Spec &s = spec.spec;
-    std::vector<ParamLayouts> layouts;
     SmallVector<Type> argTypes;
     for (const ParamAssignment &param : spec.params) {
       layouts.push_back(paramLayouts(spec, param));
@@ -317,8 +364,9 @@ private:
         SmallVector<Type> gradTypes;
         for (int p : unit.params) {
           inputs.push_back(gathered[p]);
-          gradTypes.push_back(tensorType(
-              spec.params[p], s.mixedPrecision.reduceDtype, layouts[p].grad));
+          gradTypes.push_back(tensorType(spec.params[p],
+                                         s.mixedPrecision.reduceDtype,
+                                         layouts[p].grad, stackedRows(p)));
         }
         // Later microbatches accumulate into the gradients.
         if (mb > 0)
@@ -330,23 +378,12 @@ private:
                                     b.getF64FloatAttr(2 * unit.forwardFlops));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
-        // Sequence-parallel weights' gradients are partial over TP too (a
-        // sum, where the data-parallel reduction is an average); one layout
-        // states one reduce op, so the callback sums them over the TP axis
-        // (docs/semantics.md, "What the trainer owns"). Say so in the plan.
-        int64_t tpSummed = 0;
-        for (int p : unit.params)
-          tpSummed += spec.assignments[spec.params[p].module].tpStyle ==
-                      frontend::TPStyle::SequenceParallel;
-        if (tpSummed)
-          compute->setAttr("dist.tp_summed_grads",
-                           b.getI64IntegerAttr(tpSummed));
         for (auto [i, p] : llvm::enumerate(unit.params))
           grads[p] = compute.getResult(i);
         if (mb + 1 == microbatches)
           for (int p : unit.params)
             dist::OptimizerStepOp::create(b, loc, body->getArgument(p),
-                                          grads[p]);
+                                          summedGradient(p, grads[p]));
       }
     }
     func::ReturnOp::create(b, loc);

@@ -33,10 +33,10 @@ static constexpr std::array<int64_t, 10> kDTypeBytes = {4, 2, 2, 1, 1,
 static constexpr std::array<std::string_view, 6> kBufferKindNames = {
     "param_shard",     "gathered",   "gradient",
     "optimizer_state", "activation", "scratch"};
-static constexpr std::array<std::string_view, 13> kOpNames = {
-    "all_gather",       "reduce_scatter", "all_reduce", "all_to_all", "permute",
-    "broadcast",        "fp8_amax",       "fp8_cast",   "cast",       "compute",
-    "optimizer_update", "free",           "wait"};
+static constexpr std::array<std::string_view, 14> kOpNames = {
+    "all_gather", "reduce_scatter",   "all_reduce", "all_to_all", "permute",
+    "broadcast",  "fp8_amax",         "fp8_cast",   "cast",       "sum",
+    "compute",    "optimizer_update", "free",       "wait"};
 
 template <typename E, size_t N>
 static std::optional<E> lookup(const std::array<std::string_view, N> &names,

@@ -51,10 +51,22 @@ std::vector<Unit> fsdpUnits(const frontend::ResolvedSpec &spec,
 /// Where one parameter lives: stored (between steps, what the optimizer
 /// updates), computed with (gathered), and its gradient (partial over the
 /// data-parallel axes). Derived from the spec's roles in one place.
+///
+/// A sequence-parallel weight (replicated over TP while its activations are
+/// split along the sequence) gets a gradient that is a *sum* over TP on top
+/// of the data-parallel *average*, and a layout states one reduce op. So
+/// backward returns it stacked: one leading dim of TP-size rows, split over
+/// TP (each rank's own contribution), partial(avg) over the data-parallel
+/// axes. The plan reduces it over the data-parallel axes into `stackedStored`
+/// (the stored layout under a TP-split leading dim), sums the rows locally
+/// (`dist.reduce_sum`, partial(sum) over TP) and all-reduces over TP into the
+/// stored layout.
 struct ParamLayouts {
   Layout stored;
   Layout compute;
   Layout grad;
+  bool stacked = false; ///< grad has the leading TP dim
+  Layout stackedStored; ///< when stacked
 };
 ParamLayouts paramLayouts(const frontend::ResolvedSpec &spec,
                           const frontend::ParamAssignment &param);

@@ -76,6 +76,7 @@ enum class OpKind {
   Fp8Amax,
   Fp8Cast,
   Cast,
+  Sum,
   Compute,
   OptimizerUpdate,
   Free,

@@ -596,16 +596,21 @@ LogicalResult ComputeOp::verify() {
   if (auto flops = getFlopsAttr(); flops && !(flops.getValueAsDouble() >= 0))
     return emitOpError() << "flops must be >= 0";
   // Gradient i is the gradient of input i (parameters come first; scales
-  // and accumulated gradients follow).
+  // and accumulated gradients follow): of its shape, or stacked with one
+  // leading dim (per-rank contributions still to be summed, split over the
+  // axis they came from: a sequence-parallel weight's rows per TP rank).
   for (auto [i, grad] : llvm::enumerate(getGrads())) {
     auto in = cast<RankedTensorType>(getInputs()[i].getType());
     auto out = cast<RankedTensorType>(grad.getType());
-    if (in.getShape() != out.getShape() ||
+    bool stacked = out.getRank() == in.getRank() + 1 &&
+                   out.getShape().drop_front() == in.getShape();
+    if ((in.getShape() != out.getShape() && !stacked) ||
         !isa<FloatType>(out.getElementType()))
       return emitOpError() << "gradient #" << i << " (" << out
                            << ") must be a floating-point tensor of the shape "
                               "of input #"
-                           << i << " (" << in << ")";
+                           << i << " (" << in
+                           << "), or of that shape with one leading dim";
   }
   return success();
 }
