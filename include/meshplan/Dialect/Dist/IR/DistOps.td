@@ -240,9 +240,10 @@ def Dist_ComputeOp : Dist_Op<"compute",
     ```
     The trainer owns the math; meshplan only needs what the callback reads
     (gathered parameters, float8 scales) and, in backward, the gradients it
-    produces, one per parameter operand that is not a scale, with the
-    operand's shape and layout made partial over the data-parallel axes.
-    `flops` is the cost model's estimate.
+    produces: gradient i belongs to input i, with its shape, or stacked
+    under one leading dim (a sequence-parallel weight's rows, one per TP
+    rank), in a layout partial over the data-parallel axes. `flops` is the
+    cost model's estimate.
   }];
   let arguments = (ins Dist_PhaseAttr:$phase, StrAttr:$module,
                        Variadic<AnyRankedTensor>:$inputs,
