@@ -28,8 +28,16 @@
 //               tensor, and reduce-scatter outputs tile its input
 //   grads       optimizer updates read only param shards, gradients and
 //               state, gradients with the shard's box; reduce-scatter over
-//               exactly the shard axes, all-reduce over exactly the
-//               replicate axes (fault tolerant iff managed), once per step
+//               exactly the shard axes, all-reduce (avg) over exactly the
+//               replicate axes (fault tolerant iff managed), once per step.
+//               Sequence-parallel weights (style sequence_parallel, TP size
+//               > 1) get stacked gradients (docs/semantics.md): backward's
+//               row [t, compute box] of [tp] + shape, the same data-parallel
+//               reduction on the stacked buffers (into [t, stored box]), then
+//               exactly one `sum` into the stored box and one all-reduce
+//               (sum) over exactly the TP axis, the only gradient collective
+//               spanning tp. The path into each optimizer update is traced
+//               back, writer by writer, to backward and must be exactly that.
 //   float8      float8 gathers in float8_e4m3fn; one fp8_amax and one MAX
 //               all-reduce per distinct split (shard axes + tp if TP splits
 //               the weight, mesh order): exactly one when TP splits all or
@@ -62,6 +70,7 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <string_view>
 
 namespace {
 
@@ -425,6 +434,33 @@ std::vector<Config> configs() {
     add(c);
   }
   {
+    // HSDP x TP on uneven shards (28 and 13 over 3), tp the major axis: the
+    // sequence-parallel norms' stacked gradients are reduce-scattered, then
+    // all-reduced over the managed replicate axis (fault tolerant), then
+    // summed and all-reduced over tp, all in the bf16 reduce dtype.
+    Config c{.name = "odd_hsdp_managed_tp2_2x3_bf16_reduce"};
+    c.odd = true;
+    c.axes = {{"tp", 2}, {"r", 2}, {"s", 3}};
+    c.managed = {"r"};
+    c.replicate = {"r"};
+    c.shard = {"s"};
+    c.tpAxis = "tp";
+    c.tpPlan = oddFullPlan();
+    c.paramDtype = "bfloat16";
+    c.reduceDtype = "bfloat16";
+    add(c);
+  }
+  {
+    // A TP axis of size 1 splits nothing: sequence-parallel weights get
+    // plain (unstacked) gradients, nothing is summed over tp.
+    Config c{.name = "tiny_fsdp4_tp1_sequence_parallel"};
+    c.axes = {{"s", 4}, {"tp", 1}};
+    c.shard = {"s"};
+    c.tpAxis = "tp";
+    c.tpPlan = tinyFullPlan();
+    add(c);
+  }
+  {
     // The "submesh of a submesh" mesh: HSDP, float8 gather, an extra axis.
     Config c{.name = "tiny_hsdp_extra_fp8"};
     c.axes = {{"ddp", 2}, {"fsdp", 2}, {"abcd", 2}};
@@ -572,11 +608,42 @@ pl::DType planDType(const std::string &name) {
   return d.value_or(pl::DType::Float32);
 }
 
+/// docs/spec.md "Patterns": `*` matches any characters within one name
+/// segment, `**` any characters across segments, `?` one character other
+/// than `.`; anything else matches itself.
+bool globMatch(std::string_view pattern, std::string_view name) {
+  if (pattern.empty())
+    return name.empty();
+  if (pattern.substr(0, 2) == "**") {
+    for (size_t i = 0; i <= name.size(); ++i)
+      if (globMatch(pattern.substr(2), name.substr(i)))
+        return true;
+    return false;
+  }
+  if (pattern[0] == '*') {
+    for (size_t i = 0; i <= name.size(); ++i) {
+      if (globMatch(pattern.substr(1), name.substr(i)))
+        return true;
+      if (i < name.size() && name[i] == '.')
+        break;
+    }
+    return false;
+  }
+  if (name.empty() ||
+      (pattern[0] == '?' ? name[0] == '.' : pattern[0] != name[0]))
+    return false;
+  return globMatch(pattern.substr(1), name.substr(1));
+}
+
 struct RefParam {
   std::string name;
   Ints shape;
   int tpDim = -1;
   bool fp8Gather = false; ///< gathered as float8
+  /// A sequence-parallel weight under a TP axis of size > 1: its gradient is
+  /// stacked ([tp] + shape, each rank its own row), reduced over the
+  /// data-parallel axes, summed locally and all-reduced (sum) over tp.
+  bool stacked = false;
   std::string unit;
 };
 
@@ -637,6 +704,17 @@ struct Ref {
       EXPECT_EQ(r.tpDim, p.tpDim) << c.name << ": " << p.name;
       bool fp8Gather = c.float8 == 2 && gathers;
       r.fp8Gather = fp8Gather && p.float8;
+      // Stacked: the rule selecting the parameter's module (by the module's
+      // path or one of its parameters' names) says sequence_parallel, TP
+      // leaves the weight whole and the TP axis has more than one rank.
+      std::string style = configStyle(p);
+      if (p.module >= 0 &&
+          static_cast<size_t>(p.module) < spec.assignments.size()) {
+        const auto &tpStyle = spec.assignments[p.module].tpStyle;
+        EXPECT_EQ(style, tpStyle ? std::string(fe::tpStyleName(*tpStyle)) : "")
+            << c.name << ": " << p.name << "'s style";
+      }
+      r.stacked = style == "sequence_parallel" && r.tpDim < 0 && tpSize > 1;
       if (p.float8) {
         EXPECT_EQ(spec.modules[p.module].module->kind, fe::ModuleKind::Linear)
             << p.name;
@@ -648,6 +726,25 @@ struct Ref {
       paramIndex[r.name] = static_cast<int>(params.size());
       params.push_back(std::move(r));
     }
+  }
+
+  /// The tensor-parallel style the config's plan gives `p`'s module ("" if
+  /// no rule selects it).
+  std::string configStyle(const fe::ParamAssignment &p) const {
+    if (c.tpAxis.empty())
+      return "";
+    std::string module = p.name.substr(0, p.name.rfind('.'));
+    std::string style;
+    for (auto &[pattern, ruleStyle] : c.tpPlan) {
+      bool selects = globMatch(pattern, module);
+      for (const fe::ParamAssignment &q : spec.params)
+        selects |= q.module == p.module && globMatch(pattern, q.name);
+      if (!selects)
+        continue;
+      EXPECT_TRUE(style.empty()) << c.name << ": two rules select " << module;
+      style = ruleStyle;
+    }
+    return style;
   }
 
   int axis(const std::string &name) const {
@@ -766,6 +863,46 @@ struct Ref {
       s[0] = ceilDiv(s[0], shardSize);
     return s;
   }
+
+  //--- gradients (docs/semantics.md, "Sequence-parallel weights")
+
+  /// [tp] + shape: a stacked gradient's global shape.
+  Ints stackedShape(const RefParam &p) const {
+    Ints s{tpSize};
+    s.insert(s.end(), p.shape.begin(), p.shape.end());
+    return s;
+  }
+  /// `b` under the rank's own row of the stacked leading dim: its TP
+  /// coordinate.
+  Box stacked(Box b, int64_t rank) const {
+    b.offset.insert(b.offset.begin(), tpIndex(rank));
+    b.shape.insert(b.shape.begin(), 1);
+    return b;
+  }
+  /// The global shape of backward's gradient and of its data-parallel
+  /// reductions.
+  Ints gradShape(const RefParam &p) const {
+    return p.stacked ? stackedShape(p) : p.shape;
+  }
+  /// Backward's gradient: the compute box (stacked: the rank's row of it).
+  Box gradBox(const RefParam &p, int64_t rank) const {
+    Box b = computeBox(p, rank);
+    return p.stacked ? stacked(b, rank) : b;
+  }
+  /// The data-parallel reduction's result: the stored box (stacked: the
+  /// rank's row of it).
+  Box reducedBox(const RefParam &p, int64_t rank) const {
+    Box b = storedBox(p, rank);
+    return p.stacked ? stacked(b, rank) : b;
+  }
+  /// The padded shard of the data-parallel reduction (one row when stacked).
+  Ints paddedReduced(const RefParam &p) const {
+    Ints s = paddedStored(p);
+    if (p.stacked)
+      s.insert(s.begin(), 1);
+    return s;
+  }
+
   /// Axes (mesh order) of the amax reduction of a float8 weight: every axis
   /// splitting its stored layout.
   std::vector<std::string> amaxAxes(const RefParam &p) const {
@@ -805,6 +942,7 @@ struct Totals {
   int64_t instructions = 0;
   int64_t collectivesChecked = 0;
   int64_t readsChecked = 0;
+  int64_t stackedPaths = 0; ///< stacked gradients traced into an update
 };
 Totals totals;
 
@@ -968,12 +1106,38 @@ private:
                "buffer " + b.id + " belongs to no parameter");
         continue;
       }
-      if (b.globalShape != rp->shape)
+      // A stacked parameter's gradients are stacked up to the sum over its
+      // rows; the sum and the all-reduce over tp hold the stored box.
+      bool stackedGrad = rp->stacked && b.kind == pl::BufferKind::Gradient &&
+                         b.globalShape == ref.stackedShape(*rp);
+      if (b.globalShape != rp->shape && !stackedGrad)
         fail("buffers", p.rank,
-             b.id + ": global shape " + bf::str(b.globalShape));
+             b.id + ": global shape " + bf::str(b.globalShape) +
+                 (rp->stacked && b.kind == pl::BufferKind::Gradient
+                      ? ", expected " + bf::str(rp->shape) + " or stacked " +
+                            bf::str(ref.stackedShape(*rp))
+                      : ""));
+      if (b.kind == pl::BufferKind::Gradient && b.dtype != ref.reduceDtype)
+        fail("buffers", p.rank,
+             "gradient " + b.id + ": dtype " +
+                 std::string(pl::dtypeName(b.dtype)) +
+                 ", expected the reduce dtype " + c.reduceDtype);
       Box box = boxOf(b), compute = ref.computeBox(*rp, p.rank),
           stored = ref.storedBox(*rp, p.rank);
-      if (b.kind == pl::BufferKind::Gathered) {
+      if (stackedGrad) {
+        Box grad = ref.gradBox(*rp, p.rank),
+            reduced = ref.reducedBox(*rp, p.rank);
+        if (box != grad && box != reduced)
+          fail("buffers", p.rank,
+               "stacked gradient " + b.id + ": " + str(box) +
+                   " is neither backward's row " + str(grad) +
+                   " nor the stored row " + str(reduced));
+      } else if (rp->stacked && b.kind == pl::BufferKind::Gradient) {
+        if (box != stored)
+          fail("buffers", p.rank,
+               "summed gradient " + b.id + ": " + str(box) +
+                   ", expected the stored " + str(stored));
+      } else if (b.kind == pl::BufferKind::Gathered) {
         if (box != compute)
           fail("buffers", p.rank,
                "gathered " + b.id + ": " + str(box) +
@@ -1052,30 +1216,38 @@ private:
 
   //--- collectives ------------------------------------------------------------
 
-  /// Members' boxes of one buffer role concatenate, in key order, along dim
-  /// 0 into `whole`: FSDP's chunk order (empty chunks last).
+  /// Members' boxes of one buffer role concatenate, in key order, along
+  /// `dim` into `whole`: FSDP's chunk order (empty chunks last). `dim` is
+  /// the parameter's dim 0: 1 under a stacked gradient's rows.
   void checkConcatenation(int64_t rank, const std::string &what,
                           const std::vector<std::pair<int64_t, Box>> &parts,
-                          const Box &whole) {
-    int64_t next = whole.offset[0];
+                          const Box &whole, size_t dim = 0) {
+    int64_t next = whole.offset[dim];
     bool emptySeen = false;
     for (auto &[member, b] : parts) {
-      if (b.shape[0] == 0) {
+      if (b.shape.size() != whole.shape.size()) {
+        fail("counts", rank,
+             what + ": member rank " + std::to_string(member) + " holds " +
+                 str(b) + ", of another rank than " + str(whole));
+        return;
+      }
+      if (b.shape[dim] == 0) {
         emptySeen = true;
         continue;
       }
-      bool ok = !emptySeen && b.offset[0] == next;
-      for (size_t d = 1; d < b.shape.size(); ++d)
-        ok &= b.offset[d] == whole.offset[d] && b.shape[d] == whole.shape[d];
+      bool ok = !emptySeen && b.offset[dim] == next;
+      for (size_t d = 0; d < b.shape.size(); ++d)
+        if (d != dim)
+          ok &= b.offset[d] == whole.offset[d] && b.shape[d] == whole.shape[d];
       if (!ok) {
         fail("counts", rank,
              what + ": member rank " + std::to_string(member) + " holds " +
                  str(b) + ", which is not the next chunk of " + str(whole));
         return;
       }
-      next += b.shape[0];
+      next += b.shape[dim];
     }
-    if (next != whole.offset[0] + whole.shape[0])
+    if (next != whole.offset[dim] + whole.shape[dim])
       fail("counts", rank,
            what + ": the members' shards end at " + std::to_string(next) +
                ", not at the end of " + str(whole));
@@ -1135,20 +1307,53 @@ private:
                  " outputs");
         continue;
       }
+      // Which all-reduce this is follows from what it reads, never from its
+      // own op or communicator: the summed (unstacked) gradients of stacked
+      // parameters are all-reduced over tp; everything else (plain
+      // gradients, stacked rows) is the data-parallel all-reduce.
+      size_t summedInputs = 0;
+      for (const std::string &id : in.inputs) {
+        const RefParam *rp = ref.rootOf(id);
+        const pl::Buffer *b = buffer(p.rank, id);
+        summedInputs += rp && b && rp->stacked &&
+                        b->kind == pl::BufferKind::Gradient &&
+                        b->globalShape == rp->shape;
+      }
+      bool tpReduce = reduce && summedInputs > 0;
+      if (summedInputs && (!reduce || summedInputs != in.inputs.size()))
+        fail("grads", p.rank,
+             describe(in) + " reads " + std::to_string(summedInputs) +
+                 " summed sequence-parallel gradients among " +
+                 std::to_string(in.inputs.size()) +
+                 " inputs (only an all-reduce over tp of summed ones may)");
       // Gathers run over exactly the shard axes, flattened in the spec's
-      // order (the order is the chunk order); gradient reductions too.
+      // order (the order is the chunk order); gradient reductions too. The
+      // all-reduce of summed rows runs over exactly the TP axis: the only
+      // gradient collective spanning tp.
       std::vector<std::string> expectedAxes =
           gather || scatter ? ref.nontrivial(c.shard)
+          : tpReduce        ? std::vector<std::string>{c.tpAxis}
                             : sorted(ref.nontrivial(c.replicate));
       std::vector<std::string> axes = reduce ? sorted(cm->axes) : cm->axes;
       if (axes != expectedAxes)
         fail(gather ? "counts" : "grads", p.rank,
              describe(in) + " over " + join(cm->axes) + ", expected " +
                  join(expectedAxes));
+      if (!tpReduce && !c.tpAxis.empty() &&
+          std::find(cm->axes.begin(), cm->axes.end(), c.tpAxis) !=
+              cm->axes.end())
+        fail(gather ? "counts" : "grads", p.rank,
+             describe(in) + " spans the TP axis " + c.tpAxis +
+                 " (only the all-reduce of summed sequence-parallel "
+                 "gradients may)");
       if (reduce && cm->faultTolerant != anyManaged(cm->axes))
         fail("grads", p.rank, describe(in) + ": fault_tolerant is wrong");
-      if ((scatter || reduce) && in.reduce != ReduceOp::Avg)
+      if ((scatter || (reduce && !tpReduce)) && in.reduce != ReduceOp::Avg)
         fail("grads", p.rank, describe(in) + ": reduce op is not avg");
+      if (tpReduce && in.reduce != ReduceOp::Sum)
+        fail("grads", p.rank,
+             describe(in) + ": reduce op is not sum (the rows' contributions "
+                            "add up over tp)");
       if ((scatter || reduce) && in.dtype != ref.reduceDtype)
         fail(
             "grads", p.rank,
@@ -1168,9 +1373,15 @@ private:
           continue;
         }
         Box stored = ref.storedBox(*rp, p.rank),
-            compute = ref.computeBox(*rp, p.rank);
+            compute = ref.computeBox(*rp, p.rank),
+            grad = ref.gradBox(*rp, p.rank),
+            reduced = ref.reducedBox(*rp, p.rank);
         int64_t paddedShard = bf::prod(ref.paddedStored(*rp));
-        expectedCount += paddedShard;
+        // Gradient reductions of stacked rows count the padded stacked
+        // shard ([1] + padded stored shape); the all-reduce over tp the
+        // padded stored shard.
+        expectedCount +=
+            gather || tpReduce ? paddedShard : bf::prod(ref.paddedReduced(*rp));
         if (gather) {
           if (boxOf(*inBuf) != stored || boxOf(*out) != compute)
             fail("counts", p.rank,
@@ -1206,35 +1417,46 @@ private:
           checkConcatenation(p.rank, describe(in) + " of " + rp->name, parts,
                              compute);
         } else if (scatter) {
-          if (boxOf(*inBuf) != compute || boxOf(*out) != stored)
+          // Stacked rows scatter along the parameter's dim 0 (dim 1), each
+          // rank keeping its own row.
+          if (boxOf(*inBuf) != grad || boxOf(*out) != reduced)
             fail("grads", p.rank,
                  describe(in) + ": scatters " + inBuf->id + " " +
                      str(boxOf(*inBuf)) + " into " + out->id + " " +
-                     str(boxOf(*out)) + ", expected " + str(compute) +
-                     " into " + str(stored));
+                     str(boxOf(*out)) + ", expected " + str(grad) + " into " +
+                     str(reduced));
           std::vector<std::pair<int64_t, Box>> parts;
           for (auto &[m, mi] : mine) {
+            const pl::Buffer *mIn = withRoot(m, mi->inputs, rp);
             const pl::Buffer *mOut = withRoot(m, mi->outputs, rp);
+            if (mIn && boxOf(*mIn) != grad)
+              fail("grads", p.rank,
+                   describe(in) + ": member rank " + std::to_string(m) +
+                       " scatters " + str(boxOf(*mIn)) + ", this rank " +
+                       str(grad));
             if (mOut)
               parts.push_back({m, boxOf(*mOut)});
           }
           checkConcatenation(p.rank, describe(in) + " of " + rp->name, parts,
-                             compute);
+                             grad, rp->stacked ? 1 : 0);
         } else {
           // The all-reduced buffer is the stored shard (the compute box
-          // without FSDP: they are the same then).
-          if (boxOf(*inBuf) != stored || boxOf(*out) != stored)
+          // without FSDP: they are the same then); over the data-parallel
+          // axes, the rank's row of it when stacked. Members hold the same
+          // box: replicas the same row, TP ranks the same (unsplit) shard.
+          Box expected = tpReduce ? stored : reduced;
+          if (boxOf(*inBuf) != expected || boxOf(*out) != expected)
             fail("grads", p.rank,
                  describe(in) + ": all-reduces " + inBuf->id + " " +
                      str(boxOf(*inBuf)) + " into " + str(boxOf(*out)) +
-                     ", expected the shard " + str(stored));
+                     ", expected the shard " + str(expected));
           for (auto &[m, mi] : mine) {
             const pl::Buffer *mIn = withRoot(m, mi->inputs, rp);
-            if (mIn && boxOf(*mIn) != stored)
+            if (mIn && boxOf(*mIn) != expected)
               fail("grads", p.rank,
                    describe(in) + ": member rank " + std::to_string(m) +
                        " all-reduces " + str(boxOf(*mIn)) + ", this rank " +
-                       str(stored));
+                       str(expected));
           }
         }
       }
@@ -1253,17 +1475,166 @@ private:
 
   //--- gradients and the optimizer --------------------------------------------
 
+  /// A gradient buffer is a summed (unstacked) gradient of a stacked
+  /// parameter: what the sum writes and the all-reduce over tp reads.
+  bool summedGradient(const pl::Buffer &b, const RefParam &rp) const {
+    return rp.stacked && b.kind == pl::BufferKind::Gradient &&
+           b.globalShape == rp.shape;
+  }
+
+  /// A step of a gradient's path as the checks compare it: the op, its
+  /// reduce op, and the axes of its communicator (all-reduces: mesh order).
+  std::string step(const pl::Plan &p, const pl::Instruction &in) const {
+    std::string s(pl::opKindName(in.op));
+    if (in.reduce)
+      s += "(" + std::string(reduceOpName(*in.reduce)) + ")";
+    if (pl::isCollective(in.op)) {
+      const pl::Communicator *cm = comm(p.rank, in.comm);
+      std::vector<std::string> axes =
+          cm ? cm->axes : std::vector<std::string>{"?"};
+      s += " over " +
+           join(in.op == pl::OpKind::AllReduce && cm ? sorted(axes) : axes);
+    }
+    return s;
+  }
+
+  /// docs/semantics.md: the steps from backward's gradient to the optimizer
+  /// update, in order.
+  std::vector<std::string> expectedPath(const RefParam &rp) const {
+    std::vector<std::string> out;
+    if (ref.shardSize > 1)
+      out.push_back("reduce_scatter(avg) over " +
+                    join(ref.nontrivial(c.shard)));
+    if (!ref.nontrivial(c.replicate).empty())
+      out.push_back("all_reduce(avg) over " +
+                    join(sorted(ref.nontrivial(c.replicate))));
+    if (rp.stacked) {
+      out.push_back("sum");
+      out.push_back("all_reduce(sum) over " + join({c.tpAxis}));
+    }
+    return out;
+  }
+
+  /// The path of the gradient `id` of `rp` that instruction `at` reads:
+  /// from each reader to the last earlier writer of what it reads (program
+  /// order: the version the program means), back to the backward compute
+  /// that wrote it. Empty with `error` set when the trail breaks.
+  std::vector<std::string> gradientPath(const pl::Plan &p, size_t at,
+                                        std::string id, const RefParam &rp,
+                                        std::string &error) const {
+    std::vector<std::string> path;
+    for (;;) {
+      size_t w = at;
+      for (size_t i = 0; i < at; ++i) {
+        const pl::Instruction &x = p.program[i];
+        if (x.op != pl::OpKind::Free &&
+            std::find(x.outputs.begin(), x.outputs.end(), id) !=
+                x.outputs.end())
+          w = i;
+      }
+      if (w == at) {
+        error = "nothing writes " + id + " before " + describe(p.program[at]);
+        return {};
+      }
+      const pl::Instruction &in = p.program[w];
+      if (in.op == pl::OpKind::Compute) {
+        std::string expected = "backward " + rp.unit;
+        if (c.ga > 1)
+          expected += " (microbatch " + std::to_string(c.ga - 1) + ")";
+        if (in.label != expected) {
+          error = describe(in) + " writes " + id + ", expected " + expected;
+          return {};
+        }
+        std::reverse(path.begin(), path.end());
+        return path;
+      }
+      path.push_back(step(p, in));
+      std::string next;
+      for (size_t k = 0; k < in.outputs.size(); ++k)
+        if (in.outputs[k] == id && k < in.inputs.size() &&
+            ref.rootOf(in.inputs[k]) == &rp)
+          next = in.inputs[k];
+      if (next.empty()) {
+        error = describe(in) + " writes " + id + " from no gradient of " +
+                rp.name + " at the same position";
+        return {};
+      }
+      id = next;
+      at = w;
+    }
+  }
+
+  /// `sum` (docs/plan-format.md): the local sum of a stacked gradient's
+  /// rows, from the data-parallel reduction's stored row to the stored box.
+  void checkSum(const pl::Plan &p, const pl::Instruction &in) {
+    if (in.inputs.empty() || in.inputs.size() != in.outputs.size()) {
+      fail("grads", p.rank,
+           describe(in) + ": " + std::to_string(in.inputs.size()) +
+               " inputs but " + std::to_string(in.outputs.size()) + " outputs");
+      return;
+    }
+    if (in.dtype != ref.reduceDtype)
+      fail("grads", p.rank,
+           describe(in) + ": dtype " +
+               std::string(pl::dtypeName(in.dtype.value_or(pl::DType::Int8))) +
+               ", expected the reduce dtype " + c.reduceDtype);
+    if (!in.comm.empty())
+      fail("grads", p.rank, describe(in) + " names a communicator");
+    for (size_t k = 0; k < in.inputs.size(); ++k) {
+      const RefParam *rp = ref.rootOf(in.inputs[k]);
+      const pl::Buffer *from = buffer(p.rank, in.inputs[k]);
+      const pl::Buffer *to = buffer(p.rank, in.outputs[k]);
+      if (!rp || !from || !to || ref.rootOf(in.outputs[k]) != rp) {
+        fail("grads", p.rank,
+             describe(in) + " sums " + in.inputs[k] + " into " + in.outputs[k]);
+        continue;
+      }
+      if (!rp->stacked) {
+        fail("grads", p.rank,
+             describe(in) + " sums the gradient of " + rp->name +
+                 ", which is not stacked (not sequence-parallel under TP)");
+        continue;
+      }
+      Box reduced = ref.reducedBox(*rp, p.rank),
+          stored = ref.storedBox(*rp, p.rank);
+      if (from->kind != pl::BufferKind::Gradient ||
+          from->globalShape != ref.stackedShape(*rp) || boxOf(*from) != reduced)
+        fail("grads", p.rank,
+             describe(in) + " sums " + from->id + " " +
+                 bf::str(from->globalShape) + " " + str(boxOf(*from)) +
+                 ", expected the stacked " + bf::str(ref.stackedShape(*rp)) +
+                 " " + str(reduced));
+      if (!summedGradient(*to, *rp) || boxOf(*to) != stored)
+        fail("grads", p.rank,
+             describe(in) + " sums into " + to->id + " " +
+                 bf::str(to->globalShape) + " " + str(boxOf(*to)) +
+                 ", expected the gradient " + bf::str(rp->shape) + " " +
+                 str(stored));
+    }
+  }
+
   void checkOptimizer(const pl::Plan &p) {
-    std::map<std::string, int> updates, scatters, reduces;
-    for (const pl::Instruction &in : p.program) {
+    std::map<std::string, int> updates, scatters, reduces, sums, tpReduces;
+    for (size_t k = 0; k < p.program.size(); ++k) {
+      const pl::Instruction &in = p.program[k];
       if (in.op == pl::OpKind::ReduceScatter)
         for (const std::string &id : in.inputs)
           if (const RefParam *rp = ref.rootOf(id))
             ++scatters[rp->name];
+      // All-reduces of summed rows are the TP ones (checkCollectives checks
+      // they run over tp and sum); the others the data-parallel ones.
       if (in.op == pl::OpKind::AllReduce && in.reduce != ReduceOp::Max)
         for (const std::string &id : in.inputs)
+          if (const RefParam *rp = ref.rootOf(id)) {
+            const pl::Buffer *b = buffer(p.rank, id);
+            ++(b && summedGradient(*b, *rp) ? tpReduces : reduces)[rp->name];
+          }
+      if (in.op == pl::OpKind::Sum) {
+        checkSum(p, in);
+        for (const std::string &id : in.inputs)
           if (const RefParam *rp = ref.rootOf(id))
-            ++reduces[rp->name];
+            ++sums[rp->name];
+      }
       if (in.op != pl::OpKind::OptimizerUpdate)
         continue;
       std::set<std::string> outputs(in.outputs.begin(), in.outputs.end());
@@ -1286,10 +1657,12 @@ private:
           break;
         case pl::BufferKind::Gradient: {
           Box stored = ref.storedBox(*rp, p.rank);
-          if (boxOf(*b) != stored)
+          if (b->globalShape != rp->shape || boxOf(*b) != stored)
             fail("grads", p.rank,
-                 describe(in) + " reads gradient " + id + " " + str(boxOf(*b)) +
-                     ", but the shard of " + rp->name + " is " + str(stored));
+                 describe(in) + " reads gradient " + id + " " +
+                     bf::str(b->globalShape) + " " + str(boxOf(*b)) +
+                     ", but the shard of " + rp->name + " is " +
+                     bf::str(rp->shape) + " " + str(stored));
           if (b->dtype != ref.reduceDtype)
             fail("grads", p.rank,
                  describe(in) + " reads gradient " + id + " in " +
@@ -1299,6 +1672,19 @@ private:
           if (!ownParam)
             fail("grads", p.rank,
                  describe(in) + " reads " + id + " without its parameter");
+          std::string error;
+          std::vector<std::string> path = gradientPath(p, k, id, *rp, error);
+          std::vector<std::string> expected = expectedPath(*rp);
+          if (!error.empty())
+            fail("grads", p.rank, describe(in) + " reads " + id + ": " + error);
+          else if (rp->stacked)
+            ++totals.stackedPaths;
+          if (error.empty() && path != expected)
+            fail("grads", p.rank,
+                 describe(in) + " reads " + id + " made by " + join(path) +
+                     " from backward, expected " + join(expected) +
+                     (rp->stacked ? " (a stacked sequence-parallel gradient)"
+                                  : ""));
           break;
         }
         default:
@@ -1323,8 +1709,17 @@ private:
                  std::to_string(scatters[rp.name]) + " times");
       if (reduces[rp.name] != (replicas ? 1 : 0))
         fail("grads", p.rank,
-             rp.name + "'s gradient is all-reduced " +
+             rp.name + "'s gradient is all-reduced over the replicate axes " +
                  std::to_string(reduces[rp.name]) + " times");
+      if (sums[rp.name] != (rp.stacked ? 1 : 0))
+        fail("grads", p.rank,
+             rp.name + "'s gradient rows are summed " +
+                 std::to_string(sums[rp.name]) + " times" +
+                 (rp.stacked ? "" : " (it is not stacked)"));
+      if (tpReduces[rp.name] != (rp.stacked ? 1 : 0))
+        fail("grads", p.rank,
+             rp.name + "'s summed gradient is all-reduced over tp " +
+                 std::to_string(tpReduces[rp.name]) + " times");
     }
   }
 
@@ -1449,7 +1844,7 @@ private:
     for (std::string prefix : {"forward ", "backward "})
       if (s.rfind(prefix, 0) == 0)
         s = s.substr(prefix.size());
-    // Then notes in parentheses: " (microbatch 1)", " (sums 2 ...)".
+    // Then notes in parentheses: " (microbatch 1)".
     size_t note = s.find(" (");
     if (note != std::string::npos)
       s.resize(note);
@@ -1469,11 +1864,7 @@ private:
     for (const pl::Instruction &in : p.program) {
       if (in.op != pl::OpKind::Compute)
         continue;
-      // The note on sequence-parallel gradients is not part of the order.
-      std::string label = in.label;
-      if (size_t note = label.find(" (sums "); note != std::string::npos)
-        label.erase(note, label.find(')', note) + 1 - note);
-      labels.push_back(label);
+      labels.push_back(in.label);
       bool backward = in.label.rfind("backward ", 0) == 0;
       std::string unit = unitOf(in);
       std::map<std::string, int> reads, grads;
@@ -1489,6 +1880,13 @@ private:
         }
         if (b->kind == pl::BufferKind::Gradient) {
           ++grads[rp->name]; // accumulation into the previous microbatch's
+          Box grad = ref.gradBox(*rp, p.rank);
+          if (b->globalShape != ref.gradShape(*rp) || boxOf(*b) != grad)
+            fail("computes", p.rank,
+                 describe(in) + " accumulates into " + id + " " +
+                     bf::str(b->globalShape) + " " + str(boxOf(*b)) +
+                     ", expected " + bf::str(ref.gradShape(*rp)) + " " +
+                     str(grad));
           continue;
         }
         ++reads[rp->name];
@@ -1532,11 +1930,17 @@ private:
           continue;
         }
         produced.insert(rp->name);
-        if (boxOf(*b) != ref.computeBox(*rp, p.rank) ||
+        // Sequence-parallel weights' gradients come stacked: the rank's own
+        // row (its TP coordinate) of [tp] + shape.
+        Box grad = ref.gradBox(*rp, p.rank);
+        if (b->globalShape != ref.gradShape(*rp) || boxOf(*b) != grad ||
             b->dtype != ref.reduceDtype)
           fail("computes", p.rank,
-               describe(in) + " writes " + id + " " + str(boxOf(*b)) + " in " +
-                   std::string(pl::dtypeName(b->dtype)));
+               describe(in) + " writes " + id + " " + bf::str(b->globalShape) +
+                   " " + str(boxOf(*b)) + " in " +
+                   std::string(pl::dtypeName(b->dtype)) + ", expected " +
+                   bf::str(ref.gradShape(*rp)) + " " + str(grad) + " in " +
+                   std::string(pl::dtypeName(ref.reduceDtype)));
       }
       for (const RefParam &rp : ref.params)
         if (rp.unit == unit && !produced.count(rp.name))
@@ -1550,6 +1954,36 @@ private:
 
   //--- schedule
   //------------------------------------------------------------------
+
+  /// What an op does to its buffers (docs/plan-format.md's op table):
+  /// collectives and local ops (fp8_amax, fp8_cast, cast, sum, compute,
+  /// optimizer_update) read their inputs and write their outputs; free
+  /// releases its inputs; wait touches none. Every op is listed, so a new
+  /// one needs a decision here.
+  enum class Access { ReadsWrites, Frees, Nothing };
+  static Access access(pl::OpKind op) {
+    switch (op) {
+    case pl::OpKind::AllGather:
+    case pl::OpKind::ReduceScatter:
+    case pl::OpKind::AllReduce:
+    case pl::OpKind::AllToAll:
+    case pl::OpKind::Permute:
+    case pl::OpKind::Broadcast:
+    case pl::OpKind::Fp8Amax:
+    case pl::OpKind::Fp8Cast:
+    case pl::OpKind::Cast:
+    case pl::OpKind::Sum:
+    case pl::OpKind::Compute:
+    case pl::OpKind::OptimizerUpdate:
+      return Access::ReadsWrites;
+    case pl::OpKind::Free:
+      return Access::Frees;
+    case pl::OpKind::Wait:
+      return Access::Nothing;
+    }
+    ADD_FAILURE() << "unknown op " << static_cast<int>(op);
+    return Access::ReadsWrites;
+  }
 
   void checkSchedule(const pl::Plan &p) {
     size_t n = p.program.size();
@@ -1601,15 +2035,24 @@ private:
     for (size_t i = 0; i < n; ++i) {
       const pl::Instruction &in = p.program[i];
       int ii = static_cast<int>(i);
-      if (in.op == pl::OpKind::Free) {
+      switch (access(in.op)) {
+      case Access::Frees:
         for (const std::string &b : in.inputs)
           frees[b].push_back(ii);
-        continue;
+        if (!in.outputs.empty())
+          fail("schedule", p.rank, describe(in) + " has outputs");
+        break;
+      case Access::Nothing:
+        if (!in.inputs.empty() || !in.outputs.empty())
+          fail("schedule", p.rank, describe(in) + " names buffers");
+        break;
+      case Access::ReadsWrites:
+        for (const std::string &b : in.inputs)
+          readers[b].push_back(ii);
+        for (const std::string &b : in.outputs)
+          writers[b].push_back(ii);
+        break;
       }
-      for (const std::string &b : in.inputs)
-        readers[b].push_back(ii);
-      for (const std::string &b : in.outputs)
-        writers[b].push_back(ii);
     }
     auto name = [&](int i) { return describe(p.program[i]); };
     // (This caught all-gathers of folded mixed-precision casts without any
@@ -1826,7 +2269,25 @@ TEST(PipelineSweepCoverage, CoversTheRoles) {
        managed = false, tp2 = false, tp4 = false, extra = false, fp8On = false,
        fp8Off = false, sr = false, reshardTrue = false, reshardFalse = false,
        ga1 = false, ga2 = false, shuffled = false, odd = false;
+  // Stacked (sequence-parallel) gradients under FSDP x TP, under HSDP x TP
+  // (the replicate all-reduce of stacked rows, uneven on the odd model),
+  // without data parallelism, and a TP axis of size 1 (nothing stacked).
+  bool stackedFsdp = false, stackedHsdpOdd = false, stackedNoDp = false,
+       sequenceParallelTp1 = false;
   for (const Config &c : configs()) {
+    int64_t tp = 0;
+    for (auto &[name, size] : c.axes)
+      if (name == c.tpAxis)
+        tp = size;
+    bool sp = false;
+    for (auto &[pattern, style] : c.tpPlan)
+      sp |= style == "sequence_parallel";
+    bool stacked = sp && tp > 1;
+    stackedFsdp |= stacked && !c.shard.empty() && c.replicate.empty();
+    stackedHsdpOdd |=
+        stacked && !c.shard.empty() && !c.replicate.empty() && c.odd;
+    stackedNoDp |= stacked && c.shard.empty() && c.replicate.empty();
+    sequenceParallelTp1 |= sp && tp == 1;
     ddpOnly |= !c.replicate.empty() && c.shard.empty() && c.tpAxis.empty();
     fsdp1 |= c.shard.size() == 1 && c.replicate.empty();
     fsdp2 |= c.shard.size() == 2;
@@ -1850,17 +2311,21 @@ TEST(PipelineSweepCoverage, CoversTheRoles) {
   EXPECT_TRUE(ddpOnly && fsdp1 && fsdp2 && hsdp && managed && tp2 && tp4 &&
               extra && fp8On && fp8Off && sr && reshardTrue && reshardFalse &&
               ga1 && ga2 && shuffled && odd);
+  EXPECT_TRUE(stackedFsdp && stackedHsdpOdd && stackedNoDp &&
+              sequenceParallelTp1);
 }
 
 class SummaryEnvironment : public ::testing::Environment {
 public:
   void TearDown() override {
     std::printf("[ pipeline ] %d configurations, %lld plans, %lld "
-                "instructions, %lld collectives and %lld reads checked\n",
+                "instructions, %lld collectives and %lld reads checked, "
+                "%lld stacked gradient paths traced\n",
                 totals.configs, static_cast<long long>(totals.plans),
                 static_cast<long long>(totals.instructions),
                 static_cast<long long>(totals.collectivesChecked),
-                static_cast<long long>(totals.readsChecked));
+                static_cast<long long>(totals.readsChecked),
+                static_cast<long long>(totals.stackedPaths));
   }
 };
 [[maybe_unused]] ::testing::Environment *const summary =
