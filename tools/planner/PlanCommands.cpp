@@ -159,6 +159,11 @@ private:
 };
 } // namespace
 
+/// "1 communicator", "3 communicators".
+static std::string count(int64_t n, const std::string &noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 static std::string fixed(double value, int digits) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(digits) << value;
@@ -244,9 +249,9 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       return result;
     }
     verified = "verified all " + std::to_string(world) + " ranks (" +
-               std::to_string(report->stats.collectives) + " collectives on " +
-               std::to_string(report->stats.communicators) +
-               " communicators agree; every program runs to completion) in " +
+               count(report->stats.collectives, "collective") + " on " +
+               count(report->stats.communicators, "communicator") +
+               " agree; every program runs to completion) in " +
                fixed(secondsSince(verifyStart), 2) + " s";
   } else if (options.all) {
     verified = options.noVerify
@@ -273,9 +278,9 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
       << " of " << p.spec.model->name << " on mesh "
       << meshText(prepared.mesh()) << " (" << world
-      << " ranks): " << program.comms.size() << " communicators, "
-      << program.buffers.size() << " buffers, " << program.program.size()
-      << " instructions per rank\n";
+      << " ranks): " << count(program.comms.size(), "communicator") << ", "
+      << count(program.buffers.size(), "buffer") << ", "
+      << count(program.program.size(), "instruction") << " per rank\n";
   out << verified << "\n";
   out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
       << " s\n";
