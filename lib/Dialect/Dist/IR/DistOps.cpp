@@ -82,6 +82,11 @@ static void printDistReduce(OpAsmPrinter &p, Operation *, ReduceKindAttr kind) {
 #define GET_OP_CLASSES
 #include "meshplan/Dialect/Dist/IR/DistOps.cpp.inc"
 
+bool meshplan::dist::exchangesData(Operation *op) {
+  return isa<AllGatherOp, ReduceScatterOp, AllReduceOp, AllToAllOp, PermuteOp,
+             BroadcastOp>(op);
+}
+
 //===----------------------------------------------------------------------===//
 // Helpers
 //===----------------------------------------------------------------------===//

@@ -16,13 +16,6 @@ using namespace mlir;
 using namespace meshplan;
 using namespace meshplan::dist;
 
-/// Ops that exchange data between ranks. local_slice and mark_partial run
-/// on each rank alone and need no communicator.
-static bool communicates(Operation *op) {
-  return isa<AllGatherOp, ReduceScatterOp, AllReduceOp, AllToAllOp, PermuteOp,
-             BroadcastOp>(op);
-}
-
 /// "comm_world_dp_replicate_dp_shard", "comm_m_x_2_4" for x:(2)4.
 static std::string commName(StringRef mesh, const Mesh &core,
                             const AxisRefList &refs) {
@@ -60,7 +53,7 @@ struct MaterializeCommsPass
       return signalPassFailure();
 
     module.walk([&](Operation *op) {
-      if (!communicates(op) || failedAny)
+      if (!exchangesData(op) || failedAny)
         return;
       LayoutAttr layout = getLayout(op->getOperand(0).getType());
       if (!layout)

@@ -50,17 +50,11 @@ using namespace mlir;
 using namespace meshplan;
 using namespace meshplan::dist;
 
-/// Ops that exchange data between ranks (they need a communicator).
-static bool communicates(Operation *op) {
-  return isa<AllGatherOp, ReduceScatterOp, AllReduceOp, AllToAllOp, PermuteOp,
-             BroadcastOp>(op);
-}
-
 /// Ops a gather chain (or a gradient reduction) is made of. Their data
 /// input is operand 0; fp8_cast's amax is a shared side input.
 static bool isChainOp(Operation *op) {
-  return communicates(op) || isa<LocalSliceOp, MarkPartialOp, arith::TruncFOp,
-                                 arith::ExtFOp, Fp8CastOp>(op);
+  return exchangesData(op) || isa<LocalSliceOp, MarkPartialOp, arith::TruncFOp,
+                                  arith::ExtFOp, Fp8CastOp>(op);
 }
 
 static StringRef streamOf(Operation *op) {
@@ -101,10 +95,10 @@ public:
         if (Operation *def = operand.getDefiningOp()) {
           auto it = rank.find(def);
           if (it != rank.end())
-            r = std::max(r, it->second + (communicates(def) ? 1u : 0u));
+            r = std::max(r, it->second + (exchangesData(def) ? 1u : 0u));
         }
       rank[op] = r;
-      keyed.push_back({2 * r + (communicates(op) ? 1 : 0), index});
+      keyed.push_back({2 * r + (exchangesData(op) ? 1 : 0), index});
     }
     std::stable_sort(keyed.begin(), keyed.end(),
                      [](auto a, auto b) { return a.first < b.first; });
@@ -220,7 +214,7 @@ LogicalResult StepScheduler::check() {
     if (isa<OptimizerStepOp>(op))
       return op.emitOpError()
              << "cannot be scheduled; run dist-lower-optimizer first";
-    if (communicates(&op) && !op.hasAttr("comm"))
+    if (exchangesData(&op) && !op.hasAttr("comm"))
       return op.emitOpError()
              << "has no communicator; run dist-materialize-comms first";
     if (auto compute = dyn_cast<ComputeOp>(op)) {
