@@ -8,6 +8,8 @@
 
 #include "meshplan/Plan/PlanDirectory.h"
 
+#include "Parallel.h"
+
 #include "meshplan/Core/Text.h"
 #include "meshplan/Support/Json.h"
 
@@ -238,12 +240,7 @@ Result<void> writePlanDirectory(
   threads = std::max(
       1u, std::min<unsigned>(threads, static_cast<unsigned>(std::min<size_t>(
                                           ranks.size(), 256))));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t)
-    pool.emplace_back(worker);
-  worker();
-  for (std::thread &t : pool)
-    t.join();
+  runOnThreads(threads, worker);
   if (firstError)
     return makeError(firstError->second.message + " (" + quote(dir) +
                      " was left unchanged)");

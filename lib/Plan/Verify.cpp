@@ -2,6 +2,8 @@
 
 #include "meshplan/Plan/Verify.h"
 
+#include "Parallel.h"
+
 #include "meshplan/Core/Text.h"
 
 #include <nlohmann/json.hpp>
@@ -914,12 +916,7 @@ Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
     threads = std::max(1u, std::thread::hardware_concurrency());
   threads = std::min<unsigned>(
       threads, std::max<size_t>(1, std::min<size_t>(ranks.size(), 64)));
-  std::vector<std::thread> pool;
-  for (unsigned t = 1; t < threads; ++t)
-    pool.emplace_back(worker);
-  worker();
-  for (std::thread &t : pool)
-    t.join();
+  runOnThreads(threads, worker);
 
   std::vector<Plan> plans;
   plans.reserve(ranks.size());
