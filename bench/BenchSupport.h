@@ -26,6 +26,16 @@
 
 namespace meshplan::bench {
 
+/// Tensor-parallel degree of the benchmark meshes.
+constexpr int64_t kTp = 8;
+
+/// A benchmark mesh pp x dp x fsdp x tp (tp = kTp); size-1 axes keep tiny
+/// worlds 4-D.
+struct MeshShape {
+  int64_t pp, dp, fsdp;
+  int64_t world() const { return pp * dp * fsdp * kTp; }
+};
+
 /// Calls benchmark::Initialize on the command line with, ahead of it, the
 /// defaults for a noisy machine: --benchmark_repetitions=5, `flag=value` for
 /// each {flag, value} of `extra`, and

@@ -41,18 +41,14 @@ using namespace meshplan;
 namespace {
 
 constexpr double kMaxRatio = 2.0;
-constexpr int64_t kTp = 8;
 /// Number of precomputed ranks each benchmark cycles over (a power of two).
 constexpr size_t kNumRanks = 4096;
 /// Weight of an FSDP x TP layer: dim 0 split by [tp, dp, fsdp].
 const std::vector<int64_t> kWeightShape = {16384, 8192};
 constexpr const char *kWeightLayout = "[{tp, dp, fsdp}, {}]";
 
-/// pp x dp x fsdp x tp, tp = 8; size-1 axes keep tiny worlds 4-D.
-struct MeshShape {
-  int64_t pp, dp, fsdp;
-  int64_t world() const { return pp * dp * fsdp * kTp; }
-};
+using meshplan::bench::kTp;
+using meshplan::bench::MeshShape;
 const std::vector<MeshShape> kShapes = {
     {1, 1, 1},     // 8
     {1, 2, 4},     // 64

@@ -42,16 +42,13 @@ namespace {
 
 constexpr double kMaxRatio = 2.0;
 constexpr double kMaxMsPerRank = 50.0;
-constexpr int64_t kTp = 8;
 constexpr int kLayers = 25;
 constexpr int kMicrobatches = 16;
 constexpr size_t kNumRanks = 256; ///< pseudo-random ranks cycled over
 constexpr int64_t kAllRanksWorld = 1024;
 
-struct MeshShape {
-  int64_t pp, dp, fsdp;
-  int64_t world() const { return pp * dp * fsdp * kTp; }
-};
+using meshplan::bench::kTp;
+using meshplan::bench::MeshShape;
 const std::vector<MeshShape> kShapes = {
     {1, 2, 4},    // 64
     {2, 4, 8},    // 512
