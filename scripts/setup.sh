@@ -8,6 +8,7 @@ PACKAGES=(
   libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools
   nlohmann-json3-dev libcli11-dev libgloo-dev libopenblas-dev
   libgtest-dev libbenchmark-dev python3-psutil
+  redis-server libhiredis-dev
 )
 
 missing=()
