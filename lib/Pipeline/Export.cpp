@@ -88,6 +88,7 @@ public:
       if (auto ok = exportOp(&op); !ok)
         return ok.error();
     }
+    orderFp8CastInputs();
     return std::move(out);
   }
 
@@ -231,6 +232,9 @@ private:
       buffer.globalShape = shape;
       buffer.layout = std::move(*layout);
       buffer.persistent = persistent;
+      auto root = rootOf.find(value);
+      if (root != rootOf.end() && root->second != "fp8.amax")
+        buffer.tensor = root->second;
       index = static_cast<int>(out.buffers.size());
       out.buffers.push_back(std::move(buffer));
       bufferTypes.push_back(type);
@@ -246,6 +250,7 @@ private:
   std::set<int> freed;
 
   Result<void> exportArguments(func::FuncOp step) {
+    int64_t nextTensorId = 0;
     for (BlockArgument arg : step.getArguments()) {
       unsigned i = arg.getArgNumber();
       pl::BufferKind kind;
@@ -265,6 +270,18 @@ private:
       auto index = addBuffer(step, arg, name, kind, /*persistent=*/true);
       if (!index)
         return index.error();
+      // The parameter's index among the dist.param arguments: the model's
+      // order, the same under every layout (dist.adamw's tensor_id).
+      if (kind == pl::BufferKind::ParamShard)
+        out.buffers[*index].tensorId = nextTensorId++;
+      // Optimizer state "<param>.exp_avg" belongs to its parameter.
+      if (kind == pl::BufferKind::OptimizerState)
+        for (std::string_view suffix : {".exp_avg_sq", ".exp_avg"})
+          if (name.size() > suffix.size() && name.ends_with(suffix)) {
+            out.buffers[*index].tensor =
+                name.substr(0, name.size() - suffix.size());
+            break;
+          }
     }
     return {};
   }
@@ -348,8 +365,12 @@ private:
       bool forward = compute.getPhase() == dist::Phase::Forward;
       in.label = std::string(forward ? "forward " : "backward ") +
                  compute.getModule().str();
-      if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
+      in.phase = forward ? "forward" : "backward";
+      in.unit = compute.getModule().str();
+      if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch")) {
         in.label += " (microbatch " + std::to_string(mb.getInt()) + ")";
+        in.microbatch = mb.getInt();
+      }
       if (auto f = compute.getFlopsAttr())
         flops = f.getValueAsDouble();
       in.inputs = inputs;
@@ -385,6 +406,18 @@ private:
       // ~ 12 flops per element for AdamW (+ rounding); memory-bound anyway.
       flops =
           12.0 * static_cast<double>(product(paddedShapeOf(*layout, shape)));
+      pl::OptimizerConfig config;
+      config.lr = adam.getLr().convertToDouble();
+      config.beta1 = adam.getBeta1().convertToDouble();
+      config.beta2 = adam.getBeta2().convertToDouble();
+      config.eps = adam.getEps().convertToDouble();
+      config.weightDecay = adam.getWeightDecay().convertToDouble();
+      config.stochasticRounding = adam.getStochasticRounding();
+      config.seed = adam.getSeed();
+      if (out.optimizer && *out.optimizer != config)
+        return opError(op, "its hyperparameters differ from an earlier "
+                           "dist.adamw's (a plan has one optimizer)");
+      out.optimizer = config;
       std::string unit = unitOfGradient(adam.getGrad());
       in.label = "adamw " + unit;
       if (adam.getStochasticRounding())
@@ -457,17 +490,26 @@ private:
       in.inputs = {inputs[0]};
       in.outputs = {bufferId(result)};
       auto elt = cast<RankedTensorType>(result.getType()).getElementType();
-      if (isa<dist::Fp8CastOp>(op)) {
+      if (auto cast = dyn_cast<dist::Fp8CastOp>(op)) {
         in.op = pl::OpKind::Fp8Cast;
         in.dtype = planDType(elt);
         in.inputs = inputs; // the shard and the amax
         in.label = "float8 cast " + root;
+        out.buffers[*index].scale =
+            pl::Fp8Scale{bufferId(cast.getAmax()),
+                         static_cast<int64_t>(cast.getIndex()),
+                         cast.getPowerOf_2()};
+        castSource[out.buffers[*index].id] = inputs[0];
       } else if (isa<arith::TruncFOp, arith::ExtFOp>(op)) {
         in.op = pl::OpKind::Cast;
         in.dtype = planDType(elt);
         in.label =
             "cast " + root + " to " + std::string(pl::dtypeName(*in.dtype));
       } else {
+        // A gathered float8 weight keeps the scale of the shards it gathers.
+        const pl::BufferTemplate &from = out.buffers[bufferOf.lookup(source)];
+        if (from.scale && from.dtype == out.buffers[*index].dtype)
+          out.buffers[*index].scale = from.scale;
         if (auto ok = exportCollective(op, in); !ok)
           return ok.error();
         if (auto bucket = op->getAttrOfType<IntegerAttr>("dist.bucket")) {
@@ -494,6 +536,25 @@ private:
     out.program.push_back(std::move(in));
     out.flops.push_back(flops);
     return {};
+  }
+
+  /// fp8_cast result buffer -> the shard it casts.
+  std::map<std::string, std::string> castSource;
+
+  /// A fused fp8_cast lists its sources parallel to its outputs, then the
+  /// amax buffers the scales read (plan-format.md).
+  void orderFp8CastInputs() {
+    for (pl::Instruction &in : out.program) {
+      if (in.op != pl::OpKind::Fp8Cast)
+        continue;
+      std::vector<std::string> inputs;
+      for (const std::string &o : in.outputs)
+        inputs.push_back(castSource[o]);
+      for (const std::string &i : in.inputs)
+        if (std::find(inputs.begin(), inputs.end(), i) == inputs.end())
+          inputs.push_back(i);
+      in.inputs = std::move(inputs);
+    }
   }
 
   static bool fusable(const pl::Instruction &last, const pl::Instruction &in) {

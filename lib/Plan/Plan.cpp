@@ -128,7 +128,27 @@ const SectionRule kRootRule = {
          .type = T::Array,
          .required = true,
          .items = T::Object},
+        {.name = "optimizer", .type = T::Object},
         {.name = "estimates", .type = T::Object},
+    }};
+const SectionRule kOptimizerRule = {
+    "optimizer",
+    {
+        {.name = "name", .type = T::String, .required = true},
+        {.name = "lr", .type = T::Number, .required = true},
+        {.name = "beta1", .type = T::Number, .required = true},
+        {.name = "beta2", .type = T::Number, .required = true},
+        {.name = "eps", .type = T::Number, .required = true},
+        {.name = "weight_decay", .type = T::Number, .required = true},
+        {.name = "stochastic_rounding", .type = T::Boolean, .required = true},
+        {.name = "seed", .type = T::Integer, .required = true},
+    }};
+const SectionRule kScaleRule = {
+    "scale",
+    {
+        {.name = "amax", .type = T::String, .required = true},
+        {.name = "index", .type = T::Integer, .required = true},
+        {.name = "power_of_2", .type = T::Boolean, .required = true},
     }};
 const SectionRule kMeshRule = {
     "mesh",
@@ -178,6 +198,10 @@ const SectionRule kBufferRule = {
          .type = T::Array,
          .required = true,
          .items = T::Integer},
+        {.name = "layout", .type = T::String, .required = true},
+        {.name = "tensor", .type = T::String},
+        {.name = "tensor_id", .type = T::Integer},
+        {.name = "scale", .type = T::Object},
     }};
 const SectionRule kInstructionRule = {
     "instruction",
@@ -194,6 +218,9 @@ const SectionRule kInstructionRule = {
         {.name = "outputs", .type = T::Array, .items = T::String},
         {.name = "deps", .type = T::Array, .items = T::String},
         {.name = "label", .type = T::String},
+        {.name = "phase", .type = T::String},
+        {.name = "unit", .type = T::String},
+        {.name = "microbatch", .type = T::Integer},
     }};
 const SectionRule kEstimatesRule = {
     "estimates",
@@ -297,6 +324,24 @@ Result<Buffer> readBuffer(const Json &v, const std::string &ptr) {
                                        childPointer(ptr, "local_shape"), 0));
   MP_ASSIGN(b.offset,
             readIntArray(v["offset"], childPointer(ptr, "offset"), 0));
+  MP_ASSIGN(b.layout, readString(v["layout"], childPointer(ptr, "layout")));
+  if (const Json *t = member(v, "tensor"))
+    MP_ASSIGN(b.tensor, readString(*t, childPointer(ptr, "tensor")));
+  if (const Json *id = member(v, "tensor_id")) {
+    int64_t n;
+    MP_ASSIGN(n, readInt(*id, childPointer(ptr, "tensor_id"), 0));
+    b.tensorId = n;
+  }
+  if (const Json *scale = member(v, "scale")) {
+    std::string p = childPointer(ptr, "scale");
+    MESHPLAN_TRY(checkObject(*scale, p, kScaleRule));
+    Fp8Scale f;
+    MP_ASSIGN(f.amax, readString((*scale)["amax"], childPointer(p, "amax")));
+    MP_ASSIGN(f.index, readInt((*scale)["index"], childPointer(p, "index"), 0));
+    MP_ASSIGN(f.powerOf2, readBool((*scale)["power_of_2"],
+                                   childPointer(p, "power_of_2")));
+    b.scale = std::move(f);
+  }
   return b;
 }
 
@@ -355,7 +400,40 @@ Result<Instruction> readInstruction(const Json &v, const std::string &ptr) {
     MP_ASSIGN(in.deps, readStringArray(*x, childPointer(ptr, "deps")));
   if (const Json *x = member(v, "label"))
     MP_ASSIGN(in.label, readString(*x, childPointer(ptr, "label")));
+  // The callback a compute instruction calls; only compute has one.
+  for (std::string_view key : {"phase", "unit", "microbatch"}) {
+    const Json *x = member(v, key);
+    if (x && in.op != OpKind::Compute)
+      return errorAt(childPointer(ptr, key),
+                     opName + " takes no " + std::string(key) +
+                         " (only compute does)");
+    if (!x && in.op == OpKind::Compute)
+      return errorAt(ptr, "compute needs " + quote(key));
+  }
+  if (in.op == OpKind::Compute) {
+    MP_ASSIGN(in.phase, readString(v["phase"], childPointer(ptr, "phase")));
+    MP_ASSIGN(in.unit, readString(v["unit"], childPointer(ptr, "unit")));
+    MP_ASSIGN(in.microbatch,
+              readInt(v["microbatch"], childPointer(ptr, "microbatch"), 0));
+  }
   return in;
+}
+
+Result<OptimizerConfig> readOptimizer(const Json &v, const std::string &ptr) {
+  MESHPLAN_TRY(checkObject(v, ptr, kOptimizerRule));
+  OptimizerConfig o;
+  MP_ASSIGN(o.name, readString(v["name"], childPointer(ptr, "name")));
+  MP_ASSIGN(o.lr, readNumber(v["lr"], childPointer(ptr, "lr")));
+  MP_ASSIGN(o.beta1, readNumber(v["beta1"], childPointer(ptr, "beta1")));
+  MP_ASSIGN(o.beta2, readNumber(v["beta2"], childPointer(ptr, "beta2")));
+  MP_ASSIGN(o.eps, readNumber(v["eps"], childPointer(ptr, "eps")));
+  MP_ASSIGN(o.weightDecay,
+            readNumber(v["weight_decay"], childPointer(ptr, "weight_decay")));
+  MP_ASSIGN(o.stochasticRounding,
+            readBool(v["stochastic_rounding"],
+                     childPointer(ptr, "stochastic_rounding")));
+  MP_ASSIGN(o.seed, readInt(v["seed"], childPointer(ptr, "seed"), 0));
+  return o;
 }
 
 Result<std::map<std::string, int64_t>> readByteMap(const Json &v,
@@ -424,6 +502,11 @@ Result<Plan> parsePlan(std::string_view text) {
   MP_ASSIGN(plan.program,
             readArray<Instruction>(doc["program"], "/program", "instructions",
                                    readInstruction));
+  if (const Json *opt = member(doc, "optimizer")) {
+    OptimizerConfig o;
+    MP_ASSIGN(o, readOptimizer(*opt, "/optimizer"));
+    plan.optimizer = std::move(o);
+  }
   if (const Json *est = member(doc, "estimates")) {
     MESHPLAN_TRY(checkObject(*est, "/estimates", kEstimatesRule));
     Estimates e;
@@ -498,6 +581,136 @@ Result<DerivedGroup> deriveGroup(const Mesh &mesh,
   g.color = split.color;
   g.key = split.key;
   return g;
+}
+
+/// The buffer's layout parses over the root mesh and gives this rank exactly
+/// the buffer's box.
+static Result<void> checkBufferLayout(const View &root,
+                                      const AxisNamespace &names, int64_t rank,
+                                      const Buffer &b, const std::string &p) {
+  std::string lp = childPointer(p, "layout");
+  Result<Layout> layout = parseLayout(root, names, b.layout);
+  if (!layout)
+    return errorAt(lp, layout.error().message);
+  if (layout->rank() != static_cast<int>(b.globalShape.size()))
+    return errorAt(lp, "the layout has " + std::to_string(layout->rank()) +
+                           " dims but global_shape has " +
+                           std::to_string(b.globalShape.size()));
+  Result<ShardBox> box = shardOf(root, *layout, b.globalShape, rank);
+  if (!box)
+    return errorAt(lp, box.error().message);
+  if (box->offset != b.offset || box->localShape != b.localShape)
+    return errorAt(lp, "gives rank " + std::to_string(rank) + " the box " +
+                           ints(box->offset) + " + " + ints(box->localShape) +
+                           ", but the buffer says " + ints(b.offset) + " + " +
+                           ints(b.localShape));
+  return {};
+}
+
+/// What an instruction's inputs and outputs must look like for its op to be
+/// executable (the runtime relies on it).
+static Result<void>
+checkOperands(const Plan &plan, const Instruction &in, const std::string &p,
+              const std::unordered_map<std::string_view, size_t> &buffers) {
+  auto buffer = [&](const std::string &id) -> const Buffer & {
+    return plan.buffers[buffers.at(id)];
+  };
+  std::string opName(opKindName(in.op));
+  switch (in.op) {
+  case OpKind::Compute:
+    if (in.phase != "forward" && in.phase != "backward")
+      return errorAt(childPointer(p, "phase"),
+                     "phase must be \"forward\" or \"backward\", not " +
+                         quote(in.phase));
+    if (in.unit.empty())
+      return errorAt(childPointer(p, "unit"), "unit is empty");
+    return {};
+  case OpKind::OptimizerUpdate: {
+    // Per parameter: inputs (param, grad, exp_avg, exp_avg_sq), outputs
+    // (param, exp_avg, exp_avg_sq), updated in place.
+    if (in.inputs.size() % 4 != 0 || in.inputs.empty() ||
+        in.outputs.size() != in.inputs.size() / 4 * 3)
+      return errorAt(p, "optimizer_update needs inputs (param, grad, exp_avg, "
+                        "exp_avg_sq) per parameter and outputs (param, "
+                        "exp_avg, exp_avg_sq)");
+    for (size_t k = 0; k < in.inputs.size() / 4; ++k) {
+      const Buffer &param = buffer(in.inputs[4 * k]);
+      std::string ip = childPointer(childPointer(p, "inputs"), 4 * k);
+      if (param.kind != BufferKind::ParamShard)
+        return errorAt(ip, quote(param.id) + " is not a param_shard");
+      for (int j = 1; j < 4; ++j) {
+        const Buffer &other = buffer(in.inputs[4 * k + j]);
+        if (other.localShape != param.localShape ||
+            other.offset != param.offset)
+          return errorAt(childPointer(childPointer(p, "inputs"), 4 * k + j),
+                         quote(other.id) + " is not the same shard as " +
+                             quote(param.id));
+        if (other.dtype != DType::Float32)
+          return errorAt(childPointer(childPointer(p, "inputs"), 4 * k + j),
+                         quote(other.id) + " is not float32");
+      }
+      if (in.outputs[3 * k] != in.inputs[4 * k] ||
+          in.outputs[3 * k + 1] != in.inputs[4 * k + 2] ||
+          in.outputs[3 * k + 2] != in.inputs[4 * k + 3])
+        return errorAt(childPointer(childPointer(p, "outputs"), 3 * k),
+                       "optimizer_update updates in place: outputs must be "
+                       "the param, exp_avg and exp_avg_sq inputs");
+      if (plan.optimizer && plan.optimizer->stochasticRounding &&
+          param.dtype != DType::BFloat16)
+        return errorAt(ip, "stochastic rounding needs bfloat16 parameters, " +
+                               quote(param.id) + " is " +
+                               std::string(dtypeName(param.dtype)));
+      if (!(plan.optimizer && plan.optimizer->stochasticRounding) &&
+          param.dtype != DType::Float32)
+        return errorAt(ip, "AdamW without stochastic rounding needs float32 "
+                           "parameters, " +
+                               quote(param.id) + " is " +
+                               std::string(dtypeName(param.dtype)));
+    }
+    return {};
+  }
+  case OpKind::Fp8Cast: {
+    // outputs[i] = float8(inputs[i] * scale of outputs[i]); the remaining
+    // inputs are the amax buffers the scales read.
+    if (in.outputs.empty() || in.inputs.size() < in.outputs.size())
+      return errorAt(p, "fp8_cast needs one source input per output, then "
+                        "the amax buffers");
+    for (size_t k = 0; k < in.outputs.size(); ++k) {
+      const Buffer &src = buffer(in.inputs[k]);
+      const Buffer &dst = buffer(in.outputs[k]);
+      if (!dst.scale)
+        return errorAt(childPointer(childPointer(p, "outputs"), k),
+                       quote(dst.id) + " is not a float8 buffer");
+      if (src.localShape != dst.localShape)
+        return errorAt(childPointer(childPointer(p, "inputs"), k),
+                       quote(src.id) + " and " + quote(dst.id) +
+                           " have different local shapes");
+      if (std::find(in.inputs.begin(), in.inputs.end(), dst.scale->amax) ==
+          in.inputs.end())
+        return errorAt(childPointer(childPointer(p, "outputs"), k),
+                       "the scale of " + quote(dst.id) + " reads " +
+                           quote(dst.scale->amax) +
+                           ", which is not an input");
+    }
+    return {};
+  }
+  case OpKind::Cast:
+  case OpKind::Sum:
+    if (in.inputs.size() != in.outputs.size())
+      return errorAt(p, opName + " needs one input per output");
+    return {};
+  case OpKind::AllGather:
+  case OpKind::ReduceScatter:
+  case OpKind::AllReduce:
+  case OpKind::AllToAll:
+  case OpKind::Permute:
+  case OpKind::Broadcast:
+    if (in.inputs.size() != in.outputs.size())
+      return errorAt(p, opName + " needs one input per output");
+    return {};
+  default:
+    return {};
+  }
 }
 
 static std::string rankRange(const Mesh &mesh) {
@@ -592,7 +805,11 @@ Result<void> validatePlan(const Plan &plan) {
   }
 
   // Buffers.
+  auto sharedMesh = std::make_shared<const Mesh>(mesh);
+  View root = View::root(sharedMesh);
+  AxisNamespace names(sharedMesh);
   std::unordered_map<std::string_view, size_t> buffers;
+  std::unordered_map<int64_t, size_t> tensorIds;
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const Buffer &b = plan.buffers[i];
     std::string p = childPointer("/buffers", i);
@@ -624,6 +841,48 @@ Result<void> validatePlan(const Plan &plan) {
                            std::to_string(b.localShape[d]) +
                            ") does not fit in the global size " +
                            std::to_string(b.globalShape[d]));
+    MESHPLAN_TRY(checkBufferLayout(root, names, plan.rank, b, p));
+    if (b.kind == BufferKind::ParamShard) {
+      if (!b.tensorId)
+        return errorAt(p, "a param_shard needs \"tensor_id\"");
+      auto [other, fresh] = tensorIds.emplace(*b.tensorId, i);
+      if (!fresh)
+        return errorAt(childPointer(p, "tensor_id"),
+                       "tensor_id " + std::to_string(*b.tensorId) +
+                           " is also " + childPointer("/buffers", other->second));
+    } else if (b.tensorId) {
+      return errorAt(childPointer(p, "tensor_id"),
+                     "only a param_shard has a tensor_id");
+    }
+    bool float8 = b.dtype == DType::Float8E4M3 || b.dtype == DType::Float8E5M2;
+    if (float8 && !b.scale)
+      return errorAt(p, "a float8 buffer needs \"scale\"");
+    if (!float8 && b.scale)
+      return errorAt(childPointer(p, "scale"),
+                     "only a float8 buffer has a scale");
+  }
+  // Scales name an amax buffer: float32, with the element they index.
+  for (size_t i = 0; i < plan.buffers.size(); ++i) {
+    const Buffer &b = plan.buffers[i];
+    if (!b.scale)
+      continue;
+    std::string p = childPointer(childPointer("/buffers", i), "scale");
+    auto it = buffers.find(b.scale->amax);
+    if (it == buffers.end())
+      return errorAt(childPointer(p, "amax"),
+                     "unknown buffer " + quote(b.scale->amax));
+    const Buffer &amax = plan.buffers[it->second];
+    int64_t n = 1;
+    for (int64_t d : amax.localShape)
+      n *= d;
+    if (amax.dtype != DType::Float32 || amax.localShape.size() != 1)
+      return errorAt(childPointer(p, "amax"),
+                     quote(amax.id) + " is not a 1-D float32 buffer");
+    if (b.scale->index >= n)
+      return errorAt(childPointer(p, "index"),
+                     "index " + std::to_string(b.scale->index) + " but " +
+                         quote(amax.id) + " has " + std::to_string(n) +
+                         " elements");
   }
 
   // Program.
@@ -692,6 +951,9 @@ Result<void> validatePlan(const Plan &plan) {
     };
     MESHPLAN_TRY(checkBuffers(in.inputs, "inputs"));
     MESHPLAN_TRY(checkBuffers(in.outputs, "outputs"));
+    MESHPLAN_TRY(checkOperands(plan, in, p, buffers));
+    if (in.op == OpKind::OptimizerUpdate && !plan.optimizer)
+      return errorAt(p, "optimizer_update, but the plan has no \"optimizer\"");
     for (size_t k = 0; k < in.deps.size(); ++k) {
       auto d = ids.find(in.deps[k]);
       if (d == ids.end())
@@ -701,6 +963,27 @@ Result<void> validatePlan(const Plan &plan) {
         return errorAt(childPointer(childPointer(p, "deps"), k),
                        "instruction " + quote(in.id) + " depends on itself");
     }
+  }
+
+  if (plan.optimizer) {
+    const OptimizerConfig &o = *plan.optimizer;
+    if (o.name != "adamw")
+      return errorAt("/optimizer/name", "unknown optimizer " + quote(o.name) +
+                                            " (this runtime has adamw)");
+    auto bad = [](double x, double lo, double hi) {
+      return !(x >= lo && x <= hi);
+    };
+    if (bad(o.lr, 0, 1e6))
+      return errorAt("/optimizer/lr", "lr must be in [0, 1e6]");
+    if (bad(o.beta1, 0, 1) || o.beta1 == 1)
+      return errorAt("/optimizer/beta1", "beta1 must be in [0, 1)");
+    if (bad(o.beta2, 0, 1) || o.beta2 == 1)
+      return errorAt("/optimizer/beta2", "beta2 must be in [0, 1)");
+    if (bad(o.eps, 0, 1e6) || o.eps == 0)
+      return errorAt("/optimizer/eps", "eps must be in (0, 1e6]");
+    if (bad(o.weightDecay, 0, 1e6))
+      return errorAt("/optimizer/weight_decay",
+                     "weight_decay must be in [0, 1e6]");
   }
 
   if (plan.estimates) {
@@ -760,6 +1043,15 @@ static Json bufferJson(const Buffer &b) {
   out["global_shape"] = b.globalShape;
   out["local_shape"] = b.localShape;
   out["offset"] = b.offset;
+  out["layout"] = b.layout;
+  if (!b.tensor.empty())
+    out["tensor"] = b.tensor;
+  if (b.tensorId)
+    out["tensor_id"] = *b.tensorId;
+  if (b.scale)
+    out["scale"] = Json{{"amax", b.scale->amax},
+                        {"index", b.scale->index},
+                        {"power_of_2", b.scale->powerOf2}};
   return out;
 }
 
@@ -786,6 +1078,11 @@ static Json instructionJson(const Instruction &in) {
     out["deps"] = in.deps;
   if (!in.label.empty())
     out["label"] = in.label;
+  if (in.op == OpKind::Compute) {
+    out["phase"] = in.phase;
+    out["unit"] = in.unit;
+    out["microbatch"] = in.microbatch;
+  }
   return out;
 }
 
@@ -823,6 +1120,19 @@ std::string writePlan(const Plan &plan) {
   out += ",\n \"streams\": " + dump(Json(plan.streams));
   out += ",\n \"program\": ";
   writeArray(out, plan.program, instructionJson);
+  if (plan.optimizer) {
+    const OptimizerConfig &o = *plan.optimizer;
+    Json opt = Json::object();
+    opt["name"] = o.name;
+    opt["lr"] = o.lr;
+    opt["beta1"] = o.beta1;
+    opt["beta2"] = o.beta2;
+    opt["eps"] = o.eps;
+    opt["weight_decay"] = o.weightDecay;
+    opt["stochastic_rounding"] = o.stochasticRounding;
+    opt["seed"] = o.seed;
+    out += ",\n \"optimizer\": " + dump(opt);
+  }
   if (plan.estimates) {
     Json est = Json::object();
     Json peak = Json::object(), bytes = Json::object();

@@ -143,6 +143,7 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
       return ok.error().within(name + ": layout");
     if (Result<void> ok = verifyLayout(*p.root, b.layout); !ok)
       return ok.error().within(name + ": layout");
+    p.layoutTexts.push_back(formatLayout(mesh, b.layout));
   }
 
   // Instructions: ids first (deps may point forward).
@@ -346,10 +347,12 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
     bufferBytes[i] = box->numElements() * dtypeBytes(b.dtype);
     plan.buffers.push_back({b.id, b.kind, b.dtype, b.globalShape,
                             std::move(box->localShape),
-                            std::move(box->offset)});
+                            std::move(box->offset), layoutTexts[i], b.tensor, b.tensorId,
+                            b.scale});
   }
 
   plan.program = tmpl.program;
+  plan.optimizer = tmpl.optimizer;
 
   if (withEstimates) {
     std::array<int64_t, kNumBufferKinds> cur{}, peak{};

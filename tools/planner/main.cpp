@@ -1,6 +1,7 @@
 //===- main.cpp - The meshplan command-line tool --------------------------===//
 //
-// Subcommands: plan, explain, trace, verify, mesh, layout, redistribute. Every
+// Subcommands: plan, explain, trace, verify, mesh, layout, redistribute, run
+// (the launcher; its exit codes are the job's: docs/launcher.md). Every
 // user error prints one line "meshplan: error: <flag>: <what is wrong>" on
 // stderr, exits with code 2 and prints nothing on stdout. `verify` exits with 1
 // (report on stderr) when a well-formed plan set fails verification.
@@ -9,6 +10,7 @@
 
 #include "Commands.h"
 #include "PlanCommands.h"
+#include "RunCommand.h"
 
 #include <CLI/CLI.hpp>
 
@@ -154,15 +156,53 @@ int main(int argc, char **argv) {
   traceCmd->add_option("-o,--output", traceOptions.output, "Trace file")
       ->required();
 
+  RunOptions runOptions;
+  CLI::App *runCmd = app.add_subcommand(
+      "run", "Launch N processes of a program with RANK, WORLD_SIZE, ... and "
+             "MESHPLAN_STORE set; prefix their output with [rank R]; stop "
+             "all when one fails (usage: meshplan run -n N [options] -- "
+             "PROGRAM [ARGS...])");
+  runCmd
+      ->add_option("-n,--nproc-per-node", runOptions.nprocPerNode,
+                   "Processes to start on this node (1..4096)")
+      ->type_name("N");
+  runCmd
+      ->add_option("--store", runOptions.store,
+                   "file:DIR (an empty or new directory; default: a fresh "
+                   "one under $TMPDIR, removed at exit) or "
+                   "redis://HOST:PORT")
+      ->type_name("ADDRESS");
+  runCmd
+      ->add_option("--timeout", runOptions.timeout,
+                   "Collective timeout in seconds, exported as "
+                   "MESHPLAN_TIMEOUT (the runtime's default is 60)")
+      ->type_name("SECONDS");
+  runCmd
+      ->add_option("--nnodes", runOptions.nnodes,
+                   "Nodes in the job (default 1; > 1 needs a redis store)")
+      ->type_name("M");
+  runCmd
+      ->add_option("--node-rank", runOptions.nodeRank,
+                   "This node's rank in [0, nnodes) (default 0)")
+      ->type_name("K");
+  runCmd
+      ->add_option("--grace", runOptions.grace,
+                   "Seconds between SIGTERM and SIGKILL when stopping the "
+                   "ranks (default 5)")
+      ->type_name("SECONDS");
+  // PROGRAM and its arguments never reach CLI11, so their flags stay theirs.
+  std::vector<char *> cliArgs =
+      splitRunCommandLine(*runCmd, argc, argv, runOptions.program);
+
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(cliArgs.size()), cliArgs.data());
   } catch (const CLI::Success &e) {
     return app.exit(e); // --help, --version
   } catch (const CLI::ParseError &e) {
     std::cerr << "meshplan: error: " << e.what();
     if (app.get_subcommands().empty())
       std::cerr << " (subcommands: plan, explain, trace, verify, mesh, "
-                   "layout, redistribute; see "
+                   "layout, redistribute, run; see "
                    "'meshplan --help')";
     std::cerr << "\n";
     return 2;
@@ -170,6 +210,8 @@ int main(int argc, char **argv) {
 
   try {
     std::string output;
+    if (runCmd->parsed())
+      return runLaunchCommand(runOptions);
     if (verifyCmd->parsed()) {
       VerifyOutput v = runVerifyCommand(verifyOptions);
       std::cout << v.out;

@@ -2227,7 +2227,9 @@ TEST_P(PipelineSweep, MatchesReferences) {
     ASSERT_TRUE(again.ok());
     EXPECT_TRUE(*plan == *again)
         << c.name << ": rank " << r << ": instantiating twice differs";
-    EXPECT_TRUE(pl::validatePlan(*plan).ok()) << c.name << ": rank " << r;
+    auto valid = pl::validatePlan(*plan);
+    EXPECT_TRUE(valid.ok()) << c.name << ": rank " << r << ": "
+                            << valid.error().message;
     plans.push_back(std::move(*plan));
   }
 

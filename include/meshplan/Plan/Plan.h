@@ -31,7 +31,7 @@ namespace meshplan::plan {
 /// The "format" string of a plan document and the version this build
 /// reads and writes.
 inline constexpr std::string_view kPlanFormat = "meshplan.plan";
-inline constexpr int kPlanVersion = 1;
+inline constexpr int kPlanVersion = 2;
 
 //===----------------------------------------------------------------------===//
 // Enumerations (closed sets; JSON spellings in the name tables)
@@ -107,6 +107,18 @@ struct Communicator {
   bool operator==(const Communicator &) const = default;
 };
 
+/// Where a float8 tensor's tensorwise scale comes from: element `index` of
+/// the (replicated, MAX-reduced) amax buffer `amax`; scale = max_finite /
+/// max(amax, 1e-12), rounded down to a power of two when `powerOf2`
+/// (docs/semantics.md, "Float8 all-gather").
+struct Fp8Scale {
+  std::string amax;
+  int64_t index = 0;
+  bool powerOf2 = false;
+
+  bool operator==(const Fp8Scale &) const = default;
+};
+
 struct Buffer {
   std::string id;
   BufferKind kind = BufferKind::Scratch;
@@ -114,6 +126,18 @@ struct Buffer {
   std::vector<int64_t> globalShape;
   std::vector<int64_t> localShape;
   std::vector<int64_t> offset;
+  /// The core layout over the root mesh (formatLayout), e.g. "[{tp,dp},{}]".
+  /// `offset`/`local_shape` are this rank's box under it; the runtime asks
+  /// core for the other members' boxes when it packs a collective.
+  std::string layout;
+  /// The model tensor (parameter) whose value, gradient or state this buffer
+  /// holds, e.g. "layers.0.attention.wq.weight"; empty for others (amaxes).
+  std::string tensor;
+  /// param_shard only: the parameter's index in the model (stable across
+  /// layouts; keys stochastic rounding and checkpoints).
+  std::optional<int64_t> tensorId;
+  /// float8 buffers only: the scale their values are multiplied by.
+  std::optional<Fp8Scale> scale;
 
   bool operator==(const Buffer &) const = default;
 };
@@ -131,6 +155,11 @@ struct Instruction {
   std::vector<std::string> outputs;
   std::vector<std::string> deps;
   std::string label;
+  /// compute only: the trainer callback to call (phase "forward" or
+  /// "backward", the FSDP unit, the microbatch).
+  std::string phase;
+  std::string unit;
+  int64_t microbatch = 0;
 
   bool operator==(const Instruction &) const = default;
 };
@@ -142,6 +171,23 @@ struct Estimates {
   std::map<std::string, int64_t> bytesPerStepPerComm;
 
   bool operator==(const Estimates &) const = default;
+};
+
+/// The optimizer every optimizer_update of the plan runs (AdamW, as
+/// torch.optim.AdamW; with stochasticRounding the parameters are bfloat16 and
+/// each update is rounded with bits keyed by (seed, step, tensor id, global
+/// element index)).
+struct OptimizerConfig {
+  std::string name = "adamw";
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weightDecay = 0.01;
+  bool stochasticRounding = false;
+  int64_t seed = 0;
+
+  bool operator==(const OptimizerConfig &) const = default;
 };
 
 struct PlanMesh {
@@ -159,6 +205,8 @@ struct Plan {
   std::vector<Buffer> buffers;
   std::vector<std::string> streams;
   std::vector<Instruction> program;
+  /// Required when the program has an optimizer_update.
+  std::optional<OptimizerConfig> optimizer;
   std::optional<Estimates> estimates;
 
   bool operator==(const Plan &) const = default;

@@ -52,6 +52,10 @@ struct BufferTemplate {
   /// Live for the whole step (parameter shards, optimizer state); it may not
   /// be freed.
   bool persistent = false;
+  /// As Buffer::tensor, Buffer::tensorId and Buffer::scale.
+  std::string tensor;
+  std::optional<int64_t> tensorId;
+  std::optional<Fp8Scale> scale;
 };
 
 struct ProgramTemplate {
@@ -62,6 +66,7 @@ struct ProgramTemplate {
   /// The program of every rank; counts are rank independent (padded).
   /// Collectives name a CommTemplate id in `comm`.
   std::vector<Instruction> program;
+  std::optional<OptimizerConfig> optimizer;
   /// Parallel to `program` (or empty: all 0): estimated FLOPs of compute and
   /// optimizer_update instructions, 0 for others; read by the cost model.
   std::vector<double> flops;
@@ -127,6 +132,7 @@ private:
   std::shared_ptr<const Mesh> meshPtr;
   std::optional<View> root;
   std::vector<AxisRefList> commRefs; ///< parsed CommTemplate::axes
+  std::vector<std::string> layoutTexts; ///< formatLayout of each buffer
   std::vector<double> flopsOrZero;
   /// Liveness of non-persistent buffers, ordered by position (births before
   /// deaths at one position).

@@ -1,0 +1,168 @@
+//===- Session.h - One rank executing its plan ----------------------------===//
+//
+// The C++ embedding API. A trainer opens a Session on its rank's plan, fills
+// the parameter shards, registers compute callbacks and calls step():
+//
+//   auto s = Session::open(planPath, sessionOptionsFromEnv().value());
+//   s->initParameters([](TensorView &shard) { ... fill from global coords });
+//   s->onCompute([](ComputeCall &call) { ... forward/backward of call.unit });
+//   for (...) s->step();
+//
+// The session owns the parameter shards, gradients, optimizer state and
+// gathered buffers, all sized from the plan; the trainer owns activations and
+// the model's math. Callbacks receive spans with their global boxes.
+//
+// The plan is the contract: the session runs its instructions in the plan's
+// order with the plan's counts, one worker thread per stream, honouring deps,
+// and issues the collectives of one communicator in program order. It checks
+// at open what it can: version (the reader), rank, world size, and that every
+// collective's count equals what its buffers pack to.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_RUNTIME_SESSION_H
+#define MESHPLAN_RUNTIME_SESSION_H
+
+#include "meshplan/Core/Result.h"
+#include "meshplan/Plan/Plan.h"
+#include "meshplan/Runtime/Backend.h"
+#include "meshplan/Runtime/Store.h"
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace meshplan::plan {
+class PreparedTemplate;
+}
+
+namespace meshplan::runtime {
+
+/// A buffer as a callback sees it: its bytes and its place in the tensor.
+struct TensorView {
+  const plan::Buffer *buffer = nullptr; ///< id, dtype, shapes, box, tensor
+  std::span<std::byte> bytes;
+  /// float8 buffers: the tensorwise scale (value = stored / scale).
+  std::optional<float> scale;
+
+  const std::string &id() const { return buffer->id; }
+  /// The model tensor this buffer holds a version of ("" for none).
+  const std::string &tensor() const { return buffer->tensor; }
+  plan::DType dtype() const { return buffer->dtype; }
+  const std::vector<int64_t> &globalShape() const {
+    return buffer->globalShape;
+  }
+  const std::vector<int64_t> &offset() const { return buffer->offset; }
+  const std::vector<int64_t> &localShape() const { return buffer->localShape; }
+  int64_t numElements() const;
+  template <typename T> std::span<T> as() const {
+    return {reinterpret_cast<T *>(bytes.data()), bytes.size() / sizeof(T)};
+  }
+};
+
+class Session;
+
+/// One `compute` instruction: run forward or backward of `unit`.
+struct ComputeCall {
+  std::string phase; ///< "forward" or "backward"
+  std::string unit;  ///< the FSDP unit, e.g. "layers.3"
+  int64_t microbatch = 0;
+  int64_t step = 1; ///< 1-based, as the optimizer counts
+  /// The parameters the instruction reads (gathered, or local shards), in
+  /// plan order; float8 ones carry their scale.
+  std::vector<TensorView> params;
+  /// backward: the gradients it writes. The callback ADDS its contribution:
+  /// they hold zeros at the first microbatch and the sum of the earlier
+  /// microbatches after (gradient accumulation).
+  std::vector<TensorView> grads;
+  Session *session = nullptr;
+};
+
+using ComputeCallback = std::function<Result<void>(ComputeCall &)>;
+
+struct SessionOptions {
+  int64_t rank = 0;
+  int64_t worldSize = 1;
+  StoreAddress store;
+  /// Every rendezvous, collective and wait gives up after this long.
+  std::chrono::milliseconds timeout{60000};
+  std::string backend = "gloo";
+  /// Namespace of this job's keys in the store.
+  std::string job = "meshplan";
+};
+
+/// Options from the environment that `meshplan run`, torchrun or Slurm set:
+/// RANK, WORLD_SIZE, MESHPLAN_STORE (required), MESHPLAN_TIMEOUT (seconds,
+/// default 60), MESHPLAN_JOB. Errors name the variable.
+Result<SessionOptions> sessionOptionsFromEnv();
+
+class Session {
+public:
+  ~Session();
+  Session(const Session &) = delete;
+  Session &operator=(const Session &) = delete;
+
+  /// Opens a plan: checks it is this rank's plan on a mesh of WORLD_SIZE
+  /// ranks, binds every instruction to its buffers and checks counts, and
+  /// connects to the store. No communicator is created yet.
+  static Result<std::unique_ptr<Session>> open(plan::Plan plan,
+                                               const SessionOptions &options);
+  /// A plan file, or a plan directory (its rank<RANK>.json).
+  static Result<std::unique_ptr<Session>>
+  openPath(const std::string &path, const SessionOptions &options);
+  /// The plan of options.rank, instantiated in-process.
+  static Result<std::unique_ptr<Session>>
+  openTemplate(const plan::PreparedTemplate &tmpl,
+               const SessionOptions &options);
+
+  /// Called for every compute instruction without a more specific callback.
+  void onCompute(ComputeCallback callback);
+  /// Called for compute instructions of this phase and unit.
+  void onCompute(const std::string &phase, const std::string &unit,
+                 ComputeCallback callback);
+
+  /// Fills every parameter shard (param_shard buffers); the callback sees
+  /// each shard with its global box. Optimizer state starts at zero.
+  Result<void> initParameters(const std::function<Result<void>(TensorView &)>
+                                  &init);
+  /// Copies this rank's box out of a whole tensor (row-major, the buffer's
+  /// dtype) into the persistent buffer `id`.
+  Result<void> copyIn(const std::string &id, std::span<const std::byte> whole);
+
+  /// Runs one training step. On failure the error names the instruction and,
+  /// for a collective, the communicator and the collective's number; the
+  /// session is then unusable (peers may be gone).
+  Result<void> step();
+  /// Steps completed so far.
+  int64_t stepsDone() const;
+
+  /// Persistent buffers (parameter shards, optimizer state) by id.
+  Result<TensorView> tensor(const std::string &id);
+  std::vector<TensorView> parameters();
+  std::vector<TensorView> optimizerState();
+
+  /// A communicator of the plan for the trainer's own collectives (the
+  /// `trainer_<axis>` ones). It is a separate group from the one the plan's
+  /// instructions use, so the trainer's collectives never interleave with
+  /// the executor's. Created on first use; every member must ask for it.
+  Result<Communicator *> trainerCommunicator(const std::string &id);
+
+  const plan::Plan &plan() const;
+  int64_t rank() const;
+  /// Communicators created so far (ids), for tests and diagnostics.
+  std::vector<std::string> createdCommunicators() const;
+
+  struct Impl;
+
+private:
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl;
+};
+
+} // namespace meshplan::runtime
+
+#endif // MESHPLAN_RUNTIME_SESSION_H

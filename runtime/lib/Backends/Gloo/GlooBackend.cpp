@@ -1,0 +1,416 @@
+//===- GlooBackend.cpp - Collectives on Gloo (CPU, TCP) -------------------===//
+//
+// One gloo::rendezvous::Context per plan communicator, connected through a
+// PrefixStore "<job>/e<epoch>/<id>/<color>" over the job's FileStore or
+// RedisStore: only the group's members write and read those keys, so the
+// cost of creating a group grows with the group, not with the world.
+//
+// Gloo reports failures by throwing; every call into Gloo is wrapped here and
+// its exception becomes an Error value.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Runtime/Backend.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/redis_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <vector>
+
+namespace meshplan::runtime {
+
+Communicator::~Communicator() = default;
+Backend::~Backend() = default;
+
+namespace {
+
+/// Runs a Gloo call; its exception becomes an Error.
+template <typename F> Result<void> guarded(F &&call) {
+  try {
+    call();
+  } catch (const std::exception &e) {
+    return makeError(e.what());
+  } catch (...) {
+    return makeError("unknown error from Gloo");
+  }
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Reductions
+//===----------------------------------------------------------------------===//
+
+float bf16ToFloat(uint16_t v) {
+  uint32_t bits = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t floatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) // NaN stays a (quiet) NaN
+    return uint16_t((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u); // round to nearest even
+  return uint16_t(bits >> 16);
+}
+
+template <typename T> T combine(T a, T b, ReduceOp op) {
+  switch (op) {
+  case ReduceOp::Sum:
+  case ReduceOp::Avg:
+    return a + b;
+  case ReduceOp::Product:
+    return a * b;
+  case ReduceOp::Max:
+    return a > b ? a : b;
+  case ReduceOp::Min:
+    return a < b ? a : b;
+  }
+  return a;
+}
+
+template <typename T>
+void reduceInto(void *c, const void *a, const void *b, size_t n, ReduceOp op) {
+  T *out = static_cast<T *>(c);
+  const T *x = static_cast<const T *>(a);
+  const T *y = static_cast<const T *>(b);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = combine(x[i], y[i], op);
+}
+
+void reduceBf16(void *c, const void *a, const void *b, size_t n, ReduceOp op) {
+  auto *out = static_cast<uint16_t *>(c);
+  auto *x = static_cast<const uint16_t *>(a);
+  auto *y = static_cast<const uint16_t *>(b);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = floatToBf16(combine(bf16ToFloat(x[i]), bf16ToFloat(y[i]), op));
+}
+
+using ReduceFn = std::function<void(void *, const void *, const void *,
+                                    size_t)>;
+
+Result<ReduceFn> reduceFunction(DType dtype, ReduceOp op) {
+  auto bind = [op](void (*f)(void *, const void *, const void *, size_t,
+                             ReduceOp)) -> ReduceFn {
+    return [f, op](void *c, const void *a, const void *b, size_t n) {
+      f(c, a, b, n, op);
+    };
+  };
+  switch (dtype) {
+  case DType::Float32:
+    return bind(reduceInto<float>);
+  case DType::Float64:
+    return bind(reduceInto<double>);
+  case DType::BFloat16:
+    return bind(reduceBf16);
+  case DType::Int32:
+    return bind(reduceInto<int32_t>);
+  case DType::Int64:
+    return bind(reduceInto<int64_t>);
+  case DType::Int8:
+    return bind(reduceInto<int8_t>);
+  case DType::UInt8:
+    return bind(reduceInto<uint8_t>);
+  default:
+    return makeError("reductions over " + std::string(plan::dtypeName(dtype)) +
+                     " are not supported");
+  }
+}
+
+/// data[i] /= n, for avg.
+void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
+  switch (dtype) {
+  case DType::Float32: {
+    auto *p = static_cast<float *>(data);
+    float d = static_cast<float>(n);
+    for (int64_t i = 0; i < count; ++i)
+      p[i] /= d;
+    return;
+  }
+  case DType::Float64: {
+    auto *p = static_cast<double *>(data);
+    for (int64_t i = 0; i < count; ++i)
+      p[i] /= static_cast<double>(n);
+    return;
+  }
+  case DType::BFloat16: {
+    auto *p = static_cast<uint16_t *>(data);
+    for (int64_t i = 0; i < count; ++i)
+      p[i] = floatToBf16(bf16ToFloat(p[i]) / static_cast<float>(n));
+    return;
+  }
+  case DType::Int32: {
+    auto *p = static_cast<int32_t *>(data);
+    for (int64_t i = 0; i < count; ++i)
+      p[i] = static_cast<int32_t>(p[i] / n);
+    return;
+  }
+  case DType::Int64: {
+    auto *p = static_cast<int64_t *>(data);
+    for (int64_t i = 0; i < count; ++i)
+      p[i] /= n;
+    return;
+  }
+  default:
+    return; // reduceFunction already refused the others
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Communicator
+//===----------------------------------------------------------------------===//
+
+class GlooCommunicator final : public Communicator {
+public:
+  GlooCommunicator(GroupSpec group, std::shared_ptr<gloo::Context> context,
+                   std::chrono::milliseconds timeout)
+      : spec(std::move(group)), context(std::move(context)),
+        timeout(timeout) {}
+
+  const GroupSpec &group() const override { return spec; }
+
+  Result<void> allGather(const void *in, void *out, int64_t count,
+                         DType dtype) override {
+    size_t bytes = size_t(count * plan::dtypeBytes(dtype));
+    if (size() == 1) {
+      if (bytes)
+        std::memmove(out, in, bytes);
+      return {};
+    }
+    if (bytes == 0)
+      return {};
+    return guarded([&] {
+      gloo::AllgatherOptions opts(context);
+      opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
+                    bytes);
+      opts.setOutput(static_cast<uint8_t *>(out), bytes * size_t(size()));
+      opts.setTimeout(timeout);
+      gloo::allgather(opts);
+    });
+  }
+
+  Result<void> reduceScatter(const void *in, void *out, int64_t count,
+                             DType dtype, ReduceOp op) override {
+    // All-to-all, then a local reduction of the blocks in key order: each
+    // rank sends (n-1)/n of its input once, as a ring reduce-scatter does,
+    // and the result does not depend on message timing.
+    auto fn = reduceFunction(dtype, op);
+    if (!fn)
+      return fn.error();
+    int64_t n = size();
+    size_t block = size_t(count * plan::dtypeBytes(dtype));
+    if (n == 1) {
+      if (block)
+        std::memmove(out, in, block);
+    } else if (block) {
+      scratch.resize(block * size_t(n));
+      MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
+      std::memcpy(out, scratch.data(), block);
+      for (int64_t k = 1; k < n; ++k)
+        (*fn)(out, out, scratch.data() + block * size_t(k), size_t(count));
+    }
+    if (op == ReduceOp::Avg)
+      divideBy(out, count, dtype, n);
+    return {};
+  }
+
+  Result<void> allReduce(void *data, int64_t count, DType dtype,
+                         ReduceOp op) override {
+    auto fn = reduceFunction(dtype, op);
+    if (!fn)
+      return fn.error();
+    if (size() > 1 && count > 0) {
+      size_t bytes = size_t(plan::dtypeBytes(dtype));
+      MESHPLAN_TRY(guarded([&] {
+        gloo::AllreduceOptions opts(context);
+        // Elements are opaque bytes to Gloo; the reduce function knows the
+        // type. setOutput<T> only records the element size.
+        switch (bytes) {
+        case 1:
+          opts.setOutput(static_cast<uint8_t *>(data), size_t(count));
+          break;
+        case 2:
+          opts.setOutput(static_cast<uint16_t *>(data), size_t(count));
+          break;
+        case 4:
+          opts.setOutput(static_cast<uint32_t *>(data), size_t(count));
+          break;
+        default:
+          opts.setOutput(static_cast<uint64_t *>(data), size_t(count));
+          break;
+        }
+        opts.setReduceFunction(*fn);
+        opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        opts.setTimeout(timeout);
+        gloo::allreduce(opts);
+      }));
+    }
+    if (op == ReduceOp::Avg)
+      divideBy(data, count, dtype, size());
+    return {};
+  }
+
+  Result<void> broadcast(void *data, int64_t count, DType dtype,
+                         int64_t root) override {
+    size_t bytes = size_t(count * plan::dtypeBytes(dtype));
+    if (size() == 1 || bytes == 0)
+      return {};
+    return guarded([&] {
+      gloo::BroadcastOptions opts(context);
+      opts.setOutput(static_cast<uint8_t *>(data), bytes);
+      opts.setRoot(static_cast<int>(root));
+      opts.setTimeout(timeout);
+      gloo::broadcast(opts);
+    });
+  }
+
+  Result<void> allToAll(const void *in, void *out, int64_t count,
+                        DType dtype) override {
+    size_t total = size_t(count * plan::dtypeBytes(dtype)) * size_t(size());
+    if (size() == 1) {
+      if (total)
+        std::memmove(out, in, total);
+      return {};
+    }
+    if (total == 0)
+      return {};
+    return guarded([&] {
+      gloo::AlltoallOptions opts(context);
+      opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
+                    total);
+      opts.setOutput(static_cast<uint8_t *>(out), total);
+      opts.setTimeout(timeout);
+      gloo::alltoall(opts);
+    });
+  }
+
+private:
+  GroupSpec spec;
+  std::shared_ptr<gloo::Context> context;
+  std::chrono::milliseconds timeout;
+  std::vector<uint8_t> scratch;
+};
+
+/// A group of one rank needs no context: every collective is a copy.
+class SelfCommunicator final : public Communicator {
+public:
+  explicit SelfCommunicator(GroupSpec group) : spec(std::move(group)) {}
+  const GroupSpec &group() const override { return spec; }
+  Result<void> allGather(const void *in, void *out, int64_t count,
+                         DType dtype) override {
+    std::memmove(out, in, size_t(count * plan::dtypeBytes(dtype)));
+    return {};
+  }
+  Result<void> reduceScatter(const void *in, void *out, int64_t count,
+                             DType dtype, ReduceOp) override {
+    std::memmove(out, in, size_t(count * plan::dtypeBytes(dtype)));
+    return {};
+  }
+  Result<void> allReduce(void *, int64_t, DType, ReduceOp) override {
+    return {};
+  }
+  Result<void> broadcast(void *, int64_t, DType, int64_t) override {
+    return {};
+  }
+  Result<void> allToAll(const void *in, void *out, int64_t count,
+                        DType dtype) override {
+    std::memmove(out, in, size_t(count * plan::dtypeBytes(dtype)));
+    return {};
+  }
+
+private:
+  GroupSpec spec;
+};
+
+//===----------------------------------------------------------------------===//
+// Backend
+//===----------------------------------------------------------------------===//
+
+class GlooBackend final : public Backend {
+public:
+  static Result<std::unique_ptr<Backend>> create(const BackendOptions &o) {
+    auto backend = std::unique_ptr<GlooBackend>(new GlooBackend(o));
+    std::string host = o.hostname;
+    if (const char *env = std::getenv("MESHPLAN_HOSTNAME"); env && *env)
+      host = env;
+    if (host.empty()) {
+      if (o.store.kind == StoreAddress::Kind::File) {
+        host = "127.0.0.1";
+      } else {
+        char name[256] = {0};
+        if (gethostname(name, sizeof(name) - 1) != 0)
+          return makeError("cannot read this machine's host name; set "
+                           "MESHPLAN_HOSTNAME");
+        host = name;
+      }
+    }
+    MESHPLAN_TRY(guarded([&] {
+      if (o.store.kind == StoreAddress::Kind::File)
+        backend->store =
+            std::make_unique<gloo::rendezvous::FileStore>(o.store.path);
+      else
+        backend->store = std::make_unique<gloo::rendezvous::RedisStore>(
+            o.store.host, o.store.port);
+      gloo::transport::tcp::attr attr;
+      attr.hostname = host;
+      backend->device = gloo::transport::tcp::CreateDevice(attr);
+    }));
+    return std::unique_ptr<Backend>(std::move(backend));
+  }
+
+  std::string_view name() const override { return "gloo"; }
+
+  Result<std::unique_ptr<Communicator>>
+  createCommunicator(const GroupSpec &group) override {
+    if (group.ranks.size() == 1)
+      return std::unique_ptr<Communicator>(
+          std::make_unique<SelfCommunicator>(group));
+    std::string prefix = options.job + "/e" + std::to_string(group.epoch) +
+                         "/" + group.id + "/" + std::to_string(group.color);
+    std::shared_ptr<gloo::rendezvous::Context> context;
+    Result<void> ok = guarded([&] {
+      gloo::rendezvous::PrefixStore scoped(prefix, *store);
+      context = std::make_shared<gloo::rendezvous::Context>(
+          static_cast<int>(group.key), static_cast<int>(group.ranks.size()));
+      context->setTimeout(options.timeout);
+      context->connectFullMesh(scoped, device);
+    });
+    if (!ok)
+      return makeError("rendezvous of communicator \"" + group.id +
+                       "\" (color " + std::to_string(group.color) + ", " +
+                       std::to_string(group.ranks.size()) +
+                       " members) failed: " + ok.error().message);
+    return std::unique_ptr<Communicator>(
+        std::make_unique<GlooCommunicator>(group, context, options.timeout));
+  }
+
+private:
+  explicit GlooBackend(BackendOptions o) : options(std::move(o)) {}
+  BackendOptions options;
+  std::unique_ptr<gloo::rendezvous::Store> store;
+  std::shared_ptr<gloo::transport::Device> device;
+};
+
+} // namespace
+
+Result<std::unique_ptr<Backend>>
+createGlooBackend(const BackendOptions &options) {
+  return GlooBackend::create(options);
+}
+
+} // namespace meshplan::runtime

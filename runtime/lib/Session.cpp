@@ -1,0 +1,881 @@
+//===- Session.cpp - Binding a plan and executing its steps ---------------===//
+//
+// open() binds the plan once: every buffer's layout is parsed with core, and
+// every collective gets, per (input, output) pair, the boxes its members hold
+// (core's shardOf over the communicator's ranks) and the padded chunk it
+// packs to; the packed total must equal the plan's count. step() then only
+// moves bytes.
+//
+// Execution: one thread per stream runs that stream's instructions in
+// program order. An instruction starts when its deps have completed and, for
+// a collective, when every earlier collective of its communicator (program
+// order) has completed, so all members issue a communicator's collectives in
+// the order the verifier checked. Every wait is bounded by the session's
+// timeout; the first failure stops all streams.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Runtime/Session.h"
+
+#include "BoxCopy.h"
+
+#include "meshplan/Core/Layout.h"
+#include "meshplan/Core/MeshView.h"
+#include "meshplan/Plan/Template.h"
+#include "meshplan/Runtime/Kernels.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+namespace meshplan::runtime {
+
+using plan::BufferKind;
+using plan::DType;
+using plan::Instruction;
+using plan::OpKind;
+namespace k = kernels;
+
+int64_t TensorView::numElements() const { return product(buffer->localShape); }
+
+//===----------------------------------------------------------------------===//
+// Options
+//===----------------------------------------------------------------------===//
+
+static Result<int64_t> envInt(const char *name, bool required,
+                              int64_t fallback) {
+  const char *v = std::getenv(name);
+  if (!v || !*v) {
+    if (required)
+      return makeError(std::string(name) +
+                       " is not set (start the job with `meshplan run`, "
+                       "torchrun or Slurm, which set it)");
+    return fallback;
+  }
+  char *end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  if (*end != '\0' || x < 0)
+    return makeError(std::string(name) + "=\"" + v +
+                     "\" is not a non-negative integer");
+  return static_cast<int64_t>(x);
+}
+
+Result<SessionOptions> sessionOptionsFromEnv() {
+  SessionOptions o;
+  auto rank = envInt("RANK", true, 0);
+  if (!rank)
+    return rank.error();
+  auto world = envInt("WORLD_SIZE", true, 1);
+  if (!world)
+    return world.error();
+  if (*world < 1 || *rank >= *world)
+    return makeError("RANK=" + std::to_string(*rank) + " is not below WORLD_SIZE=" +
+                     std::to_string(*world));
+  o.rank = *rank;
+  o.worldSize = *world;
+  const char *store = std::getenv("MESHPLAN_STORE");
+  if (!store || !*store)
+    return makeError("MESHPLAN_STORE is not set (file:DIR or "
+                     "redis://HOST:PORT; `meshplan run` sets it)");
+  auto address = parseStoreAddress(store);
+  if (!address)
+    return address.error().within("MESHPLAN_STORE");
+  o.store = *address;
+  if (const char *t = std::getenv("MESHPLAN_TIMEOUT"); t && *t) {
+    char *end = nullptr;
+    double s = std::strtod(t, &end);
+    if (*end != '\0' || !(s > 0) || s > 86400)
+      return makeError(std::string("MESHPLAN_TIMEOUT=\"") + t +
+                       "\" is not a number of seconds in (0, 86400]");
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  }
+  if (const char *job = std::getenv("MESHPLAN_JOB"); job && *job)
+    o.job = job;
+  return o;
+}
+
+//===----------------------------------------------------------------------===//
+// Bound plan
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct BufferState {
+  const plan::Buffer *meta = nullptr;
+  Layout layout;
+  int64_t numel = 0;
+  std::vector<std::byte> data;
+  bool live = false;
+  bool persistent = false;
+};
+
+/// One (input, output) pair of a collective, resolved.
+struct Pair {
+  int in = -1, out = -1;
+  /// Padded chunk shape and its offset in the packed block (elements).
+  std::vector<int64_t> padded;
+  int64_t chunk = 0, at = 0;
+  /// The box each member holds of the layout the chunk packs (all-gather:
+  /// the input's; reduce-scatter: the output's; others: this rank's only).
+  std::vector<ShardBox> members;
+};
+
+struct Bound {
+  const Instruction *in = nullptr;
+  int index = 0;
+  std::vector<int> inputs, outputs, deps;
+  int comm = -1;     ///< index into the plan's communicators
+  int sequence = -1; ///< position among its communicator's collectives
+  std::vector<Pair> pairs;
+};
+
+float scaleOf(const std::vector<BufferState> &buffers,
+              const std::unordered_map<std::string, int> &ids,
+              const plan::Buffer &b) {
+  if (!b.scale)
+    return 1.0f;
+  const BufferState &amax = buffers[ids.at(b.scale->amax)];
+  float a = reinterpret_cast<const float *>(amax.data.data())[b.scale->index];
+  return k::fp8ScaleFromAmax(a,
+                             b.dtype == DType::Float8E4M3
+                                 ? k::Fp8Format::E4M3FN
+                                 : k::Fp8Format::E5M2,
+                             b.scale->powerOf2);
+}
+
+} // namespace
+
+struct Session::Impl {
+  plan::Plan plan;
+  SessionOptions options;
+  std::shared_ptr<const Mesh> mesh;
+  std::optional<View> root;
+  std::vector<BufferState> buffers;
+  std::unordered_map<std::string, int> bufferIds;
+  std::vector<Bound> program;
+  std::vector<std::vector<int>> streams; ///< instruction indices per stream
+  std::vector<std::vector<int>> commSequence; ///< collectives per comm
+  std::unique_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Communicator>> comms; ///< lazily, per comm
+  std::map<std::string, std::unique_ptr<Communicator>> trainerComms;
+  std::mutex commMutex;
+  ComputeCallback fallback;
+  std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
+  int64_t steps = 0;
+  bool broken = false;
+  Session *self = nullptr;
+
+  Result<void> bind();
+  Result<void> bindCollective(Bound &b);
+  Result<Communicator *> communicator(int comm);
+  Result<void> execute(Bound &b);
+  Result<void> runCollective(Bound &b);
+  Result<void> runCompute(Bound &b);
+  Result<void> runOptimizer(Bound &b);
+  std::string describe(const Bound &b) const;
+  TensorView view(int buffer);
+  void ensure(int buffer);
+};
+
+std::string Session::Impl::describe(const Bound &b) const {
+  std::string s = "instruction \"" + b.in->id + "\"";
+  if (!b.in->label.empty())
+    s += " (" + b.in->label + ")";
+  return s;
+}
+
+TensorView Session::Impl::view(int buffer) {
+  BufferState &s = buffers[buffer];
+  TensorView v;
+  v.buffer = s.meta;
+  v.bytes = std::span<std::byte>(s.data.data(), s.data.size());
+  if (s.meta->scale)
+    v.scale = scaleOf(buffers, bufferIds, *s.meta);
+  return v;
+}
+
+/// Allocates (zeroed) a buffer about to be written.
+void Session::Impl::ensure(int buffer) {
+  BufferState &s = buffers[buffer];
+  if (!s.live) {
+    s.data.assign(size_t(s.numel * plan::dtypeBytes(s.meta->dtype)),
+                  std::byte{0});
+    s.live = true;
+  }
+}
+
+Result<void> Session::Impl::bind() {
+  const plan::Plan &p = plan;
+  if (p.rank != options.rank)
+    return makeError("the plan is for rank " + std::to_string(p.rank) +
+                     ", but this process is rank " +
+                     std::to_string(options.rank));
+  auto meshOr = Mesh::create(p.mesh.axes, p.mesh.deviceOrder);
+  if (!meshOr)
+    return meshOr.error().within("plan mesh");
+  mesh = std::make_shared<const Mesh>(std::move(*meshOr));
+  if (mesh->size() != options.worldSize)
+    return makeError("the plan's mesh has " + std::to_string(mesh->size()) +
+                     " ranks, but WORLD_SIZE is " +
+                     std::to_string(options.worldSize));
+  root = View::root(mesh);
+  AxisNamespace names(mesh);
+
+  buffers.resize(p.buffers.size());
+  for (size_t i = 0; i < p.buffers.size(); ++i) {
+    const plan::Buffer &b = p.buffers[i];
+    BufferState &s = buffers[i];
+    s.meta = &b;
+    auto layout = parseLayout(*root, names, b.layout);
+    if (!layout)
+      return layout.error().within("buffer \"" + b.id + "\": layout");
+    s.layout = std::move(*layout);
+    s.numel = product(b.localShape);
+    s.persistent = b.kind == BufferKind::ParamShard ||
+                   b.kind == BufferKind::OptimizerState;
+    bufferIds[b.id] = static_cast<int>(i);
+    if (s.persistent)
+      ensure(static_cast<int>(i));
+  }
+
+  std::unordered_map<std::string, int> ids, streamIds, commIds;
+  for (size_t i = 0; i < p.streams.size(); ++i)
+    streamIds[p.streams[i]] = static_cast<int>(i);
+  for (size_t i = 0; i < p.communicators.size(); ++i)
+    commIds[p.communicators[i].id] = static_cast<int>(i);
+  for (size_t i = 0; i < p.program.size(); ++i)
+    ids[p.program[i].id] = static_cast<int>(i);
+  streams.assign(p.streams.size(), {});
+  commSequence.assign(p.communicators.size(), {});
+  comms.resize(p.communicators.size());
+  program.resize(p.program.size());
+  for (size_t i = 0; i < p.program.size(); ++i) {
+    Bound &b = program[i];
+    b.in = &p.program[i];
+    b.index = static_cast<int>(i);
+    for (const std::string &x : b.in->inputs)
+      b.inputs.push_back(bufferIds.at(x));
+    for (const std::string &x : b.in->outputs)
+      b.outputs.push_back(bufferIds.at(x));
+    for (const std::string &x : b.in->deps)
+      b.deps.push_back(ids.at(x));
+    streams[streamIds.at(b.in->stream)].push_back(b.index);
+    if (b.in->op == OpKind::Free)
+      for (int x : b.inputs)
+        if (buffers[x].persistent)
+          return makeError(describe(b) + " frees \"" + buffers[x].meta->id +
+                           "\", which lives for the whole run");
+    if (plan::isCollective(b.in->op)) {
+      b.comm = commIds.at(b.in->comm);
+      b.sequence = static_cast<int>(commSequence[b.comm].size());
+      commSequence[b.comm].push_back(b.index);
+      if (auto ok = bindCollective(b); !ok)
+        return ok.error().within(describe(b));
+    }
+  }
+  return {};
+}
+
+Result<void> Session::Impl::bindCollective(Bound &b) {
+  const Instruction &in = *b.in;
+  const plan::Communicator &c = plan.communicators[b.comm];
+  DType wire = *in.dtype;
+  if (in.op == OpKind::Permute)
+    return makeError("permute is not supported by this runtime yet");
+  int64_t at = 0;
+  for (size_t i = 0; i < b.inputs.size(); ++i) {
+    Pair pair;
+    pair.in = b.inputs[i];
+    pair.out = b.outputs[i];
+    const BufferState &src = buffers[pair.in], &dst = buffers[pair.out];
+    if (src.meta->globalShape != dst.meta->globalShape)
+      return makeError("\"" + src.meta->id + "\" and \"" + dst.meta->id +
+                       "\" are not the same tensor (global shapes differ)");
+    if (!canConvert(src.meta->dtype, wire) || !canConvert(wire, dst.meta->dtype))
+      return makeError("cannot move " +
+                       std::string(plan::dtypeName(src.meta->dtype)) +
+                       " through " + std::string(plan::dtypeName(wire)) +
+                       " into " + std::string(plan::dtypeName(dst.meta->dtype)));
+    const BufferState &packed =
+        in.op == OpKind::ReduceScatter ? dst : src; // whose boxes are chunks
+    pair.padded = paddedShapeOf(packed.layout, packed.meta->globalShape);
+    pair.chunk = product(pair.padded);
+    pair.at = at;
+    at += pair.chunk;
+    bool allMembers =
+        in.op == OpKind::AllGather || in.op == OpKind::ReduceScatter;
+    for (int64_t r : c.ranks) {
+      if (!allMembers && r != plan.rank)
+        continue;
+      auto box = shardOf(*root, packed.layout, packed.meta->globalShape, r);
+      if (!box)
+        return box.error();
+      // The chunk of each member must fit the buffer it comes from or goes
+      // to: an all-gather's output and a reduce-scatter's input hold every
+      // member's box.
+      const plan::Buffer &whole =
+          in.op == OpKind::AllGather ? *dst.meta : *src.meta;
+      if (allMembers &&
+          !boxContains(whole.offset, whole.localShape, box->offset,
+                       box->localShape))
+        return makeError("rank " + std::to_string(r) + "'s box of \"" +
+                         packed.meta->id + "\" lies outside \"" + whole.id +
+                         "\"");
+      pair.members.push_back(std::move(*box));
+    }
+    b.pairs.push_back(std::move(pair));
+  }
+  int64_t expected = in.op == OpKind::AllToAll
+                         ? at / static_cast<int64_t>(c.ranks.size())
+                         : at;
+  if (expected != in.count)
+    return makeError("count " + std::to_string(in.count) +
+                     ", but its buffers pack to " + std::to_string(expected) +
+                     " elements");
+  if (in.op == OpKind::AllToAll)
+    return makeError("all_to_all is not supported by this runtime yet");
+  return {};
+}
+
+Result<Communicator *> Session::Impl::communicator(int index) {
+  std::lock_guard<std::mutex> lock(commMutex);
+  if (!comms[index]) {
+    const plan::Communicator &c = plan.communicators[index];
+    GroupSpec g{c.id, c.color, c.ranks, c.key, 0};
+    auto comm = backend->createCommunicator(g);
+    if (!comm)
+      return comm.error();
+    comms[index] = std::move(*comm);
+  }
+  return comms[index].get();
+}
+
+Result<void> Session::Impl::runCollective(Bound &b) {
+  const Instruction &in = *b.in;
+  auto comm = communicator(b.comm);
+  if (!comm)
+    return comm.error();
+  Communicator &c = **comm;
+  DType wire = *in.dtype;
+  int64_t esize = plan::dtypeBytes(wire);
+  int64_t n = c.size();
+  int64_t count = in.count;
+  auto box = [&](int buffer) {
+    BufferState &s = buffers[buffer];
+    return BoxRef{s.data.data(), s.meta->dtype, &s.meta->localShape,
+                  &s.meta->offset};
+  };
+  auto chunkRef = [&](std::vector<std::byte> &stage, int64_t elementAt,
+                      const Pair &p, const ShardBox &member) {
+    return BoxRef{stage.data() + elementAt * esize, wire, &p.padded,
+                  &member.offset};
+  };
+  for (int x : b.inputs)
+    if (!buffers[x].live)
+      return makeError("reads \"" + buffers[x].meta->id +
+                       "\" before anything wrote it");
+  for (int x : b.outputs)
+    ensure(x);
+
+  switch (in.op) {
+  case OpKind::AllGather: {
+    std::vector<std::byte> send(size_t(count * esize), std::byte{0});
+    std::vector<std::byte> recv(size_t(count * n * esize));
+    for (const Pair &p : b.pairs) {
+      const ShardBox &mine = p.members[size_t(c.key())];
+      // Copy-in: the shard converted to the wire type (fp32 -> bf16, or
+      // -> float8 with the gathered buffer's scale).
+      float scale = scaleOf(buffers, bufferIds, *buffers[p.out].meta);
+      copyBox(box(p.in), chunkRef(send, p.at, p, mine), mine.offset,
+              mine.localShape, scale);
+    }
+    MESHPLAN_TRY(c.allGather(send.data(), recv.data(), count, wire));
+    for (const Pair &p : b.pairs)
+      for (int64_t m = 0; m < n; ++m) {
+        const ShardBox &theirs = p.members[size_t(m)];
+        copyBox(chunkRef(recv, m * count + p.at, p, theirs), box(p.out),
+                theirs.offset, theirs.localShape);
+      }
+    return {};
+  }
+  case OpKind::ReduceScatter: {
+    std::vector<std::byte> send(size_t(count * n * esize), std::byte{0});
+    std::vector<std::byte> recv(size_t(count * esize));
+    for (const Pair &p : b.pairs)
+      for (int64_t m = 0; m < n; ++m) {
+        const ShardBox &theirs = p.members[size_t(m)];
+        copyBox(box(p.in), chunkRef(send, m * count + p.at, p, theirs),
+                theirs.offset, theirs.localShape);
+      }
+    MESHPLAN_TRY(c.reduceScatter(send.data(), recv.data(), count, wire,
+                                 *in.reduce));
+    for (const Pair &p : b.pairs) {
+      const ShardBox &mine = p.members[size_t(c.key())];
+      copyBox(chunkRef(recv, p.at, p, mine), box(p.out), mine.offset,
+              mine.localShape);
+    }
+    return {};
+  }
+  case OpKind::AllReduce:
+  case OpKind::Broadcast: {
+    std::vector<std::byte> data(size_t(count * esize), std::byte{0});
+    for (const Pair &p : b.pairs) {
+      const ShardBox &mine = p.members[0];
+      copyBox(box(p.in), chunkRef(data, p.at, p, mine), mine.offset,
+              mine.localShape);
+    }
+    if (in.op == OpKind::AllReduce)
+      MESHPLAN_TRY(c.allReduce(data.data(), count, wire, *in.reduce));
+    else
+      MESHPLAN_TRY(c.broadcast(data.data(), count, wire, in.root));
+    for (const Pair &p : b.pairs) {
+      const ShardBox &mine = p.members[0];
+      copyBox(chunkRef(data, p.at, p, mine), box(p.out), mine.offset,
+              mine.localShape);
+    }
+    return {};
+  }
+  default:
+    return makeError("unsupported collective");
+  }
+}
+
+Result<void> Session::Impl::runCompute(Bound &b) {
+  const Instruction &in = *b.in;
+  ComputeCall call;
+  call.phase = in.phase;
+  call.unit = in.unit;
+  call.microbatch = in.microbatch;
+  call.step = steps + 1;
+  call.session = self;
+  // Inputs: parameters, then (accumulating microbatches) the gradients so
+  // far; amax buffers only feed the scales.
+  std::map<std::string, int> accumulated;
+  for (int x : b.inputs) {
+    BufferState &s = buffers[x];
+    if (!s.live)
+      return makeError("reads \"" + s.meta->id + "\" before anything wrote it");
+    if (s.meta->kind == BufferKind::Gradient) {
+      accumulated[s.meta->tensor] = x;
+      continue;
+    }
+    if (s.meta->tensor.empty())
+      continue; // an amax: its values reach the callback as scales
+    call.params.push_back(view(x));
+  }
+  for (int x : b.outputs) {
+    BufferState &s = buffers[x];
+    auto from = accumulated.find(s.meta->tensor);
+    if (from != accumulated.end() && from->second != x) {
+      const BufferState &prev = buffers[from->second];
+      if (prev.data.size() !=
+          size_t(s.numel * plan::dtypeBytes(s.meta->dtype)))
+        return makeError("accumulates \"" + prev.meta->id + "\" into \"" +
+                         s.meta->id + "\", which has another size");
+      s.data = prev.data;
+      s.live = true;
+    } else if (from == accumulated.end()) {
+      s.live = false; // a fresh gradient starts at zero
+      ensure(x);
+    }
+    call.grads.push_back(view(x));
+  }
+  auto it = callbacks.find({in.phase, in.unit});
+  const ComputeCallback *fn =
+      it != callbacks.end() ? &it->second : (fallback ? &fallback : nullptr);
+  if (!fn)
+    return makeError("no compute callback for " + in.phase + " " + in.unit +
+                     " (register one with onCompute)");
+  Result<void> ok = (*fn)(call);
+  if (!ok)
+    return ok.error().within("the " + in.phase + " callback of " + in.unit);
+  return {};
+}
+
+Result<void> Session::Impl::runOptimizer(Bound &b) {
+  const plan::OptimizerConfig &o = *plan.optimizer;
+  k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+  int64_t step = steps + 1;
+  for (size_t g = 0; g + 3 < b.inputs.size(); g += 4) {
+    BufferState &param = buffers[b.inputs[g]];
+    BufferState &grad = buffers[b.inputs[g + 1]];
+    BufferState &m = buffers[b.inputs[g + 2]];
+    BufferState &v = buffers[b.inputs[g + 3]];
+    if (!grad.live)
+      return makeError("reads \"" + grad.meta->id +
+                       "\" before anything wrote it");
+    size_t n = size_t(param.numel);
+    std::span<const float> gs(reinterpret_cast<const float *>(grad.data.data()),
+                              n);
+    std::span<float> ms(reinterpret_cast<float *>(m.data.data()), n);
+    std::span<float> vs(reinterpret_cast<float *>(v.data.data()), n);
+    if (o.stochasticRounding) {
+      auto runs = k::boxIndexRuns(param.meta->globalShape, param.meta->offset,
+                                  param.meta->localShape);
+      if (!runs)
+        return makeError("\"" + param.meta->id + "\": bad box");
+      k::adamwBf16StochasticRounding(
+          {reinterpret_cast<uint16_t *>(param.data.data()), n}, gs, ms, vs, hp,
+          step, static_cast<uint64_t>(o.seed),
+          static_cast<uint64_t>(*param.meta->tensorId), *runs);
+    } else {
+      k::adamwFp32({reinterpret_cast<float *>(param.data.data()), n}, gs, ms,
+                   vs, hp, step);
+    }
+  }
+  return {};
+}
+
+Result<void> Session::Impl::execute(Bound &b) {
+  const Instruction &in = *b.in;
+  switch (in.op) {
+  case OpKind::AllGather:
+  case OpKind::ReduceScatter:
+  case OpKind::AllReduce:
+  case OpKind::Broadcast:
+  case OpKind::AllToAll:
+  case OpKind::Permute:
+    return runCollective(b);
+  case OpKind::Compute:
+    return runCompute(b);
+  case OpKind::OptimizerUpdate:
+    return runOptimizer(b);
+  case OpKind::Free:
+    for (int x : b.inputs) {
+      buffers[x].data = {};
+      buffers[x].live = false;
+    }
+    return {};
+  case OpKind::Wait:
+    return {};
+  default:
+    break;
+  }
+  // Local elementwise ops.
+  for (int x : b.inputs)
+    if (!buffers[x].live)
+      return makeError("reads \"" + buffers[x].meta->id +
+                       "\" before anything wrote it");
+  switch (in.op) {
+  case OpKind::Cast:
+    for (size_t i = 0; i < b.inputs.size(); ++i) {
+      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
+      if (src.numel != dst.numel || !canConvert(src.meta->dtype, dst.meta->dtype))
+        return makeError("cannot cast \"" + src.meta->id + "\" into \"" +
+                         dst.meta->id + "\"");
+      ensure(b.outputs[i]);
+      convertElements(src.data.data(), src.meta->dtype, dst.data.data(),
+                      dst.meta->dtype, src.numel, 1.0f);
+    }
+    return {};
+  case OpKind::Sum:
+    for (size_t i = 0; i < b.inputs.size(); ++i) {
+      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
+      if (src.meta->dtype != DType::Float32 ||
+          dst.meta->dtype != DType::Float32 || dst.numel == 0 ||
+          src.numel % dst.numel != 0)
+        return makeError("cannot sum the rows of \"" + src.meta->id +
+                         "\" into \"" + dst.meta->id + "\"");
+      ensure(b.outputs[i]);
+      auto *s = reinterpret_cast<const float *>(src.data.data());
+      auto *d = reinterpret_cast<float *>(dst.data.data());
+      std::fill(d, d + dst.numel, 0.0f);
+      for (int64_t r = 0; r < src.numel / dst.numel; ++r)
+        for (int64_t j = 0; j < dst.numel; ++j)
+          d[j] += s[r * dst.numel + j];
+    }
+    return {};
+  case OpKind::Fp8Amax: {
+    if (b.outputs.size() != 1)
+      return makeError("fp8_amax needs one output");
+    BufferState &out = buffers[b.outputs[0]];
+    if (out.meta->dtype != DType::Float32 ||
+        out.numel != static_cast<int64_t>(b.inputs.size()))
+      return makeError("fp8_amax's output must hold one float32 per input");
+    ensure(b.outputs[0]);
+    auto *a = reinterpret_cast<float *>(out.data.data());
+    for (size_t i = 0; i < b.inputs.size(); ++i) {
+      BufferState &s = buffers[b.inputs[i]];
+      size_t n = size_t(s.numel);
+      if (s.meta->dtype == DType::Float32)
+        a[i] = k::amax({reinterpret_cast<const float *>(s.data.data()), n});
+      else if (s.meta->dtype == DType::BFloat16)
+        a[i] = k::amax({reinterpret_cast<const uint16_t *>(s.data.data()), n});
+      else
+        return makeError("fp8_amax of a " +
+                         std::string(plan::dtypeName(s.meta->dtype)) +
+                         " buffer");
+    }
+    return {};
+  }
+  case OpKind::Fp8Cast:
+    for (size_t i = 0; i < b.outputs.size(); ++i) {
+      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
+      if (!canConvert(src.meta->dtype, dst.meta->dtype))
+        return makeError("cannot cast \"" + src.meta->id + "\" to float8");
+      ensure(b.outputs[i]);
+      convertElements(src.data.data(), src.meta->dtype, dst.data.data(),
+                      dst.meta->dtype, src.numel,
+                      scaleOf(buffers, bufferIds, *dst.meta));
+    }
+    return {};
+  default:
+    return makeError("unsupported op " + std::string(plan::opKindName(in.op)));
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Session
+//===----------------------------------------------------------------------===//
+
+Session::Session(std::unique_ptr<Impl> i) : impl(std::move(i)) {
+  impl->self = this;
+}
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
+                                               const SessionOptions &options) {
+  auto impl = std::make_unique<Impl>();
+  impl->plan = std::move(p);
+  impl->options = options;
+  MESHPLAN_TRY(impl->bind());
+  if (options.backend != "gloo")
+    return makeError("backend \"" + options.backend +
+                     "\": this build has the gloo backend only");
+  BackendOptions bo;
+  bo.store = options.store;
+  bo.rank = options.rank;
+  bo.worldSize = options.worldSize;
+  bo.timeout = options.timeout;
+  bo.job = options.job;
+  auto backend = createGlooBackend(bo);
+  if (!backend)
+    return backend.error().within("store " + options.store.text());
+  impl->backend = std::move(*backend);
+  return std::unique_ptr<Session>(new Session(std::move(impl)));
+}
+
+Result<std::unique_ptr<Session>>
+Session::openPath(const std::string &path, const SessionOptions &options) {
+  std::string file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    file = (std::filesystem::path(path) /
+            ("rank" + std::to_string(options.rank) + ".json"))
+               .string();
+  auto p = plan::readPlanFile(file);
+  if (!p)
+    return p.error();
+  auto s = open(std::move(*p), options);
+  if (!s)
+    return s.error().within(file);
+  return s;
+}
+
+Result<std::unique_ptr<Session>>
+Session::openTemplate(const plan::PreparedTemplate &tmpl,
+                      const SessionOptions &options) {
+  if (options.rank < 0 || options.rank >= tmpl.mesh().size())
+    return makeError("rank " + std::to_string(options.rank) +
+                     " is not in the template's mesh of " +
+                     std::to_string(tmpl.mesh().size()) + " ranks");
+  auto p = tmpl.instantiate(options.rank, /*withEstimates=*/false);
+  if (!p)
+    return p.error();
+  return open(std::move(*p), options);
+}
+
+void Session::onCompute(ComputeCallback callback) {
+  impl->fallback = std::move(callback);
+}
+void Session::onCompute(const std::string &phase, const std::string &unit,
+                        ComputeCallback callback) {
+  impl->callbacks[{phase, unit}] = std::move(callback);
+}
+
+Result<void>
+Session::initParameters(const std::function<Result<void>(TensorView &)> &init) {
+  for (size_t i = 0; i < impl->buffers.size(); ++i) {
+    BufferState &s = impl->buffers[i];
+    if (s.meta->kind == BufferKind::OptimizerState) {
+      std::fill(s.data.begin(), s.data.end(), std::byte{0});
+      continue;
+    }
+    if (s.meta->kind != BufferKind::ParamShard)
+      continue;
+    TensorView v = impl->view(static_cast<int>(i));
+    MESHPLAN_TRY(init(v));
+  }
+  return {};
+}
+
+Result<void> Session::copyIn(const std::string &id,
+                             std::span<const std::byte> whole) {
+  auto it = impl->bufferIds.find(id);
+  if (it == impl->bufferIds.end() || !impl->buffers[it->second].persistent)
+    return makeError("no persistent buffer \"" + id + "\" in the plan");
+  BufferState &s = impl->buffers[it->second];
+  int64_t bytes = product(s.meta->globalShape) * plan::dtypeBytes(s.meta->dtype);
+  if (static_cast<int64_t>(whole.size()) != bytes)
+    return makeError("\"" + id + "\": " + std::to_string(whole.size()) +
+                     " bytes given, the whole tensor has " +
+                     std::to_string(bytes));
+  std::vector<int64_t> zero(s.meta->globalShape.size(), 0);
+  BoxRef src{const_cast<std::byte *>(whole.data()), s.meta->dtype,
+             &s.meta->globalShape, &zero};
+  BoxRef dst{s.data.data(), s.meta->dtype, &s.meta->localShape,
+             &s.meta->offset};
+  copyBox(src, dst, s.meta->offset, s.meta->localShape);
+  return {};
+}
+
+Result<void> Session::step() {
+  Impl &m = *impl;
+  if (m.broken)
+    return makeError("an earlier step failed; this session cannot run more");
+  size_t n = m.program.size();
+  std::vector<char> done(n, 0);
+  std::vector<int> turn(m.commSequence.size(), 0);
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::optional<Error> failure;
+  auto deadline = [&] {
+    return std::chrono::steady_clock::now() + m.options.timeout;
+  };
+
+  auto worker = [&](const std::vector<int> &order) {
+    for (int index : order) {
+      Bound &b = m.program[size_t(index)];
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        auto ready = [&] {
+          if (failure)
+            return true;
+          for (int d : b.deps)
+            if (!done[size_t(d)])
+              return false;
+          return b.comm < 0 || m.commSequence[size_t(b.comm)][size_t(
+                                   turn[size_t(b.comm)])] == index;
+        };
+        if (!changed.wait_until(lock, deadline(), ready)) {
+          std::string waiting;
+          for (int d : b.deps)
+            if (!done[size_t(d)])
+              waiting += (waiting.empty() ? "" : ", ") +
+                         ("\"" + m.program[size_t(d)].in->id + "\"");
+          failure = makeError(
+              m.describe(b) + " waited " +
+              std::to_string(m.options.timeout.count() / 1000.0) +
+              " s for " +
+              (waiting.empty() ? "its turn on communicator \"" + b.in->comm + "\""
+                               : "its deps " + waiting));
+          changed.notify_all();
+          return;
+        }
+        if (failure)
+          return;
+      }
+      Result<void> ok = m.execute(b);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!ok) {
+        if (!failure) {
+          std::string where = m.describe(b);
+          if (b.comm >= 0) {
+            const plan::Communicator &c = m.plan.communicators[size_t(b.comm)];
+            std::string ranks;
+            for (int64_t r : c.ranks)
+              ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+            where = "collective #" + std::to_string(b.sequence + 1) +
+                    " of step " + std::to_string(m.steps + 1) +
+                    " on communicator \"" + c.id + "\" (ranks [" + ranks +
+                    "]), " + where;
+          }
+          failure = ok.error().within("rank " + std::to_string(m.plan.rank) +
+                                      ": " + where);
+        }
+        changed.notify_all();
+        return;
+      }
+      done[size_t(index)] = 1;
+      if (b.comm >= 0)
+        ++turn[size_t(b.comm)];
+      changed.notify_all();
+    }
+  };
+
+  std::vector<std::thread> threads;
+  for (size_t s = 1; s < m.streams.size(); ++s)
+    threads.emplace_back(worker, std::cref(m.streams[s]));
+  if (!m.streams.empty())
+    worker(m.streams[0]);
+  for (std::thread &t : threads)
+    t.join();
+  if (failure) {
+    m.broken = true;
+    return *failure;
+  }
+  ++m.steps;
+  return {};
+}
+
+int64_t Session::stepsDone() const { return impl->steps; }
+
+Result<TensorView> Session::tensor(const std::string &id) {
+  auto it = impl->bufferIds.find(id);
+  if (it == impl->bufferIds.end() || !impl->buffers[it->second].persistent)
+    return makeError("no persistent buffer \"" + id + "\" in the plan");
+  return impl->view(it->second);
+}
+
+std::vector<TensorView> Session::parameters() {
+  std::vector<TensorView> out;
+  for (size_t i = 0; i < impl->buffers.size(); ++i)
+    if (impl->buffers[i].meta->kind == BufferKind::ParamShard)
+      out.push_back(impl->view(static_cast<int>(i)));
+  return out;
+}
+
+std::vector<TensorView> Session::optimizerState() {
+  std::vector<TensorView> out;
+  for (size_t i = 0; i < impl->buffers.size(); ++i)
+    if (impl->buffers[i].meta->kind == BufferKind::OptimizerState)
+      out.push_back(impl->view(static_cast<int>(i)));
+  return out;
+}
+
+Result<Communicator *> Session::trainerCommunicator(const std::string &id) {
+  std::lock_guard<std::mutex> lock(impl->commMutex);
+  auto it = impl->trainerComms.find(id);
+  if (it != impl->trainerComms.end())
+    return it->second.get();
+  const plan::Communicator *c = impl->plan.findCommunicator(id);
+  if (!c)
+    return makeError("the plan has no communicator \"" + id + "\"");
+  GroupSpec g{"trainer/" + c->id, c->color, c->ranks, c->key, 0};
+  auto comm = impl->backend->createCommunicator(g);
+  if (!comm)
+    return comm.error();
+  Communicator *raw = comm->get();
+  impl->trainerComms[id] = std::move(*comm);
+  return raw;
+}
+
+const plan::Plan &Session::plan() const { return impl->plan; }
+int64_t Session::rank() const { return impl->plan.rank; }
+
+std::vector<std::string> Session::createdCommunicators() const {
+  std::lock_guard<std::mutex> lock(impl->commMutex);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < impl->comms.size(); ++i)
+    if (impl->comms[i])
+      out.push_back(impl->plan.communicators[i].id);
+  return out;
+}
+
+} // namespace meshplan::runtime

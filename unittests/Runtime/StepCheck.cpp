@@ -1,0 +1,441 @@
+//===- StepCheck.cpp - One rank of a multi-process plan execution test ----===//
+//
+// Started once per rank (by `meshplan run`), this program executes its rank's
+// plan for a few steps on real Gloo with deterministic synthetic compute and
+// checks, after every step, every parameter shard and optimizer state against
+// a single-process reference computed on whole tensors in the same process:
+//
+//   init      W[g] = bf16-representable dyadic value of (tensor id, g)
+//   forward   checks the parameters it reads, bit for bit, against the
+//             reference's whole tensor cast the way the plan casts it (bf16,
+//             or float8 with the scale of the whole tensor's amax)
+//   backward  adds q(w_seen) + h(g, step, d, microbatch, row) to each
+//             gradient element: small dyadic numbers, so every sum is exact
+//             and the check can be bit-exact; d is the rank's data-parallel
+//             index (replicate axes, then shard axes), row the TP row of a
+//             stacked sequence-parallel gradient
+//   reference G = mean over replicas of the mean over shards of the sum over
+//             microbatches and rows (the plan's avg-then-avg, docs/semantics.md)
+//             then AdamW (fp32, or bf16 with stochastic rounding) per tensor
+//
+// Usage: runtime-step-check --plans DIR [--replicate a,b] [--shard c]
+//                           [--steps N] [--tp AXIS]
+// fp32 must agree within 1e-6 relative; bf16 parameters and every gathered
+// parameter bit for bit. Exits 0 and prints one line on success.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Core/Mesh.h"
+#include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Runtime/Session.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace meshplan;
+using namespace meshplan::runtime;
+namespace k = meshplan::runtime::kernels;
+using plan::DType;
+
+namespace {
+
+struct Args {
+  std::string plans;
+  std::vector<std::string> replicate, shard;
+  int steps = 3;
+};
+
+std::vector<std::string> splitList(const std::string &s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size() && !s.empty()) {
+    size_t c = s.find(',', start);
+    out.push_back(s.substr(start, c == std::string::npos ? c : c - start));
+    if (c == std::string::npos)
+      break;
+    start = c + 1;
+  }
+  return out;
+}
+
+[[noreturn]] void fail(const std::string &message) {
+  std::fprintf(stderr, "runtime-step-check: %s\n", message.c_str());
+  std::exit(1);
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+/// Initial value: a multiple of 2^-12 in [-0.06, 0.06] with at most 8
+/// significant bits, so it is exact in bf16 and the same in every dtype.
+float initValue(int64_t tensorId, int64_t g) {
+  int64_t k8 = int64_t(mix(uint64_t(tensorId) * 1000003u + uint64_t(g)) % 255) -
+               127;
+  return std::ldexp(static_cast<float>(k8), -11);
+}
+
+float contribution(float wSeen, int64_t g, int64_t step, int64_t d, int64_t mb,
+                   int64_t row) {
+  float q = std::nearbyint(wSeen * 256.0f) / 4096.0f;
+  int64_t h = (g * 7 + step * 3 + d * 5 + mb * 11 + row * 13) % 17 - 8;
+  return q + static_cast<float>(h) / 4096.0f;
+}
+
+float readAs(const std::byte *p, DType dtype, int64_t i, float scale) {
+  switch (dtype) {
+  case DType::Float32:
+    return reinterpret_cast<const float *>(p)[i];
+  case DType::BFloat16:
+    return k::bf16ToFloat(reinterpret_cast<const uint16_t *>(p)[i]);
+  case DType::Float8E4M3:
+    return k::fp8ToFloat(reinterpret_cast<const uint8_t *>(p)[i],
+                         k::Fp8Format::E4M3FN) /
+           scale;
+  case DType::Float8E5M2:
+    return k::fp8ToFloat(reinterpret_cast<const uint8_t *>(p)[i],
+                         k::Fp8Format::E5M2) /
+           scale;
+  default:
+    fail("unexpected dtype");
+  }
+}
+
+/// The reference model: whole tensors.
+struct RefTensor {
+  std::string name;
+  int64_t id = 0;
+  DType dtype = DType::Float32;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  std::vector<float> w, m, v; ///< w holds bf16 values when dtype is bf16
+  std::vector<float> before;  ///< w at the start of the current step
+  std::vector<float> grad;    ///< this step's reduced gradient
+  int64_t stackRows = 1;      ///< sequence-parallel rows (1: not stacked)
+};
+
+int64_t numel(const std::vector<int64_t> &s) {
+  int64_t n = 1;
+  for (int64_t d : s)
+    n *= d;
+  return n;
+}
+
+/// Calls f(local index, global index) over a box.
+template <typename F>
+void forBox(const std::vector<int64_t> &global, const std::vector<int64_t> &off,
+            const std::vector<int64_t> &local, F f) {
+  auto runs = k::boxIndexRuns(global, off, local);
+  if (!runs)
+    fail("bad box");
+  for (const k::IndexRun &r : *runs)
+    for (int64_t i = 0; i < r.length; ++i)
+      f(r.local + i, r.global + i);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc)
+        fail(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--plans")
+      args.plans = next();
+    else if (a == "--replicate")
+      args.replicate = splitList(next());
+    else if (a == "--shard")
+      args.shard = splitList(next());
+    else if (a == "--steps")
+      args.steps = std::stoi(next());
+    else
+      fail("unknown flag " + a);
+  }
+  auto options = sessionOptionsFromEnv();
+  if (!options)
+    fail(options.error().message);
+  options->timeout = std::chrono::milliseconds(30000);
+  auto session = Session::openPath(args.plans, *options);
+  if (!session)
+    fail(session.error().message);
+  Session &s = **session;
+  const plan::Plan &p = s.plan();
+
+  // The rank's data-parallel index and the group sizes.
+  auto mesh = Mesh::create(p.mesh.axes, p.mesh.deviceOrder);
+  if (!mesh)
+    fail(mesh.error().message);
+  auto coordsOr = mesh->coordinate(p.rank);
+  if (!coordsOr)
+    fail(coordsOr.error().message);
+  std::vector<int64_t> coords = *coordsOr;
+  int64_t d = 0, replicas = 1, shards = 1;
+  auto axisIndex = [&](const std::string &name) {
+    auto i = mesh->findAxis(name);
+    if (!i)
+      fail("no axis " + name);
+    return *i;
+  };
+  for (const std::string &a : args.replicate) {
+    int64_t i = axisIndex(a);
+    d = d * mesh->axis(i).size + coords[size_t(i)];
+    replicas *= mesh->axis(i).size;
+  }
+  for (const std::string &a : args.shard) {
+    int64_t i = axisIndex(a);
+    d = d * mesh->axis(i).size + coords[size_t(i)];
+    shards *= mesh->axis(i).size;
+  }
+
+  // Reference tensors from the plan's parameter buffers.
+  std::map<std::string, RefTensor> ref;
+  int64_t microbatches = 1;
+  for (const plan::Buffer &b : p.buffers) {
+    if (b.kind != plan::BufferKind::ParamShard)
+      continue;
+    RefTensor t;
+    t.name = b.tensor;
+    t.id = *b.tensorId;
+    t.dtype = b.dtype;
+    t.shape = b.globalShape;
+    t.numel = numel(b.globalShape);
+    t.w.resize(size_t(t.numel));
+    for (int64_t g = 0; g < t.numel; ++g)
+      t.w[size_t(g)] = initValue(t.id, g);
+    t.m.assign(size_t(t.numel), 0.0f);
+    t.v.assign(size_t(t.numel), 0.0f);
+    ref[t.name] = std::move(t);
+  }
+  for (const plan::Buffer &b : p.buffers)
+    if (b.kind == plan::BufferKind::Gradient && ref.count(b.tensor) &&
+        b.globalShape.size() == ref[b.tensor].shape.size() + 1)
+      ref[b.tensor].stackRows = b.globalShape[0];
+  for (const plan::Instruction &in : p.program)
+    if (in.op == plan::OpKind::Compute)
+      microbatches = std::max(microbatches, in.microbatch + 1);
+
+  auto init = s.initParameters([&](TensorView &v) -> Result<void> {
+    RefTensor &t = ref.at(v.tensor());
+    forBox(v.globalShape(), v.offset(), v.localShape(),
+           [&](int64_t l, int64_t g) {
+             float x = t.w[size_t(g)];
+             if (v.dtype() == DType::BFloat16)
+               v.as<uint16_t>()[size_t(l)] = k::floatToBf16(x);
+             else
+               v.as<float>()[size_t(l)] = x;
+           });
+    return {};
+  });
+  if (!init)
+    fail(init.error().message);
+
+  int64_t checkedParams = 0;
+  s.onCompute([&](ComputeCall &call) -> Result<void> {
+    // What the callback reads must be the reference's whole tensor, cast as
+    // the plan casts it, bit for bit.
+    std::map<std::string, const TensorView *> seen;
+    for (const TensorView &v : call.params) {
+      RefTensor &t = ref.at(v.tensor());
+      const std::vector<float> &w = t.before;
+      float scale = v.scale.value_or(1.0f);
+      if (v.scale) {
+        float amax = 0;
+        for (float x : w)
+          amax = std::max(amax, std::fabs(x));
+        float expected = k::fp8ScaleFromAmax(
+            amax,
+            v.dtype() == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
+                                           : k::Fp8Format::E5M2,
+            v.buffer->scale->powerOf2);
+        if (std::memcmp(&expected, &scale, 4) != 0)
+          return makeError(v.id() + ": scale " + std::to_string(scale) +
+                           ", expected " + std::to_string(expected));
+      }
+      std::string bad;
+      forBox(v.globalShape(), v.offset(), v.localShape(),
+             [&](int64_t l, int64_t g) {
+               if (!bad.empty())
+                 return;
+               float x = w[size_t(g)];
+               float want = x, got = readAs(v.bytes.data(), v.dtype(), l, scale);
+               if (v.dtype() == DType::BFloat16)
+                 want = k::bf16ToFloat(k::floatToBf16(x));
+               else if (v.dtype() == DType::Float8E4M3 ||
+                        v.dtype() == DType::Float8E5M2) {
+                 auto f = v.dtype() == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
+                                                         : k::Fp8Format::E5M2;
+                 want = k::fp8ToFloat(k::floatToFp8(x * scale, f), f) / scale;
+               }
+               if (std::memcmp(&want, &got, 4) != 0)
+                 bad = v.id() + "[" + std::to_string(g) + "] = " +
+                       std::to_string(got) + ", expected " +
+                       std::to_string(want);
+             });
+      if (!bad.empty())
+        return makeError("step " + std::to_string(call.step) + " " +
+                         call.phase + " " + call.unit + ": " + bad);
+      ++checkedParams;
+      seen[v.tensor()] = &v;
+    }
+    for (TensorView &gview : call.grads) {
+      RefTensor &t = ref.at(gview.tensor());
+      auto it = seen.find(gview.tensor());
+      if (it == seen.end())
+        return makeError("backward writes " + gview.id() +
+                         " but reads no parameter of it");
+      const TensorView &pv = *it->second;
+      float scale = pv.scale.value_or(1.0f);
+      // Parameter value as the callback saw it, by global index.
+      std::vector<int64_t> paramShape = t.shape;
+      bool stacked = t.stackRows > 1;
+      forBox(gview.globalShape(), gview.offset(), gview.localShape(),
+             [&](int64_t l, int64_t g) {
+               int64_t row = stacked ? g / t.numel : 0;
+               int64_t pg = stacked ? g % t.numel : g;
+               // Find pg inside the parameter view's box.
+               int64_t rem = pg, local = 0, stride = 1;
+               std::vector<int64_t> idx(paramShape.size());
+               for (size_t dd = paramShape.size(); dd-- > 0;) {
+                 idx[dd] = rem % paramShape[dd];
+                 rem /= paramShape[dd];
+               }
+               for (size_t dd = paramShape.size(); dd-- > 0;) {
+                 local += (idx[dd] - pv.offset()[dd]) * stride;
+                 stride *= pv.localShape()[dd];
+               }
+               float w = readAs(pv.bytes.data(), pv.dtype(), local, scale);
+               gview.as<float>()[size_t(l)] += contribution(
+                   w, pg, call.step, d, call.microbatch, row);
+             });
+    }
+    return {};
+  });
+
+  for (int step = 1; step <= args.steps; ++step) {
+    // The reference step on whole tensors.
+    for (auto &[name, t] : ref) {
+      t.before = t.w;
+      std::vector<float> seenW(t.w.size());
+      // What every rank's callback sees: the same cast for all ranks, which
+      // the forward check enforces; find the dtype from a gathered buffer.
+      DType seenType = t.dtype;
+      std::optional<plan::Fp8Scale> scaleInfo;
+      for (const plan::Buffer &b : p.buffers)
+        if (b.tensor == name && b.kind == plan::BufferKind::Gathered) {
+          seenType = b.dtype;
+          scaleInfo = b.scale;
+        }
+      float scale = 1.0f;
+      if (scaleInfo) {
+        float amax = 0;
+        for (float x : t.w)
+          amax = std::max(amax, std::fabs(x));
+        scale = k::fp8ScaleFromAmax(amax,
+                                    seenType == DType::Float8E4M3
+                                        ? k::Fp8Format::E4M3FN
+                                        : k::Fp8Format::E5M2,
+                                    scaleInfo->powerOf2);
+      }
+      for (size_t g = 0; g < t.w.size(); ++g) {
+        float x = t.w[g];
+        if (seenType == DType::BFloat16)
+          x = k::bf16ToFloat(k::floatToBf16(x));
+        else if (seenType == DType::Float8E4M3 || seenType == DType::Float8E5M2) {
+          auto f = seenType == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
+                                                 : k::Fp8Format::E5M2;
+          x = k::fp8ToFloat(k::floatToFp8(x * scale, f), f) / scale;
+        }
+        seenW[g] = x;
+      }
+      std::vector<float> acc(t.w.size(), 0.0f);
+      for (int64_t r = 0; r < replicas; ++r) {
+        std::vector<float> shardMean(t.w.size(), 0.0f);
+        for (int64_t sh = 0; sh < shards; ++sh) {
+          int64_t dd = r * shards + sh;
+          for (size_t g = 0; g < t.w.size(); ++g) {
+            float sum = 0;
+            for (int64_t mb = 0; mb < microbatches; ++mb)
+              for (int64_t row = 0; row < t.stackRows; ++row)
+                sum += contribution(seenW[g], int64_t(g), step, dd, mb, row);
+            shardMean[g] += sum;
+          }
+        }
+        for (size_t g = 0; g < t.w.size(); ++g)
+          acc[g] += shardMean[g] / static_cast<float>(shards);
+      }
+      for (size_t g = 0; g < t.w.size(); ++g)
+        acc[g] /= static_cast<float>(replicas);
+      const plan::OptimizerConfig &o = *p.optimizer;
+      k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+      if (t.dtype == DType::BFloat16) {
+        std::vector<uint16_t> bits(t.w.size());
+        for (size_t g = 0; g < t.w.size(); ++g)
+          bits[g] = k::floatToBf16(t.w[g]);
+        std::vector<k::IndexRun> runs{{0, 0, t.numel}};
+        k::adamwBf16StochasticRounding(bits, acc, t.m, t.v, hp, step,
+                                       uint64_t(o.seed), uint64_t(t.id), runs);
+        for (size_t g = 0; g < t.w.size(); ++g)
+          t.w[g] = k::bf16ToFloat(bits[g]);
+      } else {
+        k::adamwFp32(t.w, acc, t.m, t.v, hp, step);
+      }
+    }
+
+    auto ok = s.step();
+    if (!ok)
+      fail(ok.error().message);
+
+    // Compare every persistent shard.
+    auto compare = [&](const TensorView &v, const std::vector<float> &whole,
+                       bool exact) {
+      std::string bad;
+      forBox(v.globalShape(), v.offset(), v.localShape(),
+             [&](int64_t l, int64_t g) {
+               if (!bad.empty())
+                 return;
+               float got = readAs(v.bytes.data(), v.dtype(), l, 1.0f);
+               float want = whole[size_t(g)];
+               bool same = exact ? std::memcmp(&got, &want, 4) == 0
+                                 : std::fabs(got - want) <=
+                                       1e-6f * std::max(std::fabs(got),
+                                                        std::fabs(want)) +
+                                           1e-12f;
+               if (!same)
+                 bad = v.id() + "[" + std::to_string(g) + "] = " +
+                       std::to_string(got) + ", reference " +
+                       std::to_string(want);
+             });
+      if (!bad.empty())
+        fail("rank " + std::to_string(p.rank) + " after step " +
+             std::to_string(step) + ": " + bad);
+    };
+    for (const TensorView &v : s.parameters()) {
+      const RefTensor &t = ref.at(v.tensor());
+      compare(v, t.w, v.dtype() == DType::BFloat16);
+    }
+    for (const TensorView &v : s.optimizerState()) {
+      const RefTensor &t = ref.at(v.tensor());
+      bool avg = v.id().ends_with(".exp_avg");
+      compare(v, avg ? t.m : t.v, false);
+    }
+  }
+  std::string comms;
+  for (const std::string &c : s.createdCommunicators())
+    comms += (comms.empty() ? "" : ",") + c;
+  std::printf("rank %lld: %d steps match the single-process reference "
+              "(%lld parameter reads checked; communicators created: %s)\n",
+              static_cast<long long>(p.rank), args.steps,
+              static_cast<long long>(checkedParams), comms.c_str());
+  return 0;
+}
