@@ -30,6 +30,7 @@
 #include "meshplan/Runtime/Session.h"
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -47,6 +48,9 @@ struct Args {
   std::string plans;
   std::vector<std::string> replicate, shard;
   int steps = 3;
+  /// Failure injection: this rank kills itself (SIGKILL) in the first
+  /// backward of this step.
+  int64_t killRank = -1, killStep = -1;
 };
 
 std::vector<std::string> splitList(const std::string &s) {
@@ -159,6 +163,10 @@ int main(int argc, char **argv) {
       args.shard = splitList(next());
     else if (a == "--steps")
       args.steps = std::stoi(next());
+    else if (a == "--kill-rank")
+      args.killRank = std::stoll(next());
+    else if (a == "--kill-step")
+      args.killStep = std::stoll(next());
     else
       fail("unknown flag " + a);
   }
@@ -242,6 +250,9 @@ int main(int argc, char **argv) {
 
   int64_t checkedParams = 0;
   s.onCompute([&](ComputeCall &call) -> Result<void> {
+    if (call.phase == "backward" && call.step == args.killStep &&
+        p.rank == args.killRank)
+      std::raise(SIGKILL);
     // What the callback reads must be the reference's whole tensor, cast as
     // the plan casts it, bit for bit.
     std::map<std::string, const TensorView *> seen;
@@ -358,24 +369,28 @@ int main(int argc, char **argv) {
         }
         seenW[g] = x;
       }
+      // The plan's order: per TP row of a stacked gradient, the sum over
+      // microbatches, the mean over shards, the mean over replicas; then the
+      // sum of the rows.
       std::vector<float> acc(t.w.size(), 0.0f);
-      for (int64_t r = 0; r < replicas; ++r) {
-        std::vector<float> shardMean(t.w.size(), 0.0f);
-        for (int64_t sh = 0; sh < shards; ++sh) {
-          int64_t dd = r * shards + sh;
-          for (size_t g = 0; g < t.w.size(); ++g) {
-            float sum = 0;
-            for (int64_t mb = 0; mb < microbatches; ++mb)
-              for (int64_t row = 0; row < t.stackRows; ++row)
-                sum += contribution(seenW[g], int64_t(g), step, dd, mb, row);
-            shardMean[g] += sum;
-          }
+      for (int64_t row = 0; row < t.stackRows; ++row) {
+        std::vector<float> replicaSum(t.w.size(), 0.0f);
+        for (int64_t r = 0; r < replicas; ++r) {
+          std::vector<float> shardSum(t.w.size(), 0.0f);
+          for (int64_t sh = 0; sh < shards; ++sh)
+            for (size_t g = 0; g < t.w.size(); ++g) {
+              float sum = 0;
+              for (int64_t mb = 0; mb < microbatches; ++mb)
+                sum += contribution(seenW[g], int64_t(g), step,
+                                    r * shards + sh, mb, row);
+              shardSum[g] += sum;
+            }
+          for (size_t g = 0; g < t.w.size(); ++g)
+            replicaSum[g] += shardSum[g] / static_cast<float>(shards);
         }
         for (size_t g = 0; g < t.w.size(); ++g)
-          acc[g] += shardMean[g] / static_cast<float>(shards);
+          acc[g] += replicaSum[g] / static_cast<float>(replicas);
       }
-      for (size_t g = 0; g < t.w.size(); ++g)
-        acc[g] /= static_cast<float>(replicas);
       const plan::OptimizerConfig &o = *p.optimizer;
       k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
       if (t.dtype == DType::BFloat16) {
