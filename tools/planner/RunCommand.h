@@ -6,7 +6,7 @@
 // a store address in MESHPLAN_STORE, prefixes every line they print with
 // "[rank R] ", and stops the whole job when one rank fails or the launcher is
 // signalled. Every flag is checked before anything is created or started; a
-// bad one is a CliError (one line, exit code 2). docs/launcher.md describes
+// bad one is a CliError (one line, exit code 2). docs/runtime.md describes
 // the behaviour and the exit codes.
 //
 //===----------------------------------------------------------------------===//

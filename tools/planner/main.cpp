@@ -1,7 +1,7 @@
 //===- main.cpp - The meshplan command-line tool --------------------------===//
 //
 // Subcommands: plan, explain, trace, verify, mesh, layout, redistribute, run
-// (the launcher; its exit codes are the job's: docs/launcher.md). Every
+// (the launcher; its exit codes are the job's: docs/runtime.md). Every
 // user error prints one line "meshplan: error: <flag>: <what is wrong>" on
 // stderr, exits with code 2 and prints nothing on stdout. `verify` exits with 1
 // (report on stderr) when a well-formed plan set fails verification.
