@@ -134,8 +134,8 @@ void run(benchmark::State &state, const Kernel &kernel, bool threaded) {
     } else if (name == "adamw_fp32") {
       adamwFp32(buf.a, buf.b, buf.c, buf.d, params, step++, threading);
     } else if (name == "adamw_bf16_sr") {
-      adamwBf16StochasticRounding(buf.bf16, buf.b, buf.c, buf.d, params,
-                                  step++, 42, 7, runs, threading);
+      adamwBf16StochasticRounding(buf.bf16, buf.b, buf.c, buf.d, params, step++,
+                                  42, 7, runs, threading);
     }
     benchmark::ClobberMemory();
   }
@@ -167,8 +167,8 @@ bool printSummary(const SummaryReporter &reporter) {
               "repetitions; %u hardware threads)\n\n",
               static_cast<long long>(reporter.repetitions),
               std::thread::hardware_concurrency());
-  std::printf("%-16s %-9s %10s %9s %10s %9s\n", "kernel", "threads",
-              "elements", "ms", "GB/s", "fraction");
+  std::printf("%-16s %-9s %10s %9s %10s %9s\n", "kernel", "threads", "elements",
+              "ms", "GB/s", "fraction");
   std::vector<std::string> failures;
   double worst = 1e30;
   for (bool threaded : {false, true}) {
@@ -178,8 +178,8 @@ bool printSummary(const SummaryReporter &reporter) {
       double memcpyMs = -1;
       if (memcpyIt != reporter.samples.end() && memcpyIt->second.count(n))
         memcpyMs = bench::median(memcpyIt->second.at(n));
-      for (const Kernel *k : {&kMemcpy, &kKernels[0], &kKernels[1],
-                              &kKernels[2], &kKernels[3]}) {
+      for (const Kernel *k :
+           {&kMemcpy, &kKernels[0], &kKernels[1], &kKernels[2], &kKernels[3]}) {
         auto it = reporter.samples.find(benchName(*k, threaded));
         if (it == reporter.samples.end() || !it->second.count(n))
           continue;
@@ -191,8 +191,8 @@ bool printSummary(const SummaryReporter &reporter) {
           std::printf(" %9s\n", k == &kMemcpy ? "1" : "-");
           continue;
         }
-        double memcpyGbs = kMemcpy.bytesPerElement * double(n) /
-                           (memcpyMs * 1e-3) / 1e9;
+        double memcpyGbs =
+            kMemcpy.bytesPerElement * double(n) / (memcpyMs * 1e-3) / 1e9;
         double fraction = gbs / memcpyGbs;
         worst = std::min(worst, fraction);
         std::printf(" %9.2f\n", fraction);

@@ -133,7 +133,29 @@ struct Bound {
   int comm = -1;     ///< index into the plan's communicators
   int sequence = -1; ///< position among its communicator's collectives
   std::vector<Pair> pairs;
+  /// The buffers already are the collective's packed blocks (one pair, one
+  /// dtype, no padding, member boxes contiguous in key order): no staging.
+  bool direct = false;
 };
+
+/// Row-major index of `offset` inside a packed box, and whether the region
+/// [offset, offset + size) is one contiguous run of it.
+std::pair<int64_t, bool> packedStart(const plan::Buffer &b,
+                                     const std::vector<int64_t> &offset,
+                                     const std::vector<int64_t> &size) {
+  int64_t index = 0;
+  bool contiguous = true;
+  bool outer = true; // all dims so far have size 1 in the region
+  for (size_t d = 0; d < offset.size(); ++d) {
+    index = index * b.localShape[d] + (offset[d] - b.offset[d]);
+    if (!outer && size[d] != b.localShape[d])
+      contiguous = false;
+    if (size[d] != 1)
+      outer = false;
+  }
+  // Once a dim has more than one element, every later dim must be whole.
+  return {index, contiguous};
+}
 
 float scaleOf(const std::vector<BufferState> &buffers,
               const std::unordered_map<std::string, int> &ids,
@@ -340,6 +362,35 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
                      " elements");
   if (in.op == OpKind::AllToAll)
     return makeError("all_to_all is not supported by this runtime yet");
+
+  // Direct execution when the buffers are already the packed blocks.
+  if (b.pairs.size() == 1) {
+    const Pair &pair = b.pairs[0];
+    const BufferState &src = buffers[pair.in], &dst = buffers[pair.out];
+    int64_t n = static_cast<int64_t>(c.ranks.size());
+    bool sameType = src.meta->dtype == wire && dst.meta->dtype == wire;
+    auto blocksInKeyOrder = [&](const BufferState &whole) {
+      if (whole.numel != n * pair.chunk)
+        return false;
+      for (int64_t k = 0; k < n; ++k) {
+        const ShardBox &m = pair.members[size_t(k)];
+        if (m.localShape != pair.padded)
+          return false;
+        auto [start, contiguous] =
+            packedStart(*whole.meta, m.offset, m.localShape);
+        if (!contiguous || start != k * pair.chunk)
+          return false;
+      }
+      return true;
+    };
+    if (in.op == OpKind::AllGather)
+      b.direct = sameType && src.numel == pair.chunk && blocksInKeyOrder(dst);
+    else if (in.op == OpKind::ReduceScatter)
+      b.direct = sameType && dst.numel == pair.chunk && blocksInKeyOrder(src);
+    else
+      b.direct = sameType && src.numel == pair.chunk &&
+                 dst.numel == pair.chunk && src.meta->offset == dst.meta->offset;
+  }
   return {};
 }
 
@@ -382,6 +433,27 @@ Result<void> Session::Impl::runCollective(Bound &b) {
                        "\" before anything wrote it");
   for (int x : b.outputs)
     ensure(x);
+
+  if (b.direct) {
+    std::byte *src = buffers[b.pairs[0].in].data.data();
+    std::byte *dst = buffers[b.pairs[0].out].data.data();
+    switch (in.op) {
+    case OpKind::AllGather:
+      return c.allGather(src, dst, count, wire);
+    case OpKind::ReduceScatter:
+      return c.reduceScatter(src, dst, count, wire, *in.reduce);
+    case OpKind::AllReduce:
+      if (src != dst)
+        std::memcpy(dst, src, size_t(count * esize));
+      return c.allReduce(dst, count, wire, *in.reduce);
+    case OpKind::Broadcast:
+      if (src != dst)
+        std::memcpy(dst, src, size_t(count * esize));
+      return c.broadcast(dst, count, wire, in.root);
+    default:
+      break;
+    }
+  }
 
   switch (in.op) {
   case OpKind::AllGather: {

@@ -52,10 +52,9 @@ const char *nameOf(Fp8Format format) {
 
 float halfToFloat(uint16_t h) {
   int exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-  double v = exponent == 0 ? std::ldexp(mantissa, -24)
-             : exponent == 31
-                 ? (mantissa ? NAN : INFINITY)
-                 : std::ldexp(1024 + mantissa, exponent - 25);
+  double v = exponent == 0    ? std::ldexp(mantissa, -24)
+             : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                              : std::ldexp(1024 + mantissa, exponent - 25);
   return static_cast<float>(h & 0x8000 ? -v : v);
 }
 
@@ -116,14 +115,13 @@ uint64_t checkDecode(Fp8Format format) {
   uint64_t mismatches = 0;
   for (int c = 0; c < 256; ++c) {
     float ours = fp8ToFloat(static_cast<uint8_t>(c), format);
-    float theirs = halfToFloat(
-        __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c),
-                                cudaFormat(format))
-            .x);
-    bool same = std::isnan(theirs)
-                    ? std::isnan(ours)
-                    : std::bit_cast<uint32_t>(ours) ==
-                          std::bit_cast<uint32_t>(theirs);
+    float theirs =
+        halfToFloat(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(c),
+                                            cudaFormat(format))
+                        .x);
+    bool same = std::isnan(theirs) ? std::isnan(ours)
+                                   : std::bit_cast<uint32_t>(ours) ==
+                                         std::bit_cast<uint32_t>(theirs);
     if (!same) {
       ++mismatches;
       std::printf("  mismatch (fp8ToFloat): %s code 0x%02x: got %g, "
@@ -141,8 +139,8 @@ bool parseScales(const char *text, std::vector<float> &scales) {
   size_t at = 0;
   while (at <= s.size()) {
     size_t comma = s.find(',', at);
-    std::string item = s.substr(at, comma == std::string::npos ? std::string::npos
-                                                               : comma - at);
+    std::string item = s.substr(
+        at, comma == std::string::npos ? std::string::npos : comma - at);
     char *end = nullptr;
     float v = std::strtof(item.c_str(), &end);
     if (item.empty() || *end != '\0')
@@ -159,7 +157,8 @@ bool parseScales(const char *text, std::vector<float> &scales) {
 
 int main(int argc, char **argv) {
   std::vector<float> scales = {1.0f};
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int threads =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 1; i < argc; ++i) {
     const char *arg = argv[i];
     if (std::strncmp(arg, "--scales=", 9) == 0) {
@@ -172,8 +171,8 @@ int main(int argc, char **argv) {
                std::atoi(arg + 10) > 0) {
       threads = std::atoi(arg + 10);
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--scales=S1,S2,...] [--threads=N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--scales=S1,S2,...] [--threads=N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -188,9 +187,9 @@ int main(int argc, char **argv) {
     for (float scale : scales) {
       auto t0 = std::chrono::steady_clock::now();
       uint64_t mismatches = checkAll(format, scale, threads);
-      double seconds = std::chrono::duration<double>(
-                           std::chrono::steady_clock::now() - t0)
-                           .count();
+      double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
       std::printf("%s scale %g: %llu float patterns, %llu mismatches "
                   "(%.1f s)\n",
                   nameOf(format), static_cast<double>(scale),
@@ -200,9 +199,9 @@ int main(int argc, char **argv) {
       total += mismatches;
     }
   }
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - begin)
-                       .count();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin)
+          .count();
   std::printf("%s: float -> e4m3fn/e5m2 (saturating, nearest even) on all "
               "2^32 patterns x %zu scale(s) vs cuda_fp8.h: %llu mismatches "
               "in %.1f s on %d threads\n",

@@ -129,8 +129,14 @@ inline std::vector<Plan> synthesize(const SynthOptions &opt) {
         auto addBuffer = [&](const std::string &id, BufferKind kind,
                              const Layout &layout) {
           ShardBox box = *shardOf(view, layout, pt.spec.shape, rank);
-          plan.buffers.push_back(
-              {id, kind, opt.dtype, pt.spec.shape, box.localShape, box.offset});
+          Buffer b{id,           kind,          opt.dtype,
+                   pt.spec.shape, box.localShape, box.offset,
+                   formatLayout(*mesh, layout)};
+          b.tensor = prefix;
+          // A parameter's index in the model: its position in the list.
+          if (kind == BufferKind::ParamShard)
+            b.tensorId = int64_t(plan.buffers.size() / 2);
+          plan.buffers.push_back(std::move(b));
         };
         addBuffer(prefix + ".in", BufferKind::ParamShard, pt.from);
         addBuffer(prefix + ".out", BufferKind::Gathered, pt.to);
@@ -171,6 +177,9 @@ inline std::vector<Plan> synthesize(const SynthOptions &opt) {
         if (!prev.empty())
           use.deps = {prev};
         use.label = "forward " + prefix;
+        use.phase = "forward";
+        use.unit = prefix;
+        use.microbatch = layer;
         lastCompute = use.id;
         plan.program.push_back(std::move(use));
         Instruction fr;

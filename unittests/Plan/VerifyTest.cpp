@@ -440,18 +440,23 @@ TEST(Verify, Directories) {
   EXPECT_EQ(*read, plans);
   EXPECT_TRUE(verified(*read).ok());
 
-  dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
+  dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 2,
                               "ranks": [0,1,2,3,4,5,6]})");
   read = readPlanDirectory(dir.path.string());
   std::string d = dir.path.string() + "/";
   EXPECT_EQ(read.error().message,
             d + "rank7.json is not listed in " + d + "index.json");
-  dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
+  dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 2,
                               "ranks": [0,1,2,3,4,5,6,7,8]})");
   read = readPlanDirectory(dir.path.string());
   EXPECT_EQ(read.error().message, d + "index.json lists rank 8, but " + d +
                                       "rank8.json does not exist");
+  // The index carries the plans' version: a version-1 index is refused.
   dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 1,
+                              "ranks": [0,1,2,3,4,5,6,7]})");
+  read = readPlanDirectory(dir.path.string());
+  EXPECT_EQ(read.error().message, d + "index.json: /version: expected 2");
+  dir.write("index.json", R"({"format": "meshplan.plan-index", "version": 2,
                               "ranks": [0,1,2,3,4,5,6,7]})");
   read = readPlanDirectory(dir.path.string());
   ASSERT_TRUE(read.ok()) << read.error().message;

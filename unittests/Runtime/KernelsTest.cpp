@@ -13,6 +13,9 @@
 
 #include "meshplan/Runtime/Kernels.h"
 
+// White-box: the SIMD paths of Philox, each against the portable one.
+#include "KernelSupport.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,10 +56,9 @@ double fp8Value(uint8_t code, Fp8Format format) {
   int bias = format == Fp8Format::E4M3FN ? 7 : 15;
   int exponent = (code & 0x7F) >> m;
   int mantissa = code & ((1 << m) - 1);
-  double magnitude =
-      exponent == 0
-          ? std::ldexp(mantissa, 1 - bias - m)
-          : std::ldexp(1.0 + std::ldexp(mantissa, -m), exponent - bias);
+  double magnitude = exponent == 0 ? std::ldexp(mantissa, 1 - bias - m)
+                                   : std::ldexp(1.0 + std::ldexp(mantissa, -m),
+                                                exponent - bias);
   return code & 0x80 ? -magnitude : magnitude;
 }
 
@@ -87,8 +89,8 @@ uint8_t referenceFp8(float x, Fp8Format format) {
   uint8_t sign = std::signbit(x) ? 0x80 : 0;
   double a = std::fabs(static_cast<double>(x));
   // The first code whose value is >= a.
-  size_t hi = std::lower_bound(values.begin(), values.end(), a) -
-              values.begin();
+  size_t hi =
+      std::lower_bound(values.begin(), values.end(), a) - values.begin();
   if (hi == values.size())
     return sign | static_cast<uint8_t>(values.size() - 1);
   if (hi == 0 || values[hi] == a)
@@ -135,14 +137,13 @@ float halfToFloat(uint16_t h) {
 #if MESHPLAN_HAVE_CUDA_FP8_H
 uint8_t cudaFp8(float x, Fp8Format format) {
   return __nv_cvt_float_to_fp8(
-      x, __NV_SATFINITE,
-      format == Fp8Format::E4M3FN ? __NV_E4M3 : __NV_E5M2);
+      x, __NV_SATFINITE, format == Fp8Format::E4M3FN ? __NV_E4M3 : __NV_E5M2);
 }
 float cudaFp8ToFloat(uint8_t code, Fp8Format format) {
-  return halfToFloat(
-      __nv_cvt_fp8_to_halfraw(code, format == Fp8Format::E4M3FN ? __NV_E4M3
-                                                                : __NV_E5M2)
-          .x);
+  return halfToFloat(__nv_cvt_fp8_to_halfraw(code, format == Fp8Format::E4M3FN
+                                                       ? __NV_E4M3
+                                                       : __NV_E5M2)
+                         .x);
 }
 #endif
 
@@ -208,8 +209,7 @@ std::vector<float> fp8Boundaries() {
                         ? fp8Value(codes[i + 1], format)
                         : 2 * v - fp8Value(codes[i - 1], format);
       float mid = static_cast<float>((v + next) / 2); // exact
-      for (float x : {static_cast<float>(v), mid,
-                      std::nextafter(mid, 0.0f),
+      for (float x : {static_cast<float>(v), mid, std::nextafter(mid, 0.0f),
                       std::nextafter(mid, 1e30f),
                       std::nextafter(static_cast<float>(v), 0.0f),
                       std::nextafter(static_cast<float>(v), 1e30f)}) {
@@ -228,10 +228,9 @@ std::vector<float> fp8Boundaries() {
 }
 
 /// Scales the cast is tried with: 1, powers of two, and odd ones.
-const std::vector<float> kScales = {1.0f,       2.0f,        0.5f,
-                                    1024.0f,    0x1p-20f,    0x1p40f,
-                                    3.0f,       0.1f,        448.0f / 3.7f,
-                                    0.999999f, 1.0000001f, 57344.0f / 1e-3f};
+const std::vector<float> kScales = {
+    1.0f, 2.0f, 0.5f,          1024.0f,   0x1p-20f,   0x1p40f,
+    3.0f, 0.1f, 448.0f / 3.7f, 0.999999f, 1.0000001f, 57344.0f / 1e-3f};
 
 std::mt19937_64 &rng() {
   static std::mt19937_64 engine(0x6d657368706c616eull);
@@ -268,9 +267,7 @@ TEST(Philox, Random123KnownAnswers) {
     std::array<uint32_t, 4> expected;
   };
   const Kat kats[] = {
-      {{0, 0, 0, 0},
-       {0, 0},
-       {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
       {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
        {0xffffffff, 0xffffffff},
        {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
@@ -288,21 +285,30 @@ TEST(Philox, StochasticRoundingBitsFollowTheDocumentedMapping) {
       {42, 7, 3},
       {0xFFFFFFFFFFFFFFFFull, (int64_t(1) << 40) + 5, 1234567},
       {0x0123456789ABCDEFull, 1, 0xFEDCBA9876543210ull}};
-  const int64_t indices[] = {0,  1,  7,  8,  9,  15,
-                             16, 12345, (int64_t(1) << 35) + 3,
-                             (int64_t(1) << 62) + 6};
+  const int64_t indices[] = {0,
+                             1,
+                             7,
+                             8,
+                             9,
+                             15,
+                             16,
+                             63,
+                             64,
+                             12345,
+                             (int64_t(1) << 35) + 3,
+                             (int64_t(1) << 62) + 46};
   for (const StochasticRoundingKey &key : keys) {
-    uint64_t k = key.seed ^ splitmix64Finalizer(key.tensorId +
-                                                0x9E3779B97F4A7C15ull);
+    uint64_t k =
+        key.seed ^ splitmix64Finalizer(key.tensorId + 0x9E3779B97F4A7C15ull);
     for (int64_t index : indices) {
-      uint64_t group = uint64_t(index) / 8, lane = uint64_t(index) % 8;
+      uint64_t r = uint64_t(index) % 64;
+      uint64_t c = uint64_t(index) / 64 * 8 + r % 8;
       uint64_t step = uint64_t(key.step);
-      auto words = philox4x32_10(
-          {uint32_t(group), uint32_t(group >> 32), uint32_t(step),
-           uint32_t(step >> 32)},
-          {uint32_t(k), uint32_t(k >> 32)});
+      auto words = philox4x32_10({uint32_t(c), uint32_t(c >> 32),
+                                  uint32_t(step), uint32_t(step >> 32)},
+                                 {uint32_t(k), uint32_t(k >> 32)});
       uint16_t expected =
-          static_cast<uint16_t>(words[lane / 2] >> (16 * (lane % 2)));
+          static_cast<uint16_t>(words[r / 16] >> (16 * (r / 8 % 2)));
       EXPECT_EQ(stochasticRoundingBits(key, index), expected)
           << "seed " << key.seed << " step " << key.step << " tensor "
           << key.tensorId << " index " << index;
@@ -324,6 +330,34 @@ TEST(Philox, StochasticRoundingBitsFollowTheDocumentedMapping) {
   EXPECT_NE(a, e);
 }
 
+TEST(Philox, EverySimdPathGivesTheDocumentedBits) {
+  using namespace meshplan::runtime::kernels::detail;
+  const uint64_t seed = 123, tensorId = 45;
+  PhiloxSchedule schedule(stochasticRoundingKey(seed, tensorId));
+  const int64_t count = 5;
+  std::string ran;
+  for (PhiloxPath path : philoxPaths())
+    ran += std::to_string(static_cast<int>(path)) + " ";
+  RecordProperty("philox_paths", ran);
+  // The counters cross 2^32 in the third case.
+  for (uint64_t first : {uint64_t(0), uint64_t(3), (uint64_t(1) << 29) - 2,
+                         (uint64_t(1) << 58) - 7}) {
+    for (int64_t step : {int64_t(1), (int64_t(1) << 33) + 7}) {
+      std::vector<uint32_t> expected(kSuperblock * count);
+      for (int64_t j = 0; j < kSuperblock * count; ++j)
+        expected[j] = stochasticRoundingBits({seed, step, tensorId},
+                                             int64_t(first) * kSuperblock + j);
+      for (PhiloxPath path : philoxPaths()) {
+        std::vector<uint32_t> got(kSuperblock * count, 0xDEADBEEF);
+        philoxSuperblocks(first, count, schedule, uint64_t(step), got.data(),
+                          path);
+        EXPECT_EQ(got, expected) << "path " << static_cast<int>(path)
+                                 << " superblock " << first << " step " << step;
+      }
+    }
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // float8
 //===----------------------------------------------------------------------===//
@@ -333,8 +367,8 @@ TEST(Fp8, DecodeMatchesTheFormatDefinition) {
     for (int c = 0; c < 256; ++c) {
       uint8_t code = static_cast<uint8_t>(c);
       float v = fp8ToFloat(code, format);
-      bool nan = format == Fp8Format::E4M3FN ? (c & 0x7F) == 0x7F
-                                             : (c & 0x7F) > 0x7C;
+      bool nan =
+          format == Fp8Format::E4M3FN ? (c & 0x7F) == 0x7F : (c & 0x7F) > 0x7C;
       bool inf = format == Fp8Format::E5M2 && (c & 0x7F) == 0x7C;
       if (nan) {
         EXPECT_EQ(bitsOf(v), 0x7FC00000u) << nameOf(format) << " " << c;
@@ -386,8 +420,7 @@ TEST(Fp8, SaturationNaNAndSignedZero) {
   EXPECT_EQ(floatToFp8(std::nextafter(0x1p-10f, 1.0f), Fp8Format::E4M3FN),
             0x01);
   EXPECT_EQ(floatToFp8(0x1p-17f, Fp8Format::E5M2), 0x00);
-  EXPECT_EQ(floatToFp8(std::nextafter(0x1p-17f, 1.0f), Fp8Format::E5M2),
-            0x01);
+  EXPECT_EQ(floatToFp8(std::nextafter(0x1p-17f, 1.0f), Fp8Format::E5M2), 0x01);
 }
 
 /// One sweep of x * scale casts against the brute-force reference (and
@@ -414,9 +447,8 @@ void checkCasts(const std::vector<float> &xs) {
         if (!ok) {
           ++failures;
           ADD_FAILURE() << nameOf(format) << " x = " << xs[i] << " (0x"
-                        << std::hex << bitsOf(xs[i]) << std::dec
-                        << ") scale " << scale << ": got "
-                        << int(out[i]) << " scalar "
+                        << std::hex << bitsOf(xs[i]) << std::dec << ") scale "
+                        << scale << ": got " << int(out[i]) << " scalar "
                         << int(floatToFp8(y, format)) << " expected "
                         << int(expected)
 #if MESHPLAN_HAVE_CUDA_FP8_H
@@ -465,7 +497,8 @@ TEST(Fp8, ScaleFromAmax) {
   for (Fp8Format format : kFormats) {
     for (float amax : randomFloats(2000, 100.0f)) {
       amax = std::fabs(amax) * (amax > 0 ? 1e-6f : 1e6f);
-      double exact = double(fp8MaxFinite(format)) / std::max(double(amax), 1e-12);
+      double exact =
+          double(fp8MaxFinite(format)) / std::max(double(amax), 1e-12);
       float scale = fp8ScaleFromAmax(amax, format, false);
       EXPECT_EQ(scale, static_cast<float>(exact)) << amax;
       float pow2 = fp8ScaleFromAmax(amax, format, true);
@@ -526,9 +559,9 @@ TEST(BFloat16, RoundToNearestEven) {
   for (float x : fp8Boundaries())
     xs.push_back(x);
   // Exact ties, and ties +- one float ulp.
-  for (uint32_t b : {0x3F808000u, 0x3F818000u, 0x3F808001u, 0x3F807FFFu,
-                     0x7F7F8000u, 0x7F7F7FFFu, 0xFF7F8000u, 0x00008000u,
-                     0x00018000u})
+  for (uint32_t b :
+       {0x3F808000u, 0x3F818000u, 0x3F808001u, 0x3F807FFFu, 0x7F7F8000u,
+        0x7F7F7FFFu, 0xFF7F8000u, 0x00008000u, 0x00018000u})
     xs.push_back(floatOf(b));
   std::vector<uint16_t> out(xs.size());
   castToBf16(xs, out);

@@ -142,11 +142,15 @@ struct StochasticRoundingKey {
 ///             tensorId + 0x9E3779B97F4A7C15 (a bijection, so for one seed
 ///             distinct tensors get distinct keys)
 ///   key     = (lo32(k), hi32(k))
-///   g       = globalIndex / 8, lane = globalIndex % 8
-///   counter = (lo32(g), hi32(g), lo32(step), hi32(step))
-///   bits    = philox4x32_10(counter, key)[lane / 2] >> (16 * (lane % 2))
+///   r       = globalIndex % 64
+///   c       = (globalIndex / 64) * 8 + r % 8      (64-bit counter index)
+///   counter = (lo32(c), hi32(c), lo32(step), hi32(step))
+///   bits    = philox4x32_10(counter, key)[r / 16] >> (16 * (r / 8 % 2))
 ///             & 0xFFFF
-/// One Philox call serves 8 consecutive elements; the bits depend on nothing
+/// Each Philox call serves 8 elements (every counter once); within a block of
+/// 64 elements, element r takes counter r % 8 and half-word r / 8, so the 8
+/// counters computed side by side in SIMD lanes yield 8 consecutive elements'
+/// bits per output half-word, without shuffles. The bits depend on nothing
 /// but these four values, never on the shard or the position in it.
 uint16_t stochasticRoundingBits(const StochasticRoundingKey &key,
                                 int64_t globalIndex);
@@ -232,14 +236,11 @@ void adamwFp32(std::span<float> param, std::span<const float> grad,
 /// contiguous shard) must tile [0, param.size()) in increasing local order.
 /// The result depends only on the element values and their global indices,
 /// so any sharding of a tensor updates it to the same bits.
-void adamwBf16StochasticRounding(std::span<uint16_t> paramBf16,
-                                 std::span<const float> grad,
-                                 std::span<float> expAvg,
-                                 std::span<float> expAvgSq,
-                                 const AdamWParams &params, int64_t step,
-                                 uint64_t seed, uint64_t tensorId,
-                                 std::span<const IndexRun> runs,
-                                 const Threading &threading = {});
+void adamwBf16StochasticRounding(
+    std::span<uint16_t> paramBf16, std::span<const float> grad,
+    std::span<float> expAvg, std::span<float> expAvgSq,
+    const AdamWParams &params, int64_t step, uint64_t seed, uint64_t tensorId,
+    std::span<const IndexRun> runs, const Threading &threading = {});
 
 } // namespace meshplan::runtime::kernels
 

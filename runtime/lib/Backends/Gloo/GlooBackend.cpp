@@ -89,8 +89,26 @@ void reduceInto(void *c, const void *a, const void *b, size_t n, ReduceOp op) {
   T *out = static_cast<T *>(c);
   const T *x = static_cast<const T *>(a);
   const T *y = static_cast<const T *>(b);
-  for (size_t i = 0; i < n; ++i)
-    out[i] = combine(x[i], y[i], op);
+  // One loop per op, so that each vectorizes.
+  switch (op) {
+  case ReduceOp::Sum:
+  case ReduceOp::Avg:
+    for (size_t i = 0; i < n; ++i)
+      out[i] = x[i] + y[i];
+    return;
+  case ReduceOp::Product:
+    for (size_t i = 0; i < n; ++i)
+      out[i] = x[i] * y[i];
+    return;
+  case ReduceOp::Max:
+    for (size_t i = 0; i < n; ++i)
+      out[i] = x[i] > y[i] ? x[i] : y[i];
+    return;
+  case ReduceOp::Min:
+    for (size_t i = 0; i < n; ++i)
+      out[i] = x[i] < y[i] ? x[i] : y[i];
+    return;
+  }
 }
 
 void reduceBf16(void *c, const void *a, const void *b, size_t n, ReduceOp op) {

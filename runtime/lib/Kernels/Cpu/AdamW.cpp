@@ -60,8 +60,8 @@ MESHPLAN_INLINE void fp32Loop(float *p, const float *g, float *m, float *v,
     p[i] = updateElement<SmallWeight>(p[i], g[i], m[i], v[i], s);
 }
 
-MESHPLAN_KERNEL_LOOP void fp32Loop(float *p, const float *g, float *m,
-                                   float *v, Scalars s, int64_t n) {
+MESHPLAN_KERNEL_LOOP void fp32Loop(float *p, const float *g, float *m, float *v,
+                                   Scalars s, int64_t n) {
   if (s.smallWeight)
     fp32Loop<true>(p, g, m, v, s, n);
   else
@@ -70,7 +70,7 @@ MESHPLAN_KERNEL_LOOP void fp32Loop(float *p, const float *g, float *m,
 
 template <bool SmallWeight>
 MESHPLAN_INLINE void bf16Loop(uint16_t *p, const float *g, float *m, float *v,
-                              const uint16_t *random, const Scalars &s,
+                              const uint32_t *random, const Scalars &s,
                               int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     p[i] = roundBf16Stochastic(
@@ -79,8 +79,8 @@ MESHPLAN_INLINE void bf16Loop(uint16_t *p, const float *g, float *m, float *v,
 }
 
 MESHPLAN_KERNEL_LOOP void bf16Loop(uint16_t *p, const float *g, float *m,
-                                   float *v, const uint16_t *random,
-                                   Scalars s, int64_t n) {
+                                   float *v, const uint32_t *random, Scalars s,
+                                   int64_t n) {
   if (s.smallWeight)
     bf16Loop<true>(p, g, m, v, random, s, n);
   else
@@ -113,14 +113,11 @@ void adamwFp32(std::span<float> param, std::span<const float> grad,
               });
 }
 
-void adamwBf16StochasticRounding(std::span<uint16_t> paramBf16,
-                                 std::span<const float> grad,
-                                 std::span<float> expAvg,
-                                 std::span<float> expAvgSq,
-                                 const AdamWParams &params, int64_t step,
-                                 uint64_t seed, uint64_t tensorId,
-                                 std::span<const IndexRun> runs,
-                                 const Threading &threading) {
+void adamwBf16StochasticRounding(
+    std::span<uint16_t> paramBf16, std::span<const float> grad,
+    std::span<float> expAvg, std::span<float> expAvgSq,
+    const AdamWParams &params, int64_t step, uint64_t seed, uint64_t tensorId,
+    std::span<const IndexRun> runs, const Threading &threading) {
   const char *kernel = "adamwBf16StochasticRounding";
   requireShapes(paramBf16, grad, expAvg, expAvgSq, step, kernel);
   int64_t n = static_cast<int64_t>(paramBf16.size());
@@ -128,7 +125,7 @@ void adamwBf16StochasticRounding(std::span<uint16_t> paramBf16,
   Scalars s = scalarsOf(params, step);
   forEachRandomBlock(
       runs, n, {seed, step, tensorId}, threading,
-      [&](int64_t local, int64_t length, const uint16_t *random) {
+      [&](int64_t local, int64_t length, const uint32_t *random) {
         bf16Loop(paramBf16.data() + local, grad.data() + local,
                  expAvg.data() + local, expAvgSq.data() + local, random, s,
                  length);

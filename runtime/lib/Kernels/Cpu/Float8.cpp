@@ -40,7 +40,8 @@ template <Fp8Format F> constexpr std::array<float, 256> makeDecodeTable() {
         value /= 2;
       bits = sign | std::bit_cast<uint32_t>(value);
     } else {
-      bits = sign | ((exponent - T::kBias + 127) << 23) | (mantissa << (23 - m));
+      bits =
+          sign | ((exponent - T::kBias + 127) << 23) | (mantissa << (23 - m));
     }
     table[code] = std::bit_cast<float>(bits);
   }
@@ -98,15 +99,14 @@ void castSpan(std::span<const In> in, float scale, std::span<uint8_t> out,
               Fp8Format format, const Threading &threading) {
   require(in.size() == out.size(), "castToFp8",
           "input and output sizes differ");
-  parallelFor(static_cast<int64_t>(in.size()), threading,
-              [&](int64_t begin, int64_t end) {
-                if (format == Fp8Format::E4M3FN)
-                  castE4m3(in.data() + begin, scale, out.data() + begin,
-                           end - begin);
-                else
-                  castE5m2(in.data() + begin, scale, out.data() + begin,
-                           end - begin);
-              });
+  parallelFor(
+      static_cast<int64_t>(in.size()), threading,
+      [&](int64_t begin, int64_t end) {
+        if (format == Fp8Format::E4M3FN)
+          castE4m3(in.data() + begin, scale, out.data() + begin, end - begin);
+        else
+          castE5m2(in.data() + begin, scale, out.data() + begin, end - begin);
+      });
 }
 
 template <typename Out>
@@ -117,8 +117,8 @@ void dequantSpan(std::span<const uint8_t> in, float scale, std::span<Out> out,
   const float *table = fp8DecodeTable(format);
   parallelFor(static_cast<int64_t>(in.size()), threading,
               [&](int64_t begin, int64_t end) {
-                dequantLoop(in.data() + begin, table, scale,
-                            out.data() + begin, end - begin);
+                dequantLoop(in.data() + begin, table, scale, out.data() + begin,
+                            end - begin);
               });
 }
 

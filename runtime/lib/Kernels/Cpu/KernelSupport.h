@@ -14,14 +14,17 @@
 #include <bit>
 #include <cstdint>
 #include <functional>
+#include <span>
 
-// Hot loops are compiled twice, for baseline x86-64 and for AVX2, and picked
-// at load time (GNU ifunc): portable binaries without -march=native. Both
-// clones do the same IEEE operations (no FMA: -ffp-contract=off), so they give
-// the same bits. Elsewhere the baseline target is used.
+// Hot loops are compiled three times, for baseline x86-64, AVX2 and
+// x86-64-v4 (AVX-512), and picked at load time (GNU ifunc): portable binaries
+// without -march=native. All clones do the same IEEE operations (no FMA:
+// -ffp-contract=off), so they give the same bits. Elsewhere the baseline
+// target is used.
 #if defined(__x86_64__) && defined(__ELF__) && defined(__GNUC__) &&            \
     !defined(MESHPLAN_KERNELS_NO_CLONES)
-#define MESHPLAN_KERNEL_LOOP [[gnu::target_clones("avx2", "default")]]
+#define MESHPLAN_KERNEL_LOOP                                                   \
+  [[gnu::target_clones("arch=x86-64-v4", "avx2", "default")]]
 #else
 #define MESHPLAN_KERNEL_LOOP
 #endif
@@ -49,8 +52,7 @@ void requireTiling(std::span<const IndexRun> runs, int64_t n,
 
 /// For each maximal piece of [begin, end) inside one run: fn(local, global,
 /// length). `runs` tile the span (checked by the caller).
-void forEachRunPiece(std::span<const IndexRun> runs, int64_t begin,
-                     int64_t end,
+void forEachRunPiece(std::span<const IndexRun> runs, int64_t begin, int64_t end,
                      const std::function<void(int64_t, int64_t, int64_t)> &fn);
 
 //===----------------------------------------------------------------------===//
@@ -63,27 +65,27 @@ template <> struct Fp8Traits<Fp8Format::E4M3FN> {
   static constexpr int kBias = 7;
   static constexpr float kMaxFinite = 448.0f;
   static constexpr int32_t kMinNormalBits = (127 - 6) << 23; // 2^-6
-  /// 2^14: its float ulp is e4m3's smallest subnormal, 2^-9.
-  static constexpr int32_t kSubnormalMagicBits = (127 + 14) << 23;
 };
 template <> struct Fp8Traits<Fp8Format::E5M2> {
   static constexpr int kMantissaBits = 2;
   static constexpr int kBias = 15;
   static constexpr float kMaxFinite = 57344.0f;
   static constexpr int32_t kMinNormalBits = (127 - 14) << 23; // 2^-14
-  /// 2^7: its float ulp is e5m2's smallest subnormal, 2^-16.
-  static constexpr int32_t kSubnormalMagicBits = (127 + 7) << 23;
 };
 
 /// cuda_fp8.h's code for every NaN input, for both formats.
 constexpr uint32_t kFp8NaN = 0x7F;
 
-/// Saturating round-to-nearest-even float -> fp8. Clamping |x| to maxFinite
-/// before rounding equals rounding then saturating (every value above
-/// maxFinite rounds to maxFinite or beyond). Normal results round on the
-/// integer bits; subnormal ones let the FPU round, by adding a power of two
-/// whose ulp is the smallest fp8 subnormal. Both are computed and one picked,
-/// which the compiler turns into vector blends.
+/// Saturating round-to-nearest-even float -> fp8, branch-free (the compiler
+/// turns the selects into vector blends). |x| is first clamped to maxFinite,
+/// which equals rounding then saturating (everything above maxFinite rounds
+/// to it or beyond). Then the FPU does the rounding: with E = |x|'s exponent
+/// (at least the smallest normal fp8 exponent), M = 2^(E + 23 - mantissa
+/// bits) has a float ulp of exactly one fp8 ulp at E, so |x| + M rounds |x|
+/// to the fp8 grid, ties to even, and its low bits count the fp8 ulps k.
+/// The code is then ((E - Emin) << mantissa bits) + k: k may carry into the
+/// exponent (rounding up to the next binade), and below Emin it is the
+/// subnormal code itself.
 template <Fp8Format F> MESHPLAN_INLINE uint8_t encodeFp8(float x) {
   using T = Fp8Traits<F>;
   constexpr int kShift = 23 - T::kMantissaBits;
@@ -92,18 +94,16 @@ template <Fp8Format F> MESHPLAN_INLINE uint8_t encodeFp8(float x) {
   uint32_t sign = (bits >> 24) & 0x80u;
   int32_t abs = static_cast<int32_t>(bits & 0x7FFFFFFFu);
   bool nan = abs > 0x7F800000;
-  uint32_t a = static_cast<uint32_t>(abs < kMaxBits ? abs : kMaxBits);
-  uint32_t normal =
-      (a - (uint32_t(127 - T::kBias) << 23) + ((1u << (kShift - 1)) - 1u) +
-       ((a >> kShift) & 1u)) >>
-      kShift;
-  constexpr float kMagic = std::bit_cast<float>(T::kSubnormalMagicBits);
-  uint32_t subnormal =
-      std::bit_cast<uint32_t>(std::bit_cast<float>(a) + kMagic) -
-      static_cast<uint32_t>(T::kSubnormalMagicBits);
-  uint32_t r =
-      static_cast<int32_t>(a) < T::kMinNormalBits ? subnormal : normal;
-  return static_cast<uint8_t>(nan ? kFp8NaN : (r | sign));
+  int32_t a = abs < kMaxBits ? abs : kMaxBits;
+  int32_t exponent = a & 0x7F800000;
+  exponent = exponent > T::kMinNormalBits ? exponent : T::kMinNormalBits;
+  int32_t magic = exponent + (kShift << 23);
+  int32_t sum = std::bit_cast<int32_t>(std::bit_cast<float>(a) +
+                                       std::bit_cast<float>(magic));
+  uint32_t code =
+      static_cast<uint32_t>(sum - magic) +
+      (static_cast<uint32_t>(exponent - T::kMinNormalBits) >> kShift);
+  return static_cast<uint8_t>(nan ? kFp8NaN : (code | sign));
 }
 
 /// Every code's value (NaN codes: 0x7FC00000).
@@ -170,17 +170,30 @@ MESHPLAN_INLINE void philoxRounds(uint32_t &c0, uint32_t &c1, uint32_t &c2,
 }
 
 /// The Philox key of a (seed, tensor id) pair (see stochasticRoundingBits).
-std::array<uint32_t, 2> stochasticRoundingKey(uint64_t seed,
-                                              uint64_t tensorId);
+std::array<uint32_t, 2> stochasticRoundingKey(uint64_t seed, uint64_t tensorId);
 
-/// Elements per Philox call.
-constexpr int64_t kRandomPerCall = 8;
+/// Elements one superblock of 8 Philox counters serves (see
+/// stochasticRoundingBits).
+constexpr int64_t kSuperblock = 64;
 
-/// The random 16-bit values of global elements [8 * firstGroup, 8 *
-/// (firstGroup + groups)) into out[0 .. 8 * groups).
-void philoxRandom16(uint64_t firstGroup, int64_t groups,
-                    const PhiloxSchedule &schedule, uint64_t step,
-                    uint16_t *out);
+/// The ways to run Philox over superblocks: plain C++, and on x86-64 SSE2
+/// and AVX2 intrinsics (compilers do not vectorize Philox's 32 x 32 -> 64-bit
+/// products well: the intrinsic paths are 2-3x faster). All give the same
+/// bits.
+enum class PhiloxPath { Portable, Sse2, Avx2 };
+
+/// The paths this CPU can run, the fastest last.
+std::span<const PhiloxPath> philoxPaths();
+
+/// The 16 random bits of global elements [64 * firstSuperblock, 64 *
+/// (firstSuperblock + count)) as out[0 .. 64 * count), one per uint32_t.
+void philoxSuperblocks(uint64_t firstSuperblock, int64_t count,
+                       const PhiloxSchedule &schedule, uint64_t step,
+                       uint32_t *out, PhiloxPath path);
+/// The same on the fastest path.
+void philoxSuperblocks(uint64_t firstSuperblock, int64_t count,
+                       const PhiloxSchedule &schedule, uint64_t step,
+                       uint32_t *out);
 
 /// Elements per block of random bits: small enough to stay in L1 between
 /// drawing and use.
@@ -193,7 +206,7 @@ constexpr int64_t kRandomBlock = 2048;
 void forEachRandomBlock(
     std::span<const IndexRun> runs, int64_t n, const StochasticRoundingKey &key,
     const Threading &threading,
-    const std::function<void(int64_t, int64_t, const uint16_t *)> &fn);
+    const std::function<void(int64_t, int64_t, const uint32_t *)> &fn);
 
 } // namespace meshplan::runtime::kernels::detail
 

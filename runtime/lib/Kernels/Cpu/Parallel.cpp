@@ -73,9 +73,8 @@ void requireTiling(std::span<const IndexRun> runs, int64_t n,
   require(next == n, kernel, "the index runs must cover the whole span");
 }
 
-void forEachRunPiece(
-    std::span<const IndexRun> runs, int64_t begin, int64_t end,
-    const std::function<void(int64_t, int64_t, int64_t)> &fn) {
+void forEachRunPiece(std::span<const IndexRun> runs, int64_t begin, int64_t end,
+                     const std::function<void(int64_t, int64_t, int64_t)> &fn) {
   // The last run starting at or before `begin` holds it.
   auto it = std::upper_bound(
       runs.begin(), runs.end(), begin,

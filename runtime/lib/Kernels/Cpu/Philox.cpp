@@ -4,16 +4,210 @@
 // an element's bits are a function of (seed, step, tensor id, global index),
 // computed where the element lives, so no rank draws random numbers for the
 // whole tensor and every sharding rounds alike. The mapping onto Philox's
-// counter and key is documented at stochasticRoundingBits (Kernels.h).
+// counter and key is documented at stochasticRoundingBits (Kernels.h); it
+// puts 8 consecutive counters side by side in SIMD lanes, whose 4 output
+// words are then the bits of 8 runs of 8 consecutive elements each.
+//
+// Philox's products are 32 x 32 -> 64 bits; compilers vectorize them with
+// shuffles between 32- and 64-bit lanes that cost more than the arithmetic.
+// The x86 paths keep each counter word in a 64-bit lane instead, where
+// pmuludq reads only the low 32 bits: the garbage that the XORs leave in the
+// high halves is never read, and the products need no shuffling.
 //
 //===----------------------------------------------------------------------===//
 
 #include "KernelSupport.h"
 
 #include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MESHPLAN_PHILOX_X86 1
+#include <immintrin.h>
+#endif
 
 namespace meshplan::runtime::kernels {
 using namespace detail;
+
+namespace {
+
+/// Writes the 4 words of 8 consecutive counters (word k of counter t in
+/// words[k][t]) as the bits of the superblock's 64 elements.
+MESHPLAN_INLINE void spread(const uint32_t (&words)[4][8], uint32_t *out) {
+  for (int k = 0; k < 4; ++k)
+    for (int t = 0; t < 8; ++t) {
+      out[16 * k + t] = words[k][t] & 0xFFFFu;
+      out[16 * k + 8 + t] = words[k][t] >> 16;
+    }
+}
+
+void superblocksPortable(uint64_t first, int64_t count,
+                         const PhiloxSchedule &schedule, uint64_t step,
+                         uint32_t *out) {
+  for (int64_t b = 0; b < count; ++b) {
+    uint64_t counter = (first + static_cast<uint64_t>(b)) * 8;
+    uint32_t words[4][8];
+    for (int t = 0; t < 8; ++t) {
+      uint64_t c = counter + static_cast<uint64_t>(t);
+      uint32_t c0 = static_cast<uint32_t>(c),
+               c1 = static_cast<uint32_t>(c >> 32);
+      uint32_t c2 = static_cast<uint32_t>(step);
+      uint32_t c3 = static_cast<uint32_t>(step >> 32);
+      philoxRounds(c0, c1, c2, c3, schedule);
+      words[0][t] = c0;
+      words[1][t] = c1;
+      words[2][t] = c2;
+      words[3][t] = c3;
+    }
+    spread(words, out + kSuperblock * b);
+  }
+}
+
+#if MESHPLAN_PHILOX_X86
+
+/// 2 counters per register, each word in the low half of a 64-bit lane.
+void superblocksSse2(uint64_t first, int64_t count,
+                     const PhiloxSchedule &schedule, uint64_t step,
+                     uint32_t *out) {
+  const __m128i m0 = _mm_set1_epi64x(kPhiloxM0);
+  const __m128i m1 = _mm_set1_epi64x(kPhiloxM1);
+  const __m128i step0 = _mm_set1_epi64x(static_cast<uint32_t>(step));
+  const __m128i step1 = _mm_set1_epi64x(static_cast<uint32_t>(step >> 32));
+  for (int64_t b = 0; b < count; ++b) {
+    uint64_t counter = (first + static_cast<uint64_t>(b)) * 8;
+    uint32_t words[4][8];
+    // Two halves of 4 counters keep the state in 8 of the 16 registers.
+    for (int half = 0; half < 2; ++half) {
+      __m128i w[4][2];
+      for (int r = 0; r < 2; ++r) {
+        uint64_t c0 = counter + 4 * half + 2 * r, c1 = c0 + 1;
+        w[0][r] = _mm_set_epi64x(static_cast<uint32_t>(c1),
+                                 static_cast<uint32_t>(c0));
+        w[1][r] = _mm_set_epi64x(static_cast<uint32_t>(c1 >> 32),
+                                 static_cast<uint32_t>(c0 >> 32));
+        w[2][r] = step0;
+        w[3][r] = step1;
+      }
+      for (int round = 0; round < kPhiloxRounds; ++round) {
+        const __m128i k0 = _mm_set1_epi64x(schedule.k0[round]);
+        const __m128i k1 = _mm_set1_epi64x(schedule.k1[round]);
+        for (int r = 0; r < 2; ++r) {
+          __m128i p0 = _mm_mul_epu32(w[0][r], m0);
+          __m128i p1 = _mm_mul_epu32(w[2][r], m1);
+          w[0][r] =
+              _mm_xor_si128(_mm_xor_si128(_mm_srli_epi64(p1, 32), w[1][r]), k0);
+          w[2][r] =
+              _mm_xor_si128(_mm_xor_si128(_mm_srli_epi64(p0, 32), w[3][r]), k1);
+          w[1][r] = p1;
+          w[3][r] = p0;
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        // The low halves of the 64-bit lanes of both registers, in order.
+        __m128i lo = _mm_unpacklo_epi64(_mm_shuffle_epi32(w[k][0], 0x08),
+                                        _mm_shuffle_epi32(w[k][1], 0x08));
+        std::memcpy(&words[k][4 * half], &lo, sizeof lo);
+      }
+    }
+    spread(words, out + kSuperblock * b);
+  }
+}
+
+/// 4 counters per register, each word in the low half of a 64-bit lane.
+[[gnu::target("avx2")]] void superblocksAvx2(uint64_t first, int64_t count,
+                                             const PhiloxSchedule &schedule,
+                                             uint64_t step, uint32_t *out) {
+  const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
+  const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
+  const __m256i step0 = _mm256_set1_epi64x(static_cast<uint32_t>(step));
+  const __m256i step1 = _mm256_set1_epi64x(static_cast<uint32_t>(step >> 32));
+  const __m256i mask16 = _mm256_set1_epi32(0xFFFF);
+  for (int64_t b = 0; b < count; ++b) {
+    uint64_t counter = (first + static_cast<uint64_t>(b)) * 8;
+    __m256i w[4][2];
+    for (int r = 0; r < 2; ++r) {
+      uint64_t c = counter + 4 * r;
+      w[0][r] = _mm256_setr_epi64x(
+          static_cast<uint32_t>(c), static_cast<uint32_t>(c + 1),
+          static_cast<uint32_t>(c + 2), static_cast<uint32_t>(c + 3));
+      w[1][r] = _mm256_setr_epi64x(static_cast<uint32_t>(c >> 32),
+                                   static_cast<uint32_t>((c + 1) >> 32),
+                                   static_cast<uint32_t>((c + 2) >> 32),
+                                   static_cast<uint32_t>((c + 3) >> 32));
+      w[2][r] = step0;
+      w[3][r] = step1;
+    }
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const __m256i k0 = _mm256_set1_epi64x(schedule.k0[round]);
+      const __m256i k1 = _mm256_set1_epi64x(schedule.k1[round]);
+      for (int r = 0; r < 2; ++r) {
+        __m256i p0 = _mm256_mul_epu32(w[0][r], m0);
+        __m256i p1 = _mm256_mul_epu32(w[2][r], m1);
+        w[0][r] = _mm256_xor_si256(
+            _mm256_xor_si256(_mm256_srli_epi64(p1, 32), w[1][r]), k0);
+        w[2][r] = _mm256_xor_si256(
+            _mm256_xor_si256(_mm256_srli_epi64(p0, 32), w[3][r]), k1);
+        w[1][r] = p1;
+        w[3][r] = p0;
+      }
+    }
+    uint32_t *o = out + kSuperblock * b;
+    for (int k = 0; k < 4; ++k) {
+      // Low halves of counters 0-3 then 4-7: per 128-bit lane
+      // [a0 a1 b0 b1 | a2 a3 b2 b3], then the middle quadwords swapped.
+      __m256i lo = _mm256_permute4x64_epi64(
+          _mm256_unpacklo_epi64(_mm256_shuffle_epi32(w[k][0], 0x08),
+                                _mm256_shuffle_epi32(w[k][1], 0x08)),
+          0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 16 * k),
+                          _mm256_and_si256(lo, mask16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 16 * k + 8),
+                          _mm256_srli_epi32(lo, 16));
+    }
+  }
+}
+
+#endif // MESHPLAN_PHILOX_X86
+
+std::vector<PhiloxPath> detectPaths() {
+  std::vector<PhiloxPath> paths = {PhiloxPath::Portable};
+#if MESHPLAN_PHILOX_X86
+  paths.push_back(PhiloxPath::Sse2);
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2"))
+    paths.push_back(PhiloxPath::Avx2);
+#endif
+  return paths;
+}
+
+} // namespace
+
+std::span<const PhiloxPath> detail::philoxPaths() {
+  static const std::vector<PhiloxPath> paths = detectPaths();
+  return paths;
+}
+
+void detail::philoxSuperblocks(uint64_t firstSuperblock, int64_t count,
+                               const PhiloxSchedule &schedule, uint64_t step,
+                               uint32_t *out, PhiloxPath path) {
+  switch (path) {
+#if MESHPLAN_PHILOX_X86
+  case PhiloxPath::Avx2:
+    return superblocksAvx2(firstSuperblock, count, schedule, step, out);
+  case PhiloxPath::Sse2:
+    return superblocksSse2(firstSuperblock, count, schedule, step, out);
+#endif
+  default:
+    return superblocksPortable(firstSuperblock, count, schedule, step, out);
+  }
+}
+
+void detail::philoxSuperblocks(uint64_t firstSuperblock, int64_t count,
+                               const PhiloxSchedule &schedule, uint64_t step,
+                               uint32_t *out) {
+  static const PhiloxPath best = philoxPaths().back();
+  philoxSuperblocks(firstSuperblock, count, schedule, step, out, best);
+}
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter,
                                       std::array<uint32_t, 2> key) {
@@ -34,50 +228,26 @@ std::array<uint32_t, 2> detail::stochasticRoundingKey(uint64_t seed,
   return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
 }
 
-MESHPLAN_KERNEL_LOOP void detail::philoxRandom16(uint64_t firstGroup,
-                                                 int64_t groups,
-                                                 const PhiloxSchedule &schedule,
-                                                 uint64_t step, uint16_t *out) {
-  uint32_t step0 = static_cast<uint32_t>(step);
-  uint32_t step1 = static_cast<uint32_t>(step >> 32);
-  PhiloxSchedule s = schedule; // a local copy: no aliasing with `out`
-  for (int64_t j = 0; j < groups; ++j) {
-    uint64_t group = firstGroup + static_cast<uint64_t>(j);
-    uint32_t c0 = static_cast<uint32_t>(group);
-    uint32_t c1 = static_cast<uint32_t>(group >> 32);
-    uint32_t c2 = step0, c3 = step1;
-    philoxRounds(c0, c1, c2, c3, s);
-    uint16_t *o = out + 8 * j;
-    o[0] = static_cast<uint16_t>(c0);
-    o[1] = static_cast<uint16_t>(c0 >> 16);
-    o[2] = static_cast<uint16_t>(c1);
-    o[3] = static_cast<uint16_t>(c1 >> 16);
-    o[4] = static_cast<uint16_t>(c2);
-    o[5] = static_cast<uint16_t>(c2 >> 16);
-    o[6] = static_cast<uint16_t>(c3);
-    o[7] = static_cast<uint16_t>(c3 >> 16);
-  }
-}
-
 void detail::forEachRandomBlock(
     std::span<const IndexRun> runs, int64_t n, const StochasticRoundingKey &key,
     const Threading &threading,
-    const std::function<void(int64_t, int64_t, const uint16_t *)> &fn) {
+    const std::function<void(int64_t, int64_t, const uint32_t *)> &fn) {
   PhiloxSchedule schedule(stochasticRoundingKey(key.seed, key.tensorId));
   uint64_t step = static_cast<uint64_t>(key.step);
   parallelFor(n, threading, [&](int64_t begin, int64_t end) {
-    uint16_t random[kRandomBlock + 2 * kRandomPerCall];
+    // A block not starting on a superblock boundary spans one more.
+    alignas(64) uint32_t random[kRandomBlock + 2 * kSuperblock];
     forEachRunPiece(
         runs, begin, end, [&](int64_t local, int64_t global, int64_t length) {
           for (int64_t done = 0; done < length; done += kRandomBlock) {
             int64_t count = std::min(kRandomBlock, length - done);
-            uint64_t first = static_cast<uint64_t>(global + done);
-            int64_t lane = static_cast<int64_t>(first % kRandomPerCall);
-            int64_t groups =
-                (lane + count + kRandomPerCall - 1) / kRandomPerCall;
-            philoxRandom16(first / kRandomPerCall, groups, schedule, step,
-                           random);
-            fn(local + done, count, random + lane);
+            int64_t first = global + done;
+            int64_t firstSuperblock = first / kSuperblock;
+            int64_t lastSuperblock = (first + count - 1) / kSuperblock;
+            philoxSuperblocks(static_cast<uint64_t>(firstSuperblock),
+                              lastSuperblock - firstSuperblock + 1, schedule,
+                              step, random);
+            fn(local + done, count, random + first % kSuperblock);
           }
         });
   });
@@ -86,14 +256,14 @@ void detail::forEachRandomBlock(
 uint16_t stochasticRoundingBits(const StochasticRoundingKey &key,
                                 int64_t globalIndex) {
   uint64_t index = static_cast<uint64_t>(globalIndex);
-  uint64_t group = index / kRandomPerCall;
+  uint64_t r = index % kSuperblock;
+  uint64_t counter = index / kSuperblock * 8 + r % 8;
   uint64_t step = static_cast<uint64_t>(key.step);
   std::array<uint32_t, 4> words = philox4x32_10(
-      {static_cast<uint32_t>(group), static_cast<uint32_t>(group >> 32),
+      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
        static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)},
       stochasticRoundingKey(key.seed, key.tensorId));
-  uint64_t lane = index % kRandomPerCall;
-  return static_cast<uint16_t>(words[lane / 2] >> (16 * (lane % 2)));
+  return static_cast<uint16_t>(words[r / 16] >> (16 * (r / 8 % 2)));
 }
 
 } // namespace meshplan::runtime::kernels

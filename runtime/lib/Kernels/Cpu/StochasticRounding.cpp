@@ -13,7 +13,7 @@ using namespace detail;
 
 namespace {
 
-MESHPLAN_KERNEL_LOOP void roundLoop(const float *in, const uint16_t *random,
+MESHPLAN_KERNEL_LOOP void roundLoop(const float *in, const uint32_t *random,
                                     uint16_t *out, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     out[i] = roundBf16Stochastic(in[i], random[i]);
@@ -91,11 +91,11 @@ void castToBf16Stochastic(std::span<const float> in, std::span<uint16_t> out,
   require(in.size() == out.size(), kernel, "input and output sizes differ");
   int64_t n = static_cast<int64_t>(in.size());
   requireTiling(runs, n, kernel);
-  forEachRandomBlock(runs, n, key, threading,
-                     [&](int64_t local, int64_t length, const uint16_t *random) {
-                       roundLoop(in.data() + local, random, out.data() + local,
-                                 length);
-                     });
+  forEachRandomBlock(
+      runs, n, key, threading,
+      [&](int64_t local, int64_t length, const uint32_t *random) {
+        roundLoop(in.data() + local, random, out.data() + local, length);
+      });
 }
 
 } // namespace meshplan::runtime::kernels

@@ -1,0 +1,150 @@
+/*===- runtime.h - The C embedding API of the meshplan runtime -----------===*\
+|*                                                                            *|
+|* A C interface over meshplan::runtime::Session (Runtime/Session.h) for     *|
+|* ctypes / FFI callers, built as libmeshplan_runtime.so. No C++ types cross *|
+|* it and no C++ exception escapes it: every failure is a status code plus a *|
+|* message for mp_last_error().                                               *|
+|*                                                                            *|
+|*   mp_session *s;                                                           *|
+|*   if (mp_session_open("plans/", &s) != MP_OK) puts(mp_last_error());       *|
+|*   mp_init_parameters(s, fill, NULL);                                       *|
+|*   mp_set_compute_callback(s, compute, NULL);                               *|
+|*   for (int i = 0; i < 10; ++i) mp_step(s);                                 *|
+|*   mp_session_close(s);                                                     *|
+|*                                                                            *|
+|* Lifetimes: strings and shape arrays of an mp_tensor live as long as the   *|
+|* session. The data of a persistent tensor (parameter shard, optimizer      *|
+|* state) lives as long as the session; its values change at every step.     *|
+|* Everything an mp_compute_call points to is valid only during the call.    *|
+|*                                                                            *|
+\*===----------------------------------------------------------------------===*/
+#ifndef MESHPLAN_RUNTIME_H
+#define MESHPLAN_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes: every function returning int returns one of these. */
+enum {
+  MP_OK = 0,
+  MP_ERROR_INVALID = 1,   /* a null or out-of-range argument */
+  MP_ERROR_RUNTIME = 2,   /* the session failed (open, step, collective) */
+  MP_ERROR_NOT_FOUND = 3, /* no tensor with that id */
+  MP_ERROR_CALLBACK = 4   /* a callback returned non-zero */
+};
+
+/* Element types, in the plan's order (plan::DType). */
+typedef enum mp_dtype {
+  MP_DTYPE_FLOAT32 = 0,
+  MP_DTYPE_BFLOAT16 = 1,
+  MP_DTYPE_FLOAT16 = 2,
+  MP_DTYPE_FLOAT8_E4M3 = 3,
+  MP_DTYPE_FLOAT8_E5M2 = 4,
+  MP_DTYPE_FLOAT64 = 5,
+  MP_DTYPE_INT8 = 6,
+  MP_DTYPE_UINT8 = 7,
+  MP_DTYPE_INT32 = 8,
+  MP_DTYPE_INT64 = 9
+} mp_dtype;
+
+/* Which persistent tensors mp_tensor_count / mp_get_tensor enumerate. */
+typedef enum mp_tensor_kind {
+  MP_TENSORS_PARAMETERS = 0,     /* parameter shards (param_shard) */
+  MP_TENSORS_OPTIMIZER_STATE = 1 /* exp_avg, exp_avg_sq, ... */
+} mp_tensor_kind;
+
+typedef struct mp_session mp_session;
+
+/* A buffer of the plan: its bytes and its box in the model tensor. */
+typedef struct mp_tensor {
+  const char *id;         /* buffer id, e.g. "norm.weight.gathered" */
+  const char *tensor;     /* model tensor, e.g. "norm.weight" ("" for none) */
+  int64_t tensor_id;      /* parameter index in the model, -1 if none */
+  int32_t dtype;          /* an mp_dtype */
+  const char *dtype_name; /* the plan's spelling, e.g. "float32" */
+  void *data;
+  size_t nbytes;
+  int64_t ndim;
+  const int64_t *global_shape; /* ndim entries each */
+  const int64_t *offset;       /* this buffer's box in the global tensor */
+  const int64_t *local_shape;
+  int32_t has_scale; /* float8: value = stored / scale */
+  float scale;
+} mp_tensor;
+
+/* One compute instruction: forward or backward of `unit`. */
+typedef struct mp_compute_call {
+  const char *phase; /* "forward" or "backward" */
+  const char *unit;  /* the FSDP unit, e.g. "layers.3" */
+  int64_t microbatch;
+  int64_t step; /* 1-based */
+  size_t num_params;
+  const mp_tensor *params; /* the parameters it reads, in plan order */
+  size_t num_grads;
+  /* backward: the gradients it writes. The callback ADDS its contribution
+     (zeros at the first microbatch, the earlier microbatches' sum after). */
+  const mp_tensor *grads;
+  mp_session *session;
+} mp_compute_call;
+
+/* Callbacks return 0 on success, non-zero to fail the step / the init. They
+   may run on the session's worker threads, not the caller's. */
+typedef int (*mp_compute_fn)(const mp_compute_call *call, void *user);
+/* Fills one parameter shard (tensor->data, tensor->nbytes). */
+typedef int (*mp_init_fn)(mp_tensor *shard, void *user);
+
+/* The message of the last failure on this thread ("" if none). Valid until
+   the next failing call on this thread. */
+const char *mp_last_error(void);
+
+/* From inside a callback: the message to report when it returns non-zero
+   (copied; the default is "callback returned N"). */
+void mp_set_callback_error(const char *message);
+
+/* Opens a plan file or a plan directory (its rank<RANK>.json) with the
+   options `meshplan run` / torchrun set in the environment (RANK,
+   WORLD_SIZE, MESHPLAN_STORE, MESHPLAN_TIMEOUT, MESHPLAN_JOB). *out is set
+   to a new session, or to NULL on failure. */
+int mp_session_open(const char *plan_path, mp_session **out);
+
+/* Destroys a session (NULL is allowed). */
+void mp_session_close(mp_session *s);
+
+/* This session's rank and world size; -1 for a NULL session. */
+int64_t mp_session_rank(const mp_session *s);
+int64_t mp_session_world_size(const mp_session *s);
+
+/* Calls fn(call, user) for every compute instruction (replacing an earlier
+   callback; fn NULL removes it). A step with compute instructions and no
+   callback leaves gradients at zero. */
+int mp_set_compute_callback(mp_session *s, mp_compute_fn fn, void *user);
+
+/* Calls fn(shard, user) for every parameter shard, to fill it from its global
+   box. Optimizer state starts at zero. */
+int mp_init_parameters(mp_session *s, mp_init_fn fn, void *user);
+
+/* Runs one training step. After a failure the session is unusable. */
+int mp_step(mp_session *s);
+
+/* Steps completed so far; -1 for a NULL session. */
+int64_t mp_steps_done(const mp_session *s);
+
+/* The number of persistent tensors of `kind` (an mp_tensor_kind); -1 on an
+   invalid argument. */
+int64_t mp_tensor_count(mp_session *s, int kind);
+
+/* The index-th persistent tensor of `kind`, in plan order. */
+int mp_get_tensor(mp_session *s, int kind, int64_t index, mp_tensor *out);
+
+/* A persistent tensor by buffer id (MP_ERROR_NOT_FOUND if there is none). */
+int mp_find_tensor(mp_session *s, const char *id, mp_tensor *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MESHPLAN_RUNTIME_H */
