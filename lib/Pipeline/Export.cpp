@@ -480,8 +480,16 @@ private:
       rootOf[result] = root;
       auto [kind, role] = roleOf(op);
       if (bufferOf.count(source) &&
-          out.buffers[bufferOf.lookup(source)].kind == pl::BufferKind::Gradient)
+          out.buffers[bufferOf.lookup(source)].kind ==
+              pl::BufferKind::Gradient) {
         kind = pl::BufferKind::Gradient;
+        // The reduced gradient widened for the optimizer: "<param>.float32".
+        if (isa<arith::TruncFOp, arith::ExtFOp>(op))
+          if (auto dtype = planDType(
+                  cast<RankedTensorType>(op->getResult(0).getType())
+                      .getElementType()))
+            role = std::string(pl::dtypeName(*dtype));
+      }
       if (root == "fp8.amax")
         kind = pl::BufferKind::Scratch;
       auto index = addBuffer(op, result, root + "." + role, kind, false);

@@ -124,7 +124,29 @@ struct Pair {
   /// The box each member holds of the layout the chunk packs (all-gather:
   /// the input's; reduce-scatter: the output's; others: this rank's only).
   std::vector<ShardBox> members;
+  /// all_to_all: every member's input and output boxes.
+  std::vector<ShardBox> inBoxes, outBoxes;
+  /// permute: the keys this rank sends its shard to and receives from.
+  int64_t sendTo = -1, recvFrom = -1;
 };
+
+/// The intersection of two boxes (empty when they do not overlap).
+ShardBox intersect(const ShardBox &a, const ShardBox &b) {
+  ShardBox r;
+  for (size_t d = 0; d < a.offset.size(); ++d) {
+    int64_t lo = std::max(a.offset[d], b.offset[d]);
+    int64_t hi = std::min(a.offset[d] + a.localShape[d],
+                          b.offset[d] + b.localShape[d]);
+    r.offset.push_back(lo);
+    r.localShape.push_back(std::max<int64_t>(0, hi - lo));
+  }
+  r.paddedShape = r.localShape;
+  return r;
+}
+
+bool sameBox(const ShardBox &a, const ShardBox &b) {
+  return a.offset == b.offset && a.localShape == b.localShape;
+}
 
 struct Bound {
   const Instruction *in = nullptr;
@@ -308,8 +330,7 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
   const Instruction &in = *b.in;
   const plan::Communicator &c = plan.communicators[b.comm];
   DType wire = *in.dtype;
-  if (in.op == OpKind::Permute)
-    return makeError("permute is not supported by this runtime yet");
+  int64_t n = static_cast<int64_t>(c.ranks.size());
   int64_t at = 0;
   for (size_t i = 0; i < b.inputs.size(); ++i) {
     Pair pair;
@@ -328,10 +349,66 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
         in.op == OpKind::ReduceScatter ? dst : src; // whose boxes are chunks
     pair.padded = paddedShapeOf(packed.layout, packed.meta->globalShape);
     pair.chunk = product(pair.padded);
-    pair.at = at;
-    at += pair.chunk;
+    bool exchange = in.op == OpKind::AllToAll || in.op == OpKind::Permute;
+    if (!exchange) {
+      pair.at = at;
+      at += pair.chunk;
+    }
+    if (in.op == OpKind::AllToAll || in.op == OpKind::Permute) {
+      for (int64_t r : c.ranks) {
+        auto a = shardOf(*root, src.layout, src.meta->globalShape, r);
+        auto z = shardOf(*root, dst.layout, dst.meta->globalShape, r);
+        if (!a)
+          return a.error();
+        if (!z)
+          return z.error();
+        pair.inBoxes.push_back(std::move(*a));
+        pair.outBoxes.push_back(std::move(*z));
+      }
+      int64_t me = c.key;
+      if (in.op == OpKind::AllToAll) {
+        // A block is the largest part one member's input shares with one
+        // member's output (the same on every member; plan-format.md).
+        pair.chunk = 0;
+        for (int64_t a = 0; a < n; ++a)
+          for (int64_t z = 0; z < n; ++z)
+            pair.chunk = std::max(
+                pair.chunk, product(intersect(pair.inBoxes[size_t(a)],
+                                              pair.outBoxes[size_t(z)])
+                                        .localShape));
+      } else {
+        // Whose output box is my input box, and whose input box is my
+        // output box; members with equal boxes pair up in key order.
+        auto match = [&](const std::vector<ShardBox> &from,
+                         const std::vector<ShardBox> &to,
+                         int64_t key) -> int64_t {
+          int64_t rank = 0;
+          for (int64_t k = 0; k < key; ++k)
+            rank += sameBox(from[size_t(k)], from[size_t(key)]);
+          for (int64_t k = 0; k < n; ++k)
+            if (sameBox(to[size_t(k)], from[size_t(key)]) && rank-- == 0)
+              return k;
+          return -1;
+        };
+        pair.sendTo = match(pair.inBoxes, pair.outBoxes, me);
+        pair.recvFrom = match(pair.outBoxes, pair.inBoxes, me);
+        if (pair.sendTo < 0 || pair.recvFrom < 0)
+          return makeError("\"" + src.meta->id + "\" -> \"" + dst.meta->id +
+                           "\" is not a permutation of the group's shards");
+        if (!b.pairs.empty() && (b.pairs[0].sendTo != pair.sendTo ||
+                                 b.pairs[0].recvFrom != pair.recvFrom))
+          return makeError("its pairs permute to different peers");
+      }
+      (void)me;
+      pair.at = at;
+      at += pair.chunk;
+    }
     bool allMembers =
         in.op == OpKind::AllGather || in.op == OpKind::ReduceScatter;
+    if (in.op == OpKind::AllToAll || in.op == OpKind::Permute) {
+      b.pairs.push_back(std::move(pair));
+      continue;
+    }
     for (int64_t r : c.ranks) {
       if (!allMembers && r != plan.rank)
         continue;
@@ -353,15 +430,10 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
     }
     b.pairs.push_back(std::move(pair));
   }
-  int64_t expected = in.op == OpKind::AllToAll
-                         ? at / static_cast<int64_t>(c.ranks.size())
-                         : at;
-  if (expected != in.count)
+  if (at != in.count)
     return makeError("count " + std::to_string(in.count) +
-                     ", but its buffers pack to " + std::to_string(expected) +
+                     ", but its buffers pack to " + std::to_string(at) +
                      " elements");
-  if (in.op == OpKind::AllToAll)
-    return makeError("all_to_all is not supported by this runtime yet");
 
   // Direct execution when the buffers are already the packed blocks.
   if (b.pairs.size() == 1) {
@@ -387,7 +459,7 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
       b.direct = sameType && src.numel == pair.chunk && blocksInKeyOrder(dst);
     else if (in.op == OpKind::ReduceScatter)
       b.direct = sameType && dst.numel == pair.chunk && blocksInKeyOrder(src);
-    else
+    else if (in.op == OpKind::AllReduce || in.op == OpKind::Broadcast)
       b.direct = sameType && src.numel == pair.chunk &&
                  dst.numel == pair.chunk && src.meta->offset == dst.meta->offset;
   }
@@ -511,6 +583,52 @@ Result<void> Session::Impl::runCollective(Bound &b) {
       copyBox(chunkRef(data, p.at, p, mine), box(p.out), mine.offset,
               mine.localShape);
     }
+    return {};
+  }
+  case OpKind::Permute: {
+    std::vector<std::byte> send(size_t(count * esize), std::byte{0});
+    std::vector<std::byte> recv(size_t(count * esize));
+    const Pair &first = b.pairs[0];
+    for (const Pair &p : b.pairs) {
+      const ShardBox &mine = p.inBoxes[size_t(c.key())];
+      copyBox(box(p.in), chunkRef(send, p.at, p, mine), mine.offset,
+              mine.localShape);
+    }
+    MESHPLAN_TRY(c.sendRecv(send.data(), first.sendTo, recv.data(),
+                            first.recvFrom, count, wire));
+    for (const Pair &p : b.pairs) {
+      const ShardBox &theirs = p.inBoxes[size_t(p.recvFrom)];
+      copyBox(chunkRef(recv, p.at, p, theirs), box(p.out), theirs.offset,
+              theirs.localShape);
+    }
+    return {};
+  }
+  case OpKind::AllToAll: {
+    std::vector<std::byte> send(size_t(count * n * esize), std::byte{0});
+    std::vector<std::byte> recv(size_t(count * n * esize));
+    int64_t me = c.key();
+    // Block k carries the part of my input that member k's output holds,
+    // packed densely; both sides compute the same intersection.
+    auto dense = [&](std::vector<std::byte> &stage, int64_t elementAt,
+                     const ShardBox &part) {
+      return BoxRef{stage.data() + elementAt * esize, wire, &part.localShape,
+                    &part.offset};
+    };
+    for (const Pair &p : b.pairs)
+      for (int64_t k = 0; k < n; ++k) {
+        ShardBox part =
+            intersect(p.inBoxes[size_t(me)], p.outBoxes[size_t(k)]);
+        copyBox(box(p.in), dense(send, k * count + p.at, part), part.offset,
+                part.localShape);
+      }
+    MESHPLAN_TRY(c.allToAll(send.data(), recv.data(), count, wire));
+    for (const Pair &p : b.pairs)
+      for (int64_t k = 0; k < n; ++k) {
+        ShardBox part =
+            intersect(p.inBoxes[size_t(k)], p.outBoxes[size_t(me)]);
+        copyBox(dense(recv, k * count + p.at, part), box(p.out), part.offset,
+                part.localShape);
+      }
     return {};
   }
   default:

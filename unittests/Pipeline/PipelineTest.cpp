@@ -1117,13 +1117,24 @@ private:
                       ? ", expected " + bf::str(rp->shape) + " or stacked " +
                             bf::str(ref.stackedShape(*rp))
                       : ""));
-      if (b.kind == pl::BufferKind::Gradient && b.dtype != ref.reduceDtype)
+      // Gradients are in the reduce dtype, except the float32 copy of the
+      // reduced one that the optimizer reads (docs/plan-format.md,
+      // optimizer_update) when the reduce dtype is another.
+      bool widened = b.kind == pl::BufferKind::Gradient &&
+                     ref.reduceDtype != pl::DType::Float32 &&
+                     b.id == rp->name + ".float32";
+      if (b.kind == pl::BufferKind::Gradient && b.dtype != ref.reduceDtype &&
+          !(widened && b.dtype == pl::DType::Float32))
         fail("buffers", p.rank,
              "gradient " + b.id + ": dtype " +
                  std::string(pl::dtypeName(b.dtype)) +
                  ", expected the reduce dtype " + c.reduceDtype);
       Box box = boxOf(b), compute = ref.computeBox(*rp, p.rank),
           stored = ref.storedBox(*rp, p.rank);
+      if (widened && box != stored)
+        fail("buffers", p.rank,
+             "float32 gradient " + b.id + ": " + str(box) +
+                 ", expected the stored " + str(stored));
       if (stackedGrad) {
         Box grad = ref.gradBox(*rp, p.rank),
             reduced = ref.reducedBox(*rp, p.rank);
@@ -1512,6 +1523,10 @@ private:
       out.push_back("sum");
       out.push_back("all_reduce(sum) over " + join({c.tpAxis}));
     }
+    // The update reads a float32 gradient: a reduced bf16 or fp16 one is
+    // widened last.
+    if (ref.reduceDtype != pl::DType::Float32)
+      out.push_back("cast");
     return out;
   }
 
@@ -1663,10 +1678,12 @@ private:
                      bf::str(b->globalShape) + " " + str(boxOf(*b)) +
                      ", but the shard of " + rp->name + " is " +
                      bf::str(rp->shape) + " " + str(stored));
-          if (b->dtype != ref.reduceDtype)
+          // AdamW reads a float32 gradient, whatever the reduce dtype.
+          if (b->dtype != pl::DType::Float32)
             fail("grads", p.rank,
                  describe(in) + " reads gradient " + id + " in " +
-                     std::string(pl::dtypeName(b->dtype)));
+                     std::string(pl::dtypeName(b->dtype)) +
+                     ", expected float32");
           bool ownParam = std::find(in.inputs.begin(), in.inputs.end(),
                                     rp->name) != in.inputs.end();
           if (!ownParam)

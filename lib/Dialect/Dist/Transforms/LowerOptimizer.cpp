@@ -16,6 +16,7 @@
 
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
 
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
@@ -344,8 +345,25 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
     state[u] = {func.getArgument(first + 2 * i),
                 func.getArgument(first + 2 * i + 1)};
 
-  // The updates, after every reduction, in the order of the steps.
+  // The updates, after every reduction, in the order of the steps. AdamW
+  // reads a float32 gradient (docs/plan-format.md, optimizer_update): one
+  // reduced in another dtype is widened first, as FSDP2 casts the reduced
+  // gradient to the fp32 parameter's dtype. The casts all come before the
+  // first update, so that a unit's fused update follows all of them.
   OpBuilder b(func.getBody().back().getTerminator());
+  for (Update &u : updates) {
+    auto gradType = cast<RankedTensorType>(u.reducedGrad.getType());
+    if (gradType.getElementType().isF32())
+      continue;
+    auto f32Type = RankedTensorType::get(
+        gradType.getShape(), b.getF32Type(), gradType.getEncoding());
+    if (gradType.getElementType().getIntOrFloatBitWidth() < 32)
+      u.reducedGrad =
+          arith::ExtFOp::create(b, u.op.getLoc(), f32Type, u.reducedGrad);
+    else
+      u.reducedGrad =
+          arith::TruncFOp::create(b, u.op.getLoc(), f32Type, u.reducedGrad);
+  }
   for (Update &u : updates) {
     auto [m, v] = state.lookup(&u);
     Type paramType = u.param.getType();

@@ -19,7 +19,8 @@
 // - Prefetch: the group of Ci goes right before Ci-1 and waits (dist.after)
 //   for Ci-2, so at most two units' gathers are in flight or in use at once.
 // - The gradient reductions that follow a backward compute go right after
-//   it, on their own stream.
+//   it, on their own stream (a cast of the reduced gradient stays with the
+//   optimizer updates).
 // - Within a group: casts first, then the collectives bucket by bucket
 //   (same comm, op, element type, reduce op), so bucket members are adjacent
 //   on their stream.
@@ -337,7 +338,11 @@ void StepScheduler::buildReductionGroups() {
     while (!worklist.empty()) {
       Value value = worklist.pop_back_val();
       for (Operation *user : value.getUsers()) {
+        // A cast of a reduced gradient (to the optimizer's float32) runs
+        // with the updates, not right after backward, where the compute
+        // stream would wait for the reduction.
         if (user->getBlock() != &body || !isChainOp(user) ||
+            isa<arith::TruncFOp, arith::ExtFOp>(user) ||
             gatherGroupOf.contains(user) || reductionGroupOf.contains(user) ||
             !llvm::all_of(user->getOperands(), inGroup))
           continue;

@@ -74,6 +74,13 @@ public:
   /// k, block k of out comes from member k.
   virtual Result<void> allToAll(const void *in, void *out, int64_t count,
                                 DType dtype) = 0;
+  /// Point to point within the group: sends `count` elements to the member
+  /// with key `sendTo` and receives `count` from key `recvFrom` (either may
+  /// be -1: none). Every member calls it at the same point of the program
+  /// (a permute; pipeline stages' sends and receives later).
+  virtual Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
+                                int64_t recvFrom, int64_t count,
+                                DType dtype) = 0;
 };
 
 struct BackendOptions {

@@ -219,7 +219,7 @@ struct AdamWParams {
 /// fused multiply-add):
 ///   p = p * decay                                  (param.mul_)
 ///   m = w1 < 0.5 ? m + w1 * (g - m)                (exp_avg.lerp_(g, w1),
-///                : g - (g - m) * (1 - w1)           ATen's scalar lerp)
+///                : g - (g - m) * (1.0f - w1)       ATen's scalar lerp)
 ///   v = v * b2;  v = v + (w2 * g) * g              (mul_, addcmul_)
 ///   d = sqrt(v) / bc2Sqrt + epsF                   (denom)
 ///   p = p + (negStep * m) / d                      (addcdiv_)

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 namespace meshplan::runtime {
@@ -317,6 +318,37 @@ public:
     });
   }
 
+  Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
+                        int64_t recvFrom, int64_t count,
+                        DType dtype) override {
+    size_t bytes = size_t(count * plan::dtypeBytes(dtype));
+    // Every member takes the next slot, so the slots of one permute agree.
+    uint32_t slot = context->nextSlot();
+    if (bytes == 0)
+      return {};
+    if (sendTo == key() && recvFrom == key()) {
+      std::memmove(recv, send, bytes);
+      return {};
+    }
+    return guarded([&] {
+      std::unique_ptr<gloo::transport::UnboundBuffer> out, in;
+      if (recvFrom >= 0) {
+        in = context->createUnboundBuffer(recv, bytes);
+        in->recv(static_cast<int>(recvFrom), slot);
+      }
+      if (sendTo >= 0) {
+        out = context->createUnboundBuffer(const_cast<void *>(send), bytes);
+        out->send(static_cast<int>(sendTo), slot);
+      }
+      if (out && !out->waitSend(timeout))
+        throw std::runtime_error("send to key " + std::to_string(sendTo) +
+                                 " was aborted");
+      if (in && !in->waitRecv(timeout))
+        throw std::runtime_error("receive from key " +
+                                 std::to_string(recvFrom) + " was aborted");
+    });
+  }
+
 private:
   GroupSpec spec;
   std::shared_ptr<gloo::Context> context;
@@ -348,6 +380,15 @@ public:
   Result<void> allToAll(const void *in, void *out, int64_t count,
                         DType dtype) override {
     std::memmove(out, in, size_t(count * plan::dtypeBytes(dtype)));
+    return {};
+  }
+  Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
+                        int64_t recvFrom, int64_t count,
+                        DType dtype) override {
+    if (sendTo != recvFrom)
+      return makeError("a group of one rank can only send to itself");
+    if (sendTo == 0)
+      std::memmove(recv, send, size_t(count * plan::dtypeBytes(dtype)));
     return {};
   }
 

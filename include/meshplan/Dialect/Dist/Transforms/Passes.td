@@ -104,7 +104,9 @@ def DistLowerOptimizer : Pass<"dist-lower-optimizer", "mlir::ModuleOp"> {
     one `dist.adamw` on the stored shard at the end of the step, with the
     hyper-parameters of the function's `dist.optimizer` and `tensor_id` = the
     parameter's index among the `dist.param` arguments. See
-    docs/semantics.md "Optimizer lowering".
+    docs/semantics.md "Optimizer lowering". The update reads a float32
+    gradient: one reduced in another dtype (bfloat16, float16) is widened
+    (`arith.extf`) before the first update.
 
     Before (`@m = ["r" = 2, "s" = 4] managed = ["r"]`):
     ```mlir
@@ -129,6 +131,8 @@ def DistLowerOptimizer : Pass<"dist-lower-optimizer", "mlir::ModuleOp"> {
     }
     ```
   }];
+  let dependentDialects = ["::meshplan::dist::DistDialect",
+                           "::mlir::arith::ArithDialect"];
 }
 
 def DistMaterializeComms : Pass<"dist-materialize-comms", "mlir::ModuleOp"> {
