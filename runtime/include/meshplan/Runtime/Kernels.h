@@ -175,11 +175,13 @@ struct IndexRun {
 
 /// The maximal contiguous runs of the box [offset, offset + localShape) of a
 /// row-major tensor of `globalShape`, in local order (a shard stored packed,
-/// as the plan's local_shape describes it). A scalar tensor (rank 0) is one
-/// run of length 1; an empty box has no runs. nullopt when the ranks differ, a
-/// size is negative, or the box is not inside the tensor. One run per
-/// product of the leading undivided dimensions, e.g. 4096 runs for a column
-/// shard of a 4096 x 14336 matrix, one for a row shard.
+/// as the plan's local_shape describes it). Trailing dimensions the box spans
+/// whole merge into its runs, so there is one run per index of the dimensions
+/// before the innermost one it cuts: 4096 runs for a column shard of a 4096 x
+/// 14336 matrix, one for a row shard. A scalar tensor (rank 0) is one run of
+/// length 1; an empty box has no runs. nullopt when the ranks differ, a size
+/// is negative, the box is not inside the tensor, or the tensor has more than
+/// 2^63 - 1 elements.
 std::optional<std::vector<IndexRun>>
 boxIndexRuns(std::span<const int64_t> globalShape,
              std::span<const int64_t> offset,

@@ -10,9 +10,10 @@
 //
 // Philox's products are 32 x 32 -> 64 bits; compilers vectorize them with
 // shuffles between 32- and 64-bit lanes that cost more than the arithmetic.
-// The x86 paths keep each counter word in a 64-bit lane instead, where
-// pmuludq reads only the low 32 bits: the garbage that the XORs leave in the
-// high halves is never read, and the products need no shuffling.
+// The x86 paths (SSE2, AVX2, AVX-512F, picked by CPU at run time) keep each
+// counter word in a 64-bit lane instead, where pmuludq reads only the low 32
+// bits: the garbage that the XORs leave in the high halves is never read, and
+// the products need no shuffling.
 //
 //===----------------------------------------------------------------------===//
 
@@ -122,31 +123,32 @@ void superblocksSse2(uint64_t first, int64_t count,
   const __m256i step0 = _mm256_set1_epi64x(static_cast<uint32_t>(step));
   const __m256i step1 = _mm256_set1_epi64x(static_cast<uint32_t>(step >> 32));
   const __m256i mask16 = _mm256_set1_epi32(0xFFFF);
+  const __m256i lanes[2] = {_mm256_setr_epi64x(0, 1, 2, 3),
+                            _mm256_setr_epi64x(4, 5, 6, 7)};
+  __m256i k0[kPhiloxRounds], k1[kPhiloxRounds];
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    k0[round] = _mm256_set1_epi64x(schedule.k0[round]);
+    k1[round] = _mm256_set1_epi64x(schedule.k1[round]);
+  }
   for (int64_t b = 0; b < count; ++b) {
-    uint64_t counter = (first + static_cast<uint64_t>(b)) * 8;
+    __m256i base = _mm256_set1_epi64x(
+        static_cast<int64_t>((first + static_cast<uint64_t>(b)) * 8));
     __m256i w[4][2];
     for (int r = 0; r < 2; ++r) {
-      uint64_t c = counter + 4 * r;
-      w[0][r] = _mm256_setr_epi64x(
-          static_cast<uint32_t>(c), static_cast<uint32_t>(c + 1),
-          static_cast<uint32_t>(c + 2), static_cast<uint32_t>(c + 3));
-      w[1][r] = _mm256_setr_epi64x(static_cast<uint32_t>(c >> 32),
-                                   static_cast<uint32_t>((c + 1) >> 32),
-                                   static_cast<uint32_t>((c + 2) >> 32),
-                                   static_cast<uint32_t>((c + 3) >> 32));
+      __m256i c = _mm256_add_epi64(base, lanes[r]);
+      w[0][r] = c;
+      w[1][r] = _mm256_srli_epi64(c, 32);
       w[2][r] = step0;
       w[3][r] = step1;
     }
     for (int round = 0; round < kPhiloxRounds; ++round) {
-      const __m256i k0 = _mm256_set1_epi64x(schedule.k0[round]);
-      const __m256i k1 = _mm256_set1_epi64x(schedule.k1[round]);
       for (int r = 0; r < 2; ++r) {
         __m256i p0 = _mm256_mul_epu32(w[0][r], m0);
         __m256i p1 = _mm256_mul_epu32(w[2][r], m1);
         w[0][r] = _mm256_xor_si256(
-            _mm256_xor_si256(_mm256_srli_epi64(p1, 32), w[1][r]), k0);
+            _mm256_xor_si256(_mm256_srli_epi64(p1, 32), w[1][r]), k0[round]);
         w[2][r] = _mm256_xor_si256(
-            _mm256_xor_si256(_mm256_srli_epi64(p0, 32), w[3][r]), k1);
+            _mm256_xor_si256(_mm256_srli_epi64(p0, 32), w[3][r]), k1[round]);
         w[1][r] = p1;
         w[3][r] = p0;
       }
@@ -167,6 +169,69 @@ void superblocksSse2(uint64_t first, int64_t count,
   }
 }
 
+// GCC 12's AVX-512 headers trip its own -Wmaybe-uninitialized (GCC PR
+// 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+/// 8 counters per register; two superblocks at a time for instruction-level
+/// parallelism (32 registers hold both).
+[[gnu::target("avx512f")]] void
+superblocksAvx512(uint64_t first, int64_t count, const PhiloxSchedule &schedule,
+                  uint64_t step, uint32_t *out) {
+  const __m512i m0 = _mm512_set1_epi64(kPhiloxM0);
+  const __m512i m1 = _mm512_set1_epi64(kPhiloxM1);
+  const __m512i step0 = _mm512_set1_epi64(static_cast<uint32_t>(step));
+  const __m512i step1 = _mm512_set1_epi64(static_cast<uint32_t>(step >> 32));
+  const __m512i lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask16 = _mm256_set1_epi32(0xFFFF);
+  for (int64_t b = 0; b < count; b += 2) {
+    int superblocks = count - b >= 2 ? 2 : 1;
+    __m512i w[4][2];
+    for (int r = 0; r < 2; ++r) {
+      __m512i c =
+          _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(
+                               (first + static_cast<uint64_t>(b + r)) * 8)),
+                           lanes);
+      w[0][r] = c;
+      w[1][r] = _mm512_srli_epi64(c, 32);
+      w[2][r] = step0;
+      w[3][r] = step1;
+    }
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const __m512i k0 = _mm512_set1_epi64(schedule.k0[round]);
+      const __m512i k1 = _mm512_set1_epi64(schedule.k1[round]);
+      for (int r = 0; r < 2; ++r) {
+        __m512i p0 = _mm512_mul_epu32(w[0][r], m0);
+        __m512i p1 = _mm512_mul_epu32(w[2][r], m1);
+        // 0x96: the three-way XOR.
+        w[0][r] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p1, 32), w[1][r],
+                                            k0, 0x96);
+        w[2][r] = _mm512_ternarylogic_epi64(_mm512_srli_epi64(p0, 32), w[3][r],
+                                            k1, 0x96);
+        w[1][r] = p1;
+        w[3][r] = p0;
+      }
+    }
+    for (int r = 0; r < superblocks; ++r) {
+      uint32_t *o = out + kSuperblock * (b + r);
+      for (int k = 0; k < 4; ++k) {
+        __m256i lo = _mm512_cvtepi64_epi32(w[k][r]);
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 16 * k),
+                            _mm256_and_si256(lo, mask16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + 16 * k + 8),
+                            _mm256_srli_epi32(lo, 16));
+      }
+    }
+  }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 #endif // MESHPLAN_PHILOX_X86
 
 std::vector<PhiloxPath> detectPaths() {
@@ -176,6 +241,8 @@ std::vector<PhiloxPath> detectPaths() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2"))
     paths.push_back(PhiloxPath::Avx2);
+  if (__builtin_cpu_supports("avx512f"))
+    paths.push_back(PhiloxPath::Avx512);
 #endif
   return paths;
 }
@@ -192,6 +259,8 @@ void detail::philoxSuperblocks(uint64_t firstSuperblock, int64_t count,
                                uint32_t *out, PhiloxPath path) {
   switch (path) {
 #if MESHPLAN_PHILOX_X86
+  case PhiloxPath::Avx512:
+    return superblocksAvx512(firstSuperblock, count, schedule, step, out);
   case PhiloxPath::Avx2:
     return superblocksAvx2(firstSuperblock, count, schedule, step, out);
   case PhiloxPath::Sse2:
