@@ -479,15 +479,14 @@ private:
       std::string root = rootOf.lookup(source);
       rootOf[result] = root;
       auto [kind, role] = roleOf(op);
-      if (bufferOf.count(source) &&
-          out.buffers[bufferOf.lookup(source)].kind ==
-              pl::BufferKind::Gradient) {
+      if (bufferOf.count(source) && out.buffers[bufferOf.lookup(source)].kind ==
+                                        pl::BufferKind::Gradient) {
         kind = pl::BufferKind::Gradient;
         // The reduced gradient widened for the optimizer: "<param>.float32".
         if (isa<arith::TruncFOp, arith::ExtFOp>(op))
-          if (auto dtype = planDType(
-                  cast<RankedTensorType>(op->getResult(0).getType())
-                      .getElementType()))
+          if (auto dtype =
+                  planDType(cast<RankedTensorType>(op->getResult(0).getType())
+                                .getElementType()))
             role = std::string(pl::dtypeName(*dtype));
       }
       if (root == "fp8.amax")

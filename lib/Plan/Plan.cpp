@@ -878,7 +878,7 @@ Result<void> validatePlan(const Plan &plan) {
     if (amax.dtype != DType::Float32 || amax.localShape.size() != 1)
       return errorAt(childPointer(p, "amax"),
                      quote(amax.id) + " is not a 1-D float32 buffer");
-    if (b.scale->index >= n)
+    if (b.scale->index < 0 || b.scale->index >= n)
       return errorAt(childPointer(p, "index"),
                      "index " + std::to_string(b.scale->index) + " but " +
                          quote(amax.id) + " has " + std::to_string(n) +
@@ -951,9 +951,11 @@ Result<void> validatePlan(const Plan &plan) {
     };
     MESHPLAN_TRY(checkBuffers(in.inputs, "inputs"));
     MESHPLAN_TRY(checkBuffers(in.outputs, "outputs"));
-    MESHPLAN_TRY(checkOperands(plan, in, p, buffers));
+    // Before the operands: without an optimizer, the parameter dtype rule
+    // (stochastic rounding or not) has nothing to go by.
     if (in.op == OpKind::OptimizerUpdate && !plan.optimizer)
       return errorAt(p, "optimizer_update, but the plan has no \"optimizer\"");
+    MESHPLAN_TRY(checkOperands(plan, in, p, buffers));
     for (size_t k = 0; k < in.deps.size(); ++k) {
       auto d = ids.find(in.deps[k]);
       if (d == ids.end())

@@ -116,13 +116,15 @@ func.func @hsdp_managed(%w: tensor<16x8xbf16, #dist.layout<@ft, [ {"s"}, {} ]>> 
 
 // HSDP whose replicate axis is not managed: the same reductions, and the
 // all-reduce is not fault_tolerant. The gradient is reduced in bf16 (the
-// reduce dtype), and the update takes it as it is.
+// reduce dtype) and widened to f32 for the update (AdamW reads a float32
+// gradient), after the reductions and before the update.
 dist.mesh @m ["r" = 2, "s" = 2]
 // CHECK-LABEL: func.func @hsdp_static
 // CHECK: dist.reduce_scatter %{{.*}} dim 0 avg over {"s"} : tensor<8xbf16, #dist.layout<@m, [{}], partial(avg) = {"r", "s"}>> -> tensor<8xbf16, #dist.layout<@m, [{"s"}], partial(avg) = {"r"}>>
 // CHECK-NEXT: %[[AR:.*]] = dist.all_reduce %{{.*}} avg over {"r"} :
 // CHECK-NOT: fault_tolerant
-// CHECK: dist.adamw %{{.*}}, %[[AR]], %{{.*}}, %{{.*}} {{{.*}}} : tensor<8xf32, #dist.layout<@m, [{"s"}]>>, tensor<8xbf16, #dist.layout<@m, [{"s"}]>>, tensor<8xf32, #dist.layout<@m, [{"s"}]>>, tensor<8xf32, #dist.layout<@m, [{"s"}]>>
+// CHECK: %[[F32:.*]] = arith.extf %[[AR]] : tensor<8xbf16, #dist.layout<@m, [{"s"}]>> to tensor<8xf32, #dist.layout<@m, [{"s"}]>>
+// CHECK-NEXT: dist.adamw %{{.*}}, %[[F32]], %{{.*}}, %{{.*}} {{{.*}}} : tensor<8xf32, #dist.layout<@m, [{"s"}]>>, tensor<8xf32, #dist.layout<@m, [{"s"}]>>, tensor<8xf32, #dist.layout<@m, [{"s"}]>>, tensor<8xf32, #dist.layout<@m, [{"s"}]>>
 func.func @hsdp_static(%w: tensor<8xf32, #dist.layout<@m, [ {"s"} ]>> {dist.param = "w"})
     attributes {dist.train_step,
                 dist.optimizer = {kind = "adamw", lr = 1.0e-3 : f64, beta1 = 0.9 : f64, beta2 = 0.999 : f64,

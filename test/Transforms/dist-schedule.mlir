@@ -421,6 +421,59 @@ func.func @accum_keep(%w0: !s {dist.param = "tok_embeddings.weight"},
 
 // -----
 
+// Gradients reduced in bf16 and widened to f32 for the updates (what
+// dist-lower-optimizer emits for a bf16 reduce dtype): each reduction goes
+// right after its backward, on comm.rs; the widening casts stay with the
+// updates at the end, so that no backward waits on the compute stream for a
+// reduction. The bf16 shard is freed after its cast, the f32 one after its
+// update.
+// CHECK-LABEL: func.func @widen
+// CHECK:      %[[D1:.*]] = dist.compute backward "b"
+// CHECK-NEXT: dist.free
+// CHECK-NEXT: %[[R1:.*]] = dist.reduce_scatter %[[D1]] {{.*}}dist.stream = "comm.rs"
+// CHECK-NEXT: dist.free %[[D1]]
+// CHECK-NEXT: %[[D0:.*]] = dist.compute backward "a"
+// CHECK-NEXT: dist.free
+// CHECK-NEXT: %[[R0:.*]] = dist.reduce_scatter %[[D0]] {{.*}}dist.stream = "comm.rs"
+// CHECK-NEXT: dist.free %[[D0]]
+// CHECK-NEXT: %[[F1:.*]] = arith.extf %[[R1]] {dist.id = 20 : i64, dist.stream = "compute"}
+// CHECK-NEXT: dist.free %[[R1]]
+// CHECK-NEXT: %[[F0:.*]] = arith.extf %[[R0]] {dist.id = 22 : i64, dist.stream = "compute"}
+// CHECK-NEXT: dist.free %[[R0]]
+// CHECK-NEXT: dist.adamw %arg1, %[[F1]], %arg4, %arg5
+// CHECK-NEXT: dist.free %[[F1]]
+// CHECK-NEXT: dist.adamw %arg0, %[[F0]], %arg2, %arg3
+// CHECK-NEXT: dist.free %[[F0]]
+// CHECK-NEXT: return
+!s = tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
+!sb = tensor<8xbf16, #dist.layout<@m, [{"dp"}]>>
+!g = tensor<8xbf16, #dist.layout<@m, [{}]>>
+!d = tensor<8xbf16, #dist.layout<@m, [{}], partial(avg) = {"dp"}>>
+dist.mesh @m ["dp" = 2]
+dist.comm @comm_m_dp on @m axes {"dp"}
+func.func @widen(%w0: !s {dist.param = "a.weight"}, %w1: !s {dist.param = "b.weight"},
+                 %m0: !s {dist.state = "a.weight.exp_avg"}, %v0: !s {dist.state = "a.weight.exp_avg_sq"},
+                 %m1: !s {dist.state = "b.weight.exp_avg"}, %v1: !s {dist.state = "b.weight.exp_avg_sq"})
+    attributes {dist.train_step} {
+  %c0 = arith.truncf %w0 : !s to !sb
+  %g0 = dist.all_gather %c0 dim 0 over {"dp"} comm = @comm_m_dp : !sb -> !g
+  dist.compute forward "a" (%g0) : !g
+  %c1 = arith.truncf %w1 : !s to !sb
+  %g1 = dist.all_gather %c1 dim 0 over {"dp"} comm = @comm_m_dp : !sb -> !g
+  dist.compute forward "b" (%g1) : !g
+  %d1 = dist.compute backward "b" (%g1) : !g -> !d
+  %d0 = dist.compute backward "a" (%g0) : !g -> !d
+  %r1 = dist.reduce_scatter %d1 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !sb
+  %r0 = dist.reduce_scatter %d0 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !sb
+  %f1 = arith.extf %r1 : !sb to !s
+  %f0 = arith.extf %r0 : !sb to !s
+  %p1, %pm1, %pv1 = dist.adamw %w1, %f1, %m1, %v1 {lr = 3.0e-4, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8, weight_decay = 0.1, seed = 0, tensor_id = 1} : !s, !s, !s, !s
+  %p0, %pm0, %pv0 = dist.adamw %w0, %f0, %m0, %v0 {lr = 3.0e-4, beta1 = 0.9, beta2 = 0.95, eps = 1.0e-8, weight_decay = 0.1, seed = 0, tensor_id = 0} : !s, !s, !s, !s
+  return
+}
+
+// -----
+
 // Only dist.train_step functions are scheduled.
 !s = tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
 !g = tensor<8xf32, #dist.layout<@m, [{}]>>

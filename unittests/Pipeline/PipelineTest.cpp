@@ -2245,8 +2245,8 @@ TEST_P(PipelineSweep, MatchesReferences) {
     EXPECT_TRUE(*plan == *again)
         << c.name << ": rank " << r << ": instantiating twice differs";
     auto valid = pl::validatePlan(*plan);
-    EXPECT_TRUE(valid.ok()) << c.name << ": rank " << r << ": "
-                            << valid.error().message;
+    EXPECT_TRUE(valid.ok())
+        << c.name << ": rank " << r << ": " << valid.error().message;
     plans.push_back(std::move(*plan));
   }
 

@@ -9,9 +9,14 @@ using Json = nlohmann::ordered_json;
 
 namespace {
 
+// Rank 1 = (dp 0, tp 1) of a 2x2 mesh. Buffers 0-2 and instructions 0-3 are
+// the original small plan; the rest adds what version 2 introduced: the
+// optimizer's state and gradient shard, a float32 parameter cast to float8
+// with a scale read from a MAX-reduced amax buffer and gathered as float8,
+// and a fused AdamW update.
 const char *kSmallPlan = R"json({
  "format": "meshplan.plan",
- "version": 1,
+ "version": 2,
  "mesh": {"axes":[{"name":"dp","size":2},{"name":"tp","size":2}]},
  "rank": 1,
  "communicators": [
@@ -19,17 +24,31 @@ const char *kSmallPlan = R"json({
   {"id":"dp","ranks":[1,3],"color":1,"key":0,"axes":["dp"],"view":null,"fault_tolerant":false}
  ],
  "buffers": [
-  {"id":"w","kind":"param_shard","dtype":"bfloat16","global_shape":[8,4],"local_shape":[4,4],"offset":[0,0]},
-  {"id":"w.full","kind":"gathered","dtype":"bfloat16","global_shape":[8,4],"local_shape":[8,4],"offset":[0,0]},
-  {"id":"g","kind":"gradient","dtype":"float32","global_shape":[8,4],"local_shape":[4,4],"offset":[4,0]}
+  {"id":"w","kind":"param_shard","dtype":"bfloat16","global_shape":[8,4],"local_shape":[4,4],"offset":[0,0],"layout":"[{dp}, {}]","tensor":"layers.0.w","tensor_id":0},
+  {"id":"w.full","kind":"gathered","dtype":"bfloat16","global_shape":[8,4],"local_shape":[8,4],"offset":[0,0],"layout":"[{}, {}]","tensor":"layers.0.w"},
+  {"id":"g","kind":"gradient","dtype":"float32","global_shape":[8,4],"local_shape":[4,4],"offset":[4,0],"layout":"[{tp}, {}] partial(avg)={dp}"},
+  {"id":"w.grad","kind":"gradient","dtype":"float32","global_shape":[8,4],"local_shape":[4,4],"offset":[0,0],"layout":"[{dp}, {}]","tensor":"layers.0.w"},
+  {"id":"w.exp_avg","kind":"optimizer_state","dtype":"float32","global_shape":[8,4],"local_shape":[4,4],"offset":[0,0],"layout":"[{dp}, {}]","tensor":"layers.0.w"},
+  {"id":"w.exp_avg_sq","kind":"optimizer_state","dtype":"float32","global_shape":[8,4],"local_shape":[4,4],"offset":[0,0],"layout":"[{dp}, {}]","tensor":"layers.0.w"},
+  {"id":"x","kind":"param_shard","dtype":"float32","global_shape":[8],"local_shape":[4],"offset":[4],"layout":"[{tp}]","tensor":"layers.0.x","tensor_id":1},
+  {"id":"amax","kind":"scratch","dtype":"float32","global_shape":[2],"local_shape":[2],"offset":[0],"layout":"[{}]"},
+  {"id":"x.fp8","kind":"scratch","dtype":"float8_e4m3fn","global_shape":[8],"local_shape":[4],"offset":[4],"layout":"[{tp}]","tensor":"layers.0.x","scale":{"amax":"amax","index":1,"power_of_2":true}},
+  {"id":"x.full","kind":"gathered","dtype":"float8_e4m3fn","global_shape":[8],"local_shape":[8],"offset":[0],"layout":"[{}]","tensor":"layers.0.x","scale":{"amax":"amax","index":1,"power_of_2":true}}
  ],
  "streams": ["compute","comm"],
  "program": [
   {"id":"ag","stream":"comm","op":"all_gather","comm":"tp","dtype":"bfloat16","count":16,"inputs":["w"],"outputs":["w.full"],"label":"all-gather w"},
-  {"id":"fwd","stream":"compute","op":"compute","inputs":["w.full"],"deps":["ag"],"label":"forward layers.0"},
+  {"id":"fwd","stream":"compute","op":"compute","inputs":["w.full"],"deps":["ag"],"label":"forward layers.0","phase":"forward","unit":"layers.0","microbatch":0},
   {"id":"free","stream":"compute","op":"free","inputs":["w.full"]},
-  {"id":"ar","stream":"comm","op":"all_reduce","comm":"dp","dtype":"float32","count":16,"reduce":"avg","inputs":["g"],"outputs":["g"],"deps":["fwd"]}
+  {"id":"ar","stream":"comm","op":"all_reduce","comm":"dp","dtype":"float32","count":16,"reduce":"avg","inputs":["g"],"outputs":["g"],"deps":["fwd"]},
+  {"id":"amax.x","stream":"compute","op":"fp8_amax","dtype":"float32","inputs":["x"],"outputs":["amax"]},
+  {"id":"ar.amax","stream":"comm","op":"all_reduce","comm":"tp","dtype":"float32","count":2,"reduce":"max","inputs":["amax"],"outputs":["amax"],"deps":["amax.x"]},
+  {"id":"cast.x","stream":"compute","op":"fp8_cast","dtype":"float8_e4m3fn","inputs":["x","amax"],"outputs":["x.fp8"],"deps":["ar.amax"]},
+  {"id":"ag.x","stream":"comm","op":"all_gather","comm":"tp","dtype":"float8_e4m3fn","count":4,"inputs":["x.fp8"],"outputs":["x.full"],"deps":["cast.x"]},
+  {"id":"bwd","stream":"compute","op":"compute","inputs":["x.full","w.grad"],"outputs":["w.grad"],"deps":["ag.x"],"label":"backward layers.0 (microbatch 1)","phase":"backward","unit":"layers.0","microbatch":1},
+  {"id":"opt","stream":"compute","op":"optimizer_update","inputs":["w","w.grad","w.exp_avg","w.exp_avg_sq"],"outputs":["w","w.exp_avg","w.exp_avg_sq"],"label":"adamw layers.0"}
  ],
+ "optimizer": {"name":"adamw","lr":0.001,"beta1":0.9,"beta2":0.95,"eps":1e-08,"weight_decay":0.1,"stochastic_rounding":true,"seed":7},
  "estimates": {"peak_memory_bytes":{"gathered":64,"param_shard":32},"bytes_per_step_per_comm":{"dp":64,"tp":32}}
 }
 )json";
@@ -50,10 +69,28 @@ TEST(PlanFormat, SmallPlanReads) {
   Result<Plan> p = parsePlan(kSmallPlan);
   ASSERT_TRUE(p.ok()) << p.error().message;
   EXPECT_EQ(p->rank, 1);
-  ASSERT_EQ(p->program.size(), 4u);
+  ASSERT_EQ(p->program.size(), 10u);
   EXPECT_EQ(p->program[3].reduce, ReduceOp::Avg);
   EXPECT_EQ(p->communicators[0].view, std::optional<std::string>("slice(tp)"));
   EXPECT_FALSE(p->communicators[1].view.has_value());
+  // Version 2's fields.
+  ASSERT_EQ(p->buffers.size(), 10u);
+  EXPECT_EQ(p->buffers[0].layout, "[{dp}, {}]");
+  EXPECT_EQ(p->buffers[0].tensor, "layers.0.w");
+  EXPECT_EQ(p->buffers[0].tensorId, std::optional<int64_t>(0));
+  EXPECT_EQ(p->buffers[2].layout, "[{tp}, {}] partial(avg)={dp}");
+  EXPECT_EQ(p->buffers[2].tensor, "");
+  EXPECT_FALSE(p->buffers[2].tensorId.has_value());
+  EXPECT_FALSE(p->buffers[2].scale.has_value());
+  EXPECT_EQ(p->buffers[8].scale, (Fp8Scale{"amax", 1, true}));
+  EXPECT_EQ(p->program[1].phase, "forward");
+  EXPECT_EQ(p->program[1].unit, "layers.0");
+  EXPECT_EQ(p->program[1].microbatch, 0);
+  EXPECT_EQ(p->program[8].phase, "backward");
+  EXPECT_EQ(p->program[8].microbatch, 1);
+  EXPECT_EQ(p->program[0].phase, "");
+  OptimizerConfig adamw{"adamw", 1e-3, 0.9, 0.95, 1e-8, 0.1, true, 7};
+  EXPECT_EQ(p->optimizer, adamw);
   // Writer output reads back to the same plan and is a fixed point.
   std::string text = writePlan(*p);
   Result<Plan> q = parsePlan(text);
@@ -106,12 +143,25 @@ TEST(PlanFormat, MalformedDocuments) {
   EXPECT_EQ(mutated([](Json &j) { j["format"] = "meshplan.spec"; }),
             "/format: expected \"meshplan.plan\", got string "
             "\"meshplan.spec\"");
-  EXPECT_EQ(mutated([](Json &j) { j["version"] = 2; }),
-            "/version: unsupported plan version 2; this meshplan reads "
-            "version 1");
+  // Version 1 plans (no layouts, callbacks or optimizer) are refused by
+  // their version, before anything else is read.
+  EXPECT_EQ(mutated([](Json &j) { j["version"] = 1; }),
+            "/version: unsupported plan version 1; this meshplan reads "
+            "version 2");
+  EXPECT_EQ(mutated([](Json &j) { j["version"] = 3; }),
+            "/version: unsupported plan version 3; this meshplan reads "
+            "version 2");
+  EXPECT_EQ(mutated([](Json &j) {
+              j["version"] = 1;
+              for (Json &b : j["buffers"])
+                b.erase("layout");
+            }),
+            "/version: unsupported plan version 1; this meshplan reads "
+            "version 2");
   EXPECT_EQ(mutated([](Json &j) { j["extra"] = 1; }),
             "/extra: unknown key; expected one of format, version, mesh, "
-            "rank, communicators, buffers, streams, program, estimates");
+            "rank, communicators, buffers, streams, program, optimizer, "
+            "estimates");
   EXPECT_EQ(mutated([](Json &j) { j.erase("streams"); }),
             "/streams: missing required key; expected an array of strings");
 }
@@ -235,6 +285,251 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
   };
   for (const Case &c : cases)
     EXPECT_EQ(mutated(c.edit), c.error);
+}
+
+/// Version 2: what a runtime needs to execute a plan without deriving
+/// anything. One located error per check.
+TEST(PlanFormat, Version2ErrorsNameTheJsonPointer) {
+  struct Case {
+    std::function<void(Json &)> edit;
+    std::string error;
+  };
+  Json scale = {{"amax", "amax"}, {"index", 0}, {"power_of_2", false}};
+  std::vector<Case> cases = {
+      // Layouts: required, parsed over the root mesh, this rank's box.
+      {[](Json &j) { j["buffers"][1].erase("layout"); },
+       "/buffers/1/layout: missing required key; expected a string"},
+      {[](Json &j) { j["buffers"][1]["layout"] = "{}, {}"; },
+       "/buffers/1/layout: layout \"{}, {}\" must start with '[' as in [{tp, "
+       "dp}, {}]"},
+      {[](Json &j) { j["buffers"][1]["layout"] = "[{pp}, {}]"; },
+       "/buffers/1/layout: layout dim 0: axis \"pp\" is not in the view "
+       "(axes: dp, tp)"},
+      {[](Json &j) { j["buffers"][1]["layout"] = "[{}]"; },
+       "/buffers/1/layout: the layout has 1 dims but global_shape has 2"},
+      {[](Json &j) { j["buffers"][0]["layout"] = "[{tp}, {}]"; },
+       "/buffers/0/layout: gives rank 1 the box [4,0] + [4,4], but the "
+       "buffer says [0,0] + [4,4]"},
+      {[](Json &j) { j["buffers"][1]["layout"] = "[{}, {dp}]"; },
+       "/buffers/1/layout: gives rank 1 the box [0,0] + [8,2], but the "
+       "buffer says [0,0] + [8,4]"},
+      // Tensor ids: on every param_shard, unique, nowhere else.
+      {[](Json &j) { j["buffers"][0].erase("tensor_id"); },
+       "/buffers/0: a param_shard needs \"tensor_id\""},
+      {[](Json &j) { j["buffers"][6]["tensor_id"] = 0; },
+       "/buffers/6/tensor_id: tensor_id 0 is also /buffers/0"},
+      {[](Json &j) { j["buffers"][3]["tensor_id"] = 5; },
+       "/buffers/3/tensor_id: only a param_shard has a tensor_id"},
+      {[](Json &j) { j["buffers"][0]["tensor_id"] = -1; },
+       "/buffers/0/tensor_id: expected an integer >= 0, got -1"},
+      {[](Json &j) { j["buffers"][0]["tensor"] = 3; },
+       "/buffers/0/tensor: expected a string, got integer 3"},
+      // Float8 scales: on every float8 buffer, nowhere else; the amax is a
+      // 1-D float32 buffer with the element they read.
+      {[](Json &j) { j["buffers"][8].erase("scale"); },
+       "/buffers/8: a float8 buffer needs \"scale\""},
+      {[&](Json &j) { j["buffers"][7]["scale"] = scale; },
+       "/buffers/7/scale: only a float8 buffer has a scale"},
+      {[](Json &j) { j["buffers"][9]["scale"]["amax"] = "nope"; },
+       "/buffers/9/scale/amax: unknown buffer \"nope\""},
+      {[](Json &j) { j["buffers"][9]["scale"]["amax"] = "w.exp_avg"; },
+       "/buffers/9/scale/amax: \"w.exp_avg\" is not a 1-D float32 buffer"},
+      {[](Json &j) { j["buffers"][9]["scale"]["index"] = 2; },
+       "/buffers/9/scale/index: index 2 but \"amax\" has 2 elements"},
+      {[](Json &j) { j["buffers"][9]["scale"].erase("power_of_2"); },
+       "/buffers/9/scale/power_of_2: missing required key; expected a "
+       "boolean"},
+      {[](Json &j) { j["buffers"][9]["scale"]["scaling"] = "rowwise"; },
+       "/buffers/9/scale/scaling: unknown key; expected one of amax, index, "
+       "power_of_2"},
+      // Compute callbacks: phase, unit and microbatch on compute only.
+      {[](Json &j) { j["program"][1].erase("phase"); },
+       "/program/1: compute needs \"phase\""},
+      {[](Json &j) { j["program"][1].erase("unit"); },
+       "/program/1: compute needs \"unit\""},
+      {[](Json &j) { j["program"][8].erase("microbatch"); },
+       "/program/8: compute needs \"microbatch\""},
+      {[](Json &j) { j["program"][1]["phase"] = "sideways"; },
+       "/program/1/phase: phase must be \"forward\" or \"backward\", not "
+       "\"sideways\""},
+      {[](Json &j) { j["program"][1]["unit"] = ""; },
+       "/program/1/unit: unit is empty"},
+      {[](Json &j) { j["program"][8]["microbatch"] = -1; },
+       "/program/8/microbatch: expected an integer >= 0, got -1"},
+      {[](Json &j) { j["program"][0]["phase"] = "forward"; },
+       "/program/0/phase: all_gather takes no phase (only compute does)"},
+      {[](Json &j) { j["program"][9]["unit"] = "layers.0"; },
+       "/program/9/unit: optimizer_update takes no unit (only compute does)"},
+      {[](Json &j) { j["program"][2]["microbatch"] = 0; },
+       "/program/2/microbatch: free takes no microbatch (only compute does)"},
+      // optimizer_update: (param, grad, exp_avg, exp_avg_sq) per parameter,
+      // updated in place, one shard, float32 state and gradient, the
+      // parameter bf16 exactly when stochastically rounded.
+      {[](Json &j) { j["program"][9]["inputs"].erase(3); },
+       "/program/9: optimizer_update needs inputs (param, grad, exp_avg, "
+       "exp_avg_sq) per parameter and outputs (param, exp_avg, exp_avg_sq)"},
+      {[](Json &j) { j["program"][9]["outputs"].erase(2); },
+       "/program/9: optimizer_update needs inputs (param, grad, exp_avg, "
+       "exp_avg_sq) per parameter and outputs (param, exp_avg, exp_avg_sq)"},
+      {[](Json &j) { j["program"][9]["outputs"][1] = "w.grad"; },
+       "/program/9/outputs/0: optimizer_update updates in place: outputs "
+       "must be the param, exp_avg and exp_avg_sq inputs"},
+      {[](Json &j) { j["program"][9]["inputs"][0] = "w.grad"; },
+       "/program/9/inputs/0: \"w.grad\" is not a param_shard"},
+      {[](Json &j) { j["program"][9]["inputs"][1] = "g"; },
+       "/program/9/inputs/1: \"g\" is not the same shard as \"w\""},
+      {[](Json &j) { j["buffers"][4]["dtype"] = "bfloat16"; },
+       "/program/9/inputs/2: \"w.exp_avg\" is not float32"},
+      {[](Json &j) { j["buffers"][3]["dtype"] = "bfloat16"; },
+       "/program/9/inputs/1: \"w.grad\" is not float32"},
+      {[](Json &j) { j["optimizer"]["stochastic_rounding"] = false; },
+       "/program/9/inputs/0: AdamW without stochastic rounding needs "
+       "float32 parameters, \"w\" is bfloat16"},
+      {[](Json &j) {
+         for (int b : {0, 1})
+           j["buffers"][b]["dtype"] = "float32";
+         j["program"][0]["dtype"] = "float32";
+       },
+       "/program/9/inputs/0: stochastic rounding needs bfloat16 parameters, "
+       "\"w\" is float32"},
+      // fp8_cast: the sources parallel to the outputs, then the amax
+      // buffers their scales read.
+      {[](Json &j) {
+         j["program"][6]["inputs"] = {"amax", "x"};
+       },
+       "/program/6/inputs/0: \"amax\" and \"x.fp8\" have different local "
+       "shapes"},
+      {[](Json &j) { j["program"][6]["inputs"] = {"x"}; },
+       "/program/6/outputs/0: the scale of \"x.fp8\" reads \"amax\", which "
+       "is not an input"},
+      {[](Json &j) { j["program"][6]["inputs"] = Json::array(); },
+       "/program/6: fp8_cast needs one source input per output, then the "
+       "amax buffers"},
+      {[](Json &j) { j["program"][6]["outputs"] = {"w.grad"}; },
+       "/program/6/outputs/0: \"w.grad\" is not a float8 buffer"},
+      // Cast, sum and collectives: one input per output.
+      {[](Json &j) { j["program"][0]["outputs"].push_back("g"); },
+       "/program/0: all_gather needs one input per output"},
+      {[](Json &j) { j["program"][3]["inputs"].push_back("w.grad"); },
+       "/program/3: all_reduce needs one input per output"},
+      {[](Json &j) {
+         j["program"][4]["op"] = "cast";
+         j["program"][4]["inputs"].push_back("w");
+       },
+       "/program/4: cast needs one input per output"},
+      // The optimizer: required with an optimizer_update, closed, in range.
+      {[](Json &j) { j.erase("optimizer"); },
+       "/program/9: optimizer_update, but the plan has no \"optimizer\""},
+      {[](Json &j) { j["optimizer"]["name"] = "sgd"; },
+       "/optimizer/name: unknown optimizer \"sgd\" (this runtime has adamw)"},
+      {[](Json &j) { j["optimizer"]["lr"] = -1; },
+       "/optimizer/lr: lr must be in [0, 1e6]"},
+      {[](Json &j) { j["optimizer"]["beta1"] = 1; },
+       "/optimizer/beta1: beta1 must be in [0, 1)"},
+      {[](Json &j) { j["optimizer"]["beta2"] = -0.5; },
+       "/optimizer/beta2: beta2 must be in [0, 1)"},
+      {[](Json &j) { j["optimizer"]["eps"] = 0; },
+       "/optimizer/eps: eps must be in (0, 1e6]"},
+      {[](Json &j) { j["optimizer"]["weight_decay"] = -0.1; },
+       "/optimizer/weight_decay: weight_decay must be in [0, 1e6]"},
+      {[](Json &j) { j["optimizer"].erase("seed"); },
+       "/optimizer/seed: missing required key; expected an integer"},
+      {[](Json &j) { j["optimizer"]["seed"] = 1.5; },
+       "/optimizer/seed: expected an integer, got number 1.5"},
+      {[](Json &j) { j["optimizer"]["stochastic_rounding"] = "yes"; },
+       "/optimizer/stochastic_rounding: expected a boolean, got string "
+       "\"yes\""},
+      {[](Json &j) { j["optimizer"]["momentum"] = 0.9; },
+       "/optimizer/momentum: unknown key; expected one of name, lr, beta1, "
+       "beta2, eps, weight_decay, stochastic_rounding, seed"},
+      {[](Json &j) { j["optimizer"] = "adamw"; },
+       "/optimizer: expected an object, got string \"adamw\""},
+  };
+  for (const Case &c : cases)
+    EXPECT_EQ(mutated(c.edit), c.error);
+}
+
+/// A plan without an optimizer_update needs no optimizer; with one it may
+/// still carry it.
+TEST(PlanFormat, OptimizerIsOptionalWithoutAnUpdate) {
+  EXPECT_EQ(mutated([](Json &j) {
+              j["program"].erase(9);
+              j.erase("optimizer");
+            }),
+            "<ok>");
+  EXPECT_EQ(mutated([](Json &j) { j["program"].erase(9); }), "<ok>");
+}
+
+/// Every version 2 field survives writePlan and parsePlan, also on a plan
+/// built in memory, and the writer's output is a fixed point.
+TEST(PlanFormat, Version2FieldsRoundTrip) {
+  Result<Plan> p = parsePlan(kSmallPlan);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  Plan plan = *p;
+  // Non-default values everywhere.
+  plan.buffers[6].tensorId = 41;
+  plan.buffers[8].scale = Fp8Scale{"amax", 0, false};
+  plan.buffers[9].scale = Fp8Scale{"amax", 0, false};
+  plan.program[8].microbatch = 3;
+  plan.program[8].unit = "layers.0.attention";
+  plan.optimizer =
+      OptimizerConfig{"adamw", 3e-4, 0.5, 0.875, 1e-6, 0, true, 1234567890123};
+  ASSERT_TRUE(validatePlan(plan).ok()) << validatePlan(plan).error().message;
+  std::string text = writePlan(plan);
+  Result<Plan> q = parsePlan(text);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  EXPECT_EQ(*q, plan);
+  EXPECT_EQ(writePlan(*q), text);
+  // One buffer, instruction and optimizer per line, as version 1 wrote.
+  EXPECT_NE(text.find("\n  {\"id\":\"x.fp8\",\"kind\":\"scratch\",\"dtype\":"
+                      "\"float8_e4m3fn\",\"global_shape\":[8],\"local_shape\":"
+                      "[4],\"offset\":[4],\"layout\":\"[{tp}]\",\"tensor\":"
+                      "\"layers.0.x\",\"scale\":{\"amax\":\"amax\",\"index\":0,"
+                      "\"power_of_2\":false}},\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"label\":\"backward layers.0 (microbatch 1)\","
+                      "\"phase\":\"backward\",\"unit\":\"layers.0.attention\","
+                      "\"microbatch\":3},\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\n \"optimizer\": {\"name\":\"adamw\",\"lr\":0.0003,"
+                      "\"beta1\":0.5,\"beta2\":0.875,\"eps\":1e-06,"
+                      "\"weight_decay\":0.0,\"stochastic_rounding\":true,"
+                      "\"seed\":1234567890123},\n"),
+            std::string::npos)
+      << text;
+  // Optional keys are written only when set.
+  plan.buffers[0].tensor.clear();
+  plan.optimizer.reset();
+  plan.program.pop_back();
+  text = writePlan(plan);
+  EXPECT_EQ(text.find("\"optimizer\""), std::string::npos);
+  q = parsePlan(text);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  EXPECT_EQ(*q, plan);
+}
+
+/// validatePlan checks plans built in memory (templates instantiated per
+/// rank) by the same rules.
+TEST(PlanFormat, ValidatesPlansBuiltInMemory) {
+  Result<Plan> p = parsePlan(kSmallPlan);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  Plan plan = *p;
+  plan.buffers[8].scale->index = -1;
+  EXPECT_EQ(validatePlan(plan).error().message,
+            "/buffers/8/scale/index: index -1 but \"amax\" has 2 elements");
+  plan = *p;
+  plan.program[1].phase.clear();
+  EXPECT_EQ(validatePlan(plan).error().message,
+            "/program/1/phase: phase must be \"forward\" or \"backward\", "
+            "not \"\"");
+  plan = *p;
+  plan.buffers[0].layout.clear();
+  EXPECT_EQ(
+      validatePlan(plan).error().message,
+      "/buffers/0/layout: layout \"\" must start with '[' as in [{tp, dp}, "
+      "{}]");
 }
 
 TEST(PlanFormat, NeverThrowsOnGarbage) {

@@ -129,8 +129,12 @@ inline std::vector<Plan> synthesize(const SynthOptions &opt) {
         auto addBuffer = [&](const std::string &id, BufferKind kind,
                              const Layout &layout) {
           ShardBox box = *shardOf(view, layout, pt.spec.shape, rank);
-          Buffer b{id,           kind,          opt.dtype,
-                   pt.spec.shape, box.localShape, box.offset,
+          Buffer b{id,
+                   kind,
+                   opt.dtype,
+                   pt.spec.shape,
+                   box.localShape,
+                   box.offset,
                    formatLayout(*mesh, layout)};
           b.tensor = prefix;
           // A parameter's index in the model: its position in the list.

@@ -76,8 +76,8 @@ struct TemplateBuilder {
   /// Parameter shards get the next tensor id (the model's order) unless
   /// one is set afterwards.
   BufferTemplate &buffer(const BufferSpec &b) {
-    BufferTemplate bt{b.id,     b.kind,           b.dtype, b.shape,
-                      layout(b.layout), b.persistent};
+    BufferTemplate bt{b.id,    b.kind,           b.dtype,
+                      b.shape, layout(b.layout), b.persistent};
     if (b.kind == BufferKind::ParamShard) {
       bt.tensor = b.id;
       bt.tensorId = nextTensorId++;
@@ -480,9 +480,9 @@ void addSweepProgram(TemplateBuilder &b, const std::string &param,
   // The update reads the parameter's shard of its reduced gradient and of
   // its state (fp32, in the parameter's layout); a bfloat16 parameter is
   // stochastically rounded.
-  BufferTemplate p = *std::find_if(
-      b.t.buffers.begin(), b.t.buffers.end(),
-      [&](const BufferTemplate &x) { return x.id == param; });
+  BufferTemplate p =
+      *std::find_if(b.t.buffers.begin(), b.t.buffers.end(),
+                    [&](const BufferTemplate &x) { return x.id == param; });
   std::vector<std::string> shard;
   for (const auto &[suffix, kind, persistent] :
        {std::tuple{".rgrad", BufferKind::Gradient, false},

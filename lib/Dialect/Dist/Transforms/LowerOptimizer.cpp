@@ -355,8 +355,8 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
     auto gradType = cast<RankedTensorType>(u.reducedGrad.getType());
     if (gradType.getElementType().isF32())
       continue;
-    auto f32Type = RankedTensorType::get(
-        gradType.getShape(), b.getF32Type(), gradType.getEncoding());
+    auto f32Type = RankedTensorType::get(gradType.getShape(), b.getF32Type(),
+                                         gradType.getEncoding());
     if (gradType.getElementType().getIntOrFloatBitWidth() < 32)
       u.reducedGrad =
           arith::ExtFOp::create(b, u.op.getLoc(), f32Type, u.reducedGrad);
