@@ -213,6 +213,7 @@ struct Session::Impl {
   std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
   int64_t steps = 0;
   bool broken = false;
+  bool closed = false;
   Session *self = nullptr;
 
   Result<void> bind();
@@ -827,7 +828,27 @@ Result<void> Session::Impl::execute(Bound &b) {
 Session::Session(std::unique_ptr<Impl> i) : impl(std::move(i)) {
   impl->self = this;
 }
-Session::~Session() = default;
+Session::~Session() { (void)close(); }
+
+Result<void> Session::close() {
+  Impl &m = *impl;
+  if (m.closed)
+    return {};
+  m.closed = true;
+  if (m.broken)
+    return {};
+  std::lock_guard<std::mutex> lock(m.commMutex);
+  for (size_t i = 0; i < m.comms.size(); ++i)
+    if (m.comms[i])
+      if (auto ok = m.comms[i]->barrier(); !ok)
+        return ok.error().within("closing communicator \"" +
+                                 m.plan.communicators[i].id + "\"");
+  for (auto &[id, comm] : m.trainerComms)
+    if (auto ok = comm->barrier(); !ok)
+      return ok.error().within("closing trainer communicator \"" + id +
+                               "\"");
+  return {};
+}
 
 Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
                                                const SessionOptions &options) {
@@ -929,6 +950,8 @@ Result<void> Session::step() {
   Impl &m = *impl;
   if (m.broken)
     return makeError("an earlier step failed; this session cannot run more");
+  if (m.closed)
+    return makeError("the session is closed");
   size_t n = m.program.size();
   std::vector<char> done(n, 0);
   std::vector<int> turn(m.commSequence.size(), 0);

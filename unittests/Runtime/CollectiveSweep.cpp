@@ -252,6 +252,11 @@ int runCase(const Case &c, int &skipped, std::string &kinds) {
         _exit(1);
       }
     }
+    if (auto ok = (*s)->close(); !ok) {
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
+                   ok.error().message.c_str());
+      _exit(1);
+    }
     _exit(0);
   }
   int failed = 0;

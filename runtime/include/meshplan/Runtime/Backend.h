@@ -81,6 +81,8 @@ public:
   virtual Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
                                 int64_t recvFrom, int64_t count,
                                 DType dtype) = 0;
+  /// Returns when every member has called it.
+  virtual Result<void> barrier() = 0;
 };
 
 struct BackendOptions {

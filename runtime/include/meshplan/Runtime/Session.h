@@ -102,6 +102,7 @@ Result<SessionOptions> sessionOptionsFromEnv();
 
 class Session {
 public:
+  /// close()s.
   ~Session();
   Session(const Session &) = delete;
   Session &operator=(const Session &) = delete;
@@ -139,6 +140,14 @@ public:
   Result<void> step();
   /// Steps completed so far.
   int64_t stepsDone() const;
+
+  /// Leaves every communicator this rank created: a barrier on each, in the
+  /// plan's order (then the trainer's, by id), so that no rank tears down a
+  /// connection its peers still use (a rank whose last collective finishes
+  /// early would otherwise break its peers' collectives by exiting). Skipped
+  /// after a failed step: peers may be gone. Idempotent; the destructor
+  /// calls it.
+  Result<void> close();
 
   /// Persistent buffers (parameter shards, optimizer state) by id.
   Result<TensorView> tensor(const std::string &id);

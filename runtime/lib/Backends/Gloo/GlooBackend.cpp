@@ -15,6 +15,7 @@
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
+#include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -349,6 +350,14 @@ public:
     });
   }
 
+  Result<void> barrier() override {
+    return guarded([&] {
+      gloo::BarrierOptions opts(context);
+      opts.setTimeout(timeout);
+      gloo::barrier(opts);
+    });
+  }
+
 private:
   GroupSpec spec;
   std::shared_ptr<gloo::Context> context;
@@ -391,6 +400,7 @@ public:
       std::memmove(recv, send, size_t(count * plan::dtypeBytes(dtype)));
     return {};
   }
+  Result<void> barrier() override { return {}; }
 
 private:
   GroupSpec spec;
