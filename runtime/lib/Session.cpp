@@ -1079,6 +1079,13 @@ Result<Communicator *> Session::trainerCommunicator(const std::string &id) {
   return raw;
 }
 
+Result<Communicator *> Session::planCommunicator(const std::string &id) {
+  for (size_t i = 0; i < impl->plan.communicators.size(); ++i)
+    if (impl->plan.communicators[i].id == id)
+      return impl->communicator(static_cast<int>(i));
+  return makeError("the plan has no communicator \"" + id + "\"");
+}
+
 const plan::Plan &Session::plan() const { return impl->plan; }
 int64_t Session::rank() const { return impl->plan.rank; }
 

@@ -160,6 +160,11 @@ public:
   /// the executor's. Created on first use; every member must ask for it.
   Result<Communicator *> trainerCommunicator(const std::string &id);
 
+  /// The communicator the plan's instructions use (created now if not yet;
+  /// every member must ask). For diagnostics and benchmarks: a trainer's
+  /// collectives belong on trainerCommunicator().
+  Result<Communicator *> planCommunicator(const std::string &id);
+
   const plan::Plan &plan() const;
   int64_t rank() const;
   /// Communicators created so far (ids), for tests and diagnostics.

@@ -10,13 +10,14 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "meshplan/Runtime/Backend.h"
+#include "GlooBackend.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -195,6 +196,11 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 // Communicator
 //===----------------------------------------------------------------------===//
 
+/// Below this many bytes in all, a float32 reduce-scatter runs Gloo's
+/// halving-doubling algorithm; above, an all-to-all and a local reduction
+/// (measured by bench-runtime-collectives; docs/performance.md).
+constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
+
 class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(GroupSpec group, std::shared_ptr<gloo::Context> context,
@@ -226,9 +232,9 @@ public:
 
   Result<void> reduceScatter(const void *in, void *out, int64_t count,
                              DType dtype, ReduceOp op) override {
-    // All-to-all, then a local reduction of the blocks in key order: each
-    // rank sends (n-1)/n of its input once, as a ring reduce-scatter does,
-    // and the result does not depend on message timing.
+    // Large: all-to-all, then a local reduction of the blocks in key order:
+    // each rank sends (n-1)/n of its input once, as a ring reduce-scatter
+    // does, and the result does not depend on message timing.
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
@@ -237,6 +243,25 @@ public:
     if (n == 1) {
       if (block)
         std::memmove(out, in, block);
+    } else if (block && dtype == DType::Float32 &&
+               block * size_t(n) <= kSmallReduceScatterBytes) {
+      // Small: latency-bound, where Gloo's halving-doubling (log n steps)
+      // beats n - 1 messages. It reduces in place and leaves this rank's
+      // block at the front of the buffer.
+      std::vector<float> work(static_cast<const float *>(in),
+                              static_cast<const float *>(in) + count * n);
+      const gloo::ReductionFunction<float> *fn =
+          op == ReduceOp::Max       ? gloo::ReductionFunction<float>::max
+          : op == ReduceOp::Min     ? gloo::ReductionFunction<float>::min
+          : op == ReduceOp::Product ? gloo::ReductionFunction<float>::product
+                                    : gloo::ReductionFunction<float>::sum;
+      MESHPLAN_TRY(guarded([&] {
+        std::vector<int> blocks(size_t(n), static_cast<int>(count));
+        gloo::ReduceScatterHalvingDoubling<float> algorithm(
+            context, {work.data()}, static_cast<int>(count * n), blocks, fn);
+        algorithm.run();
+      }));
+      std::memcpy(out, work.data(), block);
     } else if (block) {
       scratch.resize(block * size_t(n));
       MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
@@ -349,6 +374,8 @@ public:
                                  std::to_string(recvFrom) + " was aborted");
     });
   }
+
+  const std::shared_ptr<gloo::Context> &glooContext() const { return context; }
 
   Result<void> barrier() override {
     return guarded([&] {
@@ -476,6 +503,12 @@ private:
 };
 
 } // namespace
+
+std::shared_ptr<gloo::Context> glooContextOf(Communicator &comm) {
+  if (auto *g = dynamic_cast<GlooCommunicator *>(&comm))
+    return g->glooContext();
+  return nullptr;
+}
 
 Result<std::unique_ptr<Backend>>
 createGlooBackend(const BackendOptions &options) {
