@@ -26,4 +26,10 @@ for name in bench-core-queries bench-plan-instantiate bench-propagation bench-pl
   echo "== $program $*"
   "$program" "$@" || status=$?
 done
+# Forks its own 4 ranks and takes no Google Benchmark flags.
+program="$build_dir/bin/bench-runtime-collectives"
+if [[ -x "$program" ]]; then
+  echo "== $program"
+  "$program" || status=$?
+fi
 exit "$status"
