@@ -1,4 +1,5 @@
-//===- bench-runtime-collectives.cpp - The runtime's collectives vs raw Gloo ===//
+//===- bench-runtime-collectives.cpp - The runtime's collectives vs raw Gloo
+//===//
 //
 // 4 processes (forked here) on one Gloo FileStore. For each collective
 // (all_gather, reduce_scatter, all_reduce; float32) and each tensor size from
@@ -67,10 +68,26 @@ pl::Plan onePlan(Op op, int64_t n, int64_t rank) {
   p.communicators.push_back({"dp", all, 0, rank, {"dp"}, "slice(dp)", false});
   int64_t shard = n / kRanks;
   std::vector<int64_t> g = {n};
-  pl::Buffer whole{"whole", pl::BufferKind::OptimizerState,
-                   pl::DType::Float32, g, g, {0}, "[{}]", "", {}, {}};
-  pl::Buffer part{"part", pl::BufferKind::OptimizerState, pl::DType::Float32,
-                  g, {shard}, {rank * shard}, "[{dp}]", "", {}, {}};
+  pl::Buffer whole{"whole",
+                   pl::BufferKind::OptimizerState,
+                   pl::DType::Float32,
+                   g,
+                   g,
+                   {0},
+                   "[{}]",
+                   "",
+                   {},
+                   {}};
+  pl::Buffer part{"part",
+                  pl::BufferKind::OptimizerState,
+                  pl::DType::Float32,
+                  g,
+                  {shard},
+                  {rank * shard},
+                  "[{dp}]",
+                  "",
+                  {},
+                  {}};
   pl::Instruction in;
   in.id = "c";
   in.stream = "comm";
@@ -161,8 +178,8 @@ int runRank(int rank, const std::string &dir, int reps) {
           opts.setOutput(whole.data(), whole.size());
           opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
           opts.setReduceFunction(
-              static_cast<void (*)(void *, const void *, const void *,
-                                   size_t)>(&gloo::sum<float>));
+              static_cast<void (*)(void *, const void *, const void *, size_t)>(
+                  &gloo::sum<float>));
           gloo::allreduce(opts);
         } else {
           std::vector<int> counts(kRanks, int(n / kRanks));

@@ -338,8 +338,8 @@ Result<Buffer> readBuffer(const Json &v, const std::string &ptr) {
     Fp8Scale f;
     MP_ASSIGN(f.amax, readString((*scale)["amax"], childPointer(p, "amax")));
     MP_ASSIGN(f.index, readInt((*scale)["index"], childPointer(p, "index"), 0));
-    MP_ASSIGN(f.powerOf2, readBool((*scale)["power_of_2"],
-                                   childPointer(p, "power_of_2")));
+    MP_ASSIGN(f.powerOf2,
+              readBool((*scale)["power_of_2"], childPointer(p, "power_of_2")));
     b.scale = std::move(f);
   }
   return b;
@@ -404,9 +404,9 @@ Result<Instruction> readInstruction(const Json &v, const std::string &ptr) {
   for (std::string_view key : {"phase", "unit", "microbatch"}) {
     const Json *x = member(v, key);
     if (x && in.op != OpKind::Compute)
-      return errorAt(childPointer(ptr, key),
-                     opName + " takes no " + std::string(key) +
-                         " (only compute does)");
+      return errorAt(childPointer(ptr, key), opName + " takes no " +
+                                                 std::string(key) +
+                                                 " (only compute does)");
     if (!x && in.op == OpKind::Compute)
       return errorAt(ptr, "compute needs " + quote(key));
   }
@@ -689,8 +689,7 @@ checkOperands(const Plan &plan, const Instruction &in, const std::string &p,
           in.inputs.end())
         return errorAt(childPointer(childPointer(p, "outputs"), k),
                        "the scale of " + quote(dst.id) + " reads " +
-                           quote(dst.scale->amax) +
-                           ", which is not an input");
+                           quote(dst.scale->amax) + ", which is not an input");
     }
     return {};
   }
@@ -849,7 +848,8 @@ Result<void> validatePlan(const Plan &plan) {
       if (!fresh)
         return errorAt(childPointer(p, "tensor_id"),
                        "tensor_id " + std::to_string(*b.tensorId) +
-                           " is also " + childPointer("/buffers", other->second));
+                           " is also " +
+                           childPointer("/buffers", other->second));
     } else if (b.tensorId) {
       return errorAt(childPointer(p, "tensor_id"),
                      "only a param_shard has a tensor_id");

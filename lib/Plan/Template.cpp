@@ -346,9 +346,8 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
       return box.error().within("buffer " + quote(b.id));
     bufferBytes[i] = box->numElements() * dtypeBytes(b.dtype);
     plan.buffers.push_back({b.id, b.kind, b.dtype, b.globalShape,
-                            std::move(box->localShape),
-                            std::move(box->offset), layoutTexts[i], b.tensor, b.tensorId,
-                            b.scale});
+                            std::move(box->localShape), std::move(box->offset),
+                            layoutTexts[i], b.tensor, b.tensorId, b.scale});
   }
 
   plan.program = tmpl.program;

@@ -53,8 +53,7 @@ void convertElements(const std::byte *in, DType from, std::byte *out, DType to,
   if (from == to) {
     std::memcpy(out, in, count * size_t(plan::dtypeBytes(from)));
   } else if (from == DType::Float32 && to == DType::BFloat16) {
-    k::castToBf16(f32(in, count),
-                  {reinterpret_cast<uint16_t *>(out), count});
+    k::castToBf16(f32(in, count), {reinterpret_cast<uint16_t *>(out), count});
   } else if (from == DType::BFloat16 && to == DType::Float32) {
     k::castBf16ToFloat(bf16(in, count),
                        {reinterpret_cast<float *>(out), count});

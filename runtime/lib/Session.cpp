@@ -75,8 +75,8 @@ Result<SessionOptions> sessionOptionsFromEnv() {
   if (!world)
     return world.error();
   if (*world < 1 || *rank >= *world)
-    return makeError("RANK=" + std::to_string(*rank) + " is not below WORLD_SIZE=" +
-                     std::to_string(*world));
+    return makeError("RANK=" + std::to_string(*rank) +
+                     " is not below WORLD_SIZE=" + std::to_string(*world));
   o.rank = *rank;
   o.worldSize = *world;
   const char *store = std::getenv("MESHPLAN_STORE");
@@ -135,8 +135,8 @@ ShardBox intersect(const ShardBox &a, const ShardBox &b) {
   ShardBox r;
   for (size_t d = 0; d < a.offset.size(); ++d) {
     int64_t lo = std::max(a.offset[d], b.offset[d]);
-    int64_t hi = std::min(a.offset[d] + a.localShape[d],
-                          b.offset[d] + b.localShape[d]);
+    int64_t hi =
+        std::min(a.offset[d] + a.localShape[d], b.offset[d] + b.localShape[d]);
     r.offset.push_back(lo);
     r.localShape.push_back(std::max<int64_t>(0, hi - lo));
   }
@@ -187,9 +187,8 @@ float scaleOf(const std::vector<BufferState> &buffers,
   const BufferState &amax = buffers[ids.at(b.scale->amax)];
   float a = reinterpret_cast<const float *>(amax.data.data())[b.scale->index];
   return k::fp8ScaleFromAmax(a,
-                             b.dtype == DType::Float8E4M3
-                                 ? k::Fp8Format::E4M3FN
-                                 : k::Fp8Format::E5M2,
+                             b.dtype == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
+                                                          : k::Fp8Format::E5M2,
                              b.scale->powerOf2);
 }
 
@@ -341,11 +340,12 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
     if (src.meta->globalShape != dst.meta->globalShape)
       return makeError("\"" + src.meta->id + "\" and \"" + dst.meta->id +
                        "\" are not the same tensor (global shapes differ)");
-    if (!canConvert(src.meta->dtype, wire) || !canConvert(wire, dst.meta->dtype))
-      return makeError("cannot move " +
-                       std::string(plan::dtypeName(src.meta->dtype)) +
-                       " through " + std::string(plan::dtypeName(wire)) +
-                       " into " + std::string(plan::dtypeName(dst.meta->dtype)));
+    if (!canConvert(src.meta->dtype, wire) ||
+        !canConvert(wire, dst.meta->dtype))
+      return makeError(
+          "cannot move " + std::string(plan::dtypeName(src.meta->dtype)) +
+          " through " + std::string(plan::dtypeName(wire)) + " into " +
+          std::string(plan::dtypeName(dst.meta->dtype)));
     const BufferState &packed =
         in.op == OpKind::ReduceScatter ? dst : src; // whose boxes are chunks
     pair.padded = paddedShapeOf(packed.layout, packed.meta->globalShape);
@@ -373,10 +373,10 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
         pair.chunk = 0;
         for (int64_t a = 0; a < n; ++a)
           for (int64_t z = 0; z < n; ++z)
-            pair.chunk = std::max(
-                pair.chunk, product(intersect(pair.inBoxes[size_t(a)],
-                                              pair.outBoxes[size_t(z)])
-                                        .localShape));
+            pair.chunk =
+                std::max(pair.chunk, product(intersect(pair.inBoxes[size_t(a)],
+                                                       pair.outBoxes[size_t(z)])
+                                                 .localShape));
       } else {
         // Whose output box is my input box, and whose input box is my
         // output box; members with equal boxes pair up in key order.
@@ -421,9 +421,8 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
       // member's box.
       const plan::Buffer &whole =
           in.op == OpKind::AllGather ? *dst.meta : *src.meta;
-      if (allMembers &&
-          !boxContains(whole.offset, whole.localShape, box->offset,
-                       box->localShape))
+      if (allMembers && !boxContains(whole.offset, whole.localShape,
+                                     box->offset, box->localShape))
         return makeError("rank " + std::to_string(r) + "'s box of \"" +
                          packed.meta->id + "\" lies outside \"" + whole.id +
                          "\"");
@@ -462,7 +461,8 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
       b.direct = sameType && dst.numel == pair.chunk && blocksInKeyOrder(src);
     else if (in.op == OpKind::AllReduce || in.op == OpKind::Broadcast)
       b.direct = sameType && src.numel == pair.chunk &&
-                 dst.numel == pair.chunk && src.meta->offset == dst.meta->offset;
+                 dst.numel == pair.chunk &&
+                 src.meta->offset == dst.meta->offset;
   }
   return {};
 }
@@ -558,8 +558,8 @@ Result<void> Session::Impl::runCollective(Bound &b) {
         copyBox(box(p.in), chunkRef(send, m * count + p.at, p, theirs),
                 theirs.offset, theirs.localShape);
       }
-    MESHPLAN_TRY(c.reduceScatter(send.data(), recv.data(), count, wire,
-                                 *in.reduce));
+    MESHPLAN_TRY(
+        c.reduceScatter(send.data(), recv.data(), count, wire, *in.reduce));
     for (const Pair &p : b.pairs) {
       const ShardBox &mine = p.members[size_t(c.key())];
       copyBox(chunkRef(recv, p.at, p, mine), box(p.out), mine.offset,
@@ -617,16 +617,14 @@ Result<void> Session::Impl::runCollective(Bound &b) {
     };
     for (const Pair &p : b.pairs)
       for (int64_t k = 0; k < n; ++k) {
-        ShardBox part =
-            intersect(p.inBoxes[size_t(me)], p.outBoxes[size_t(k)]);
+        ShardBox part = intersect(p.inBoxes[size_t(me)], p.outBoxes[size_t(k)]);
         copyBox(box(p.in), dense(send, k * count + p.at, part), part.offset,
                 part.localShape);
       }
     MESHPLAN_TRY(c.allToAll(send.data(), recv.data(), count, wire));
     for (const Pair &p : b.pairs)
       for (int64_t k = 0; k < n; ++k) {
-        ShardBox part =
-            intersect(p.inBoxes[size_t(k)], p.outBoxes[size_t(me)]);
+        ShardBox part = intersect(p.inBoxes[size_t(k)], p.outBoxes[size_t(me)]);
         copyBox(dense(recv, k * count + p.at, part), box(p.out), part.offset,
                 part.localShape);
       }
@@ -665,8 +663,7 @@ Result<void> Session::Impl::runCompute(Bound &b) {
     auto from = accumulated.find(s.meta->tensor);
     if (from != accumulated.end() && from->second != x) {
       const BufferState &prev = buffers[from->second];
-      if (prev.data.size() !=
-          size_t(s.numel * plan::dtypeBytes(s.meta->dtype)))
+      if (prev.data.size() != size_t(s.numel * plan::dtypeBytes(s.meta->dtype)))
         return makeError("accumulates \"" + prev.meta->id + "\" into \"" +
                          s.meta->id + "\", which has another size");
       s.data = prev.data;
@@ -757,7 +754,8 @@ Result<void> Session::Impl::execute(Bound &b) {
   case OpKind::Cast:
     for (size_t i = 0; i < b.inputs.size(); ++i) {
       BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
-      if (src.numel != dst.numel || !canConvert(src.meta->dtype, dst.meta->dtype))
+      if (src.numel != dst.numel ||
+          !canConvert(src.meta->dtype, dst.meta->dtype))
         return makeError("cannot cast \"" + src.meta->id + "\" into \"" +
                          dst.meta->id + "\"");
       ensure(b.outputs[i]);
@@ -845,8 +843,7 @@ Result<void> Session::close() {
                                  m.plan.communicators[i].id + "\"");
   for (auto &[id, comm] : m.trainerComms)
     if (auto ok = comm->barrier(); !ok)
-      return ok.error().within("closing trainer communicator \"" + id +
-                               "\"");
+      return ok.error().within("closing trainer communicator \"" + id + "\"");
   return {};
 }
 
@@ -932,7 +929,8 @@ Result<void> Session::copyIn(const std::string &id,
   if (it == impl->bufferIds.end() || !impl->buffers[it->second].persistent)
     return makeError("no persistent buffer \"" + id + "\" in the plan");
   BufferState &s = impl->buffers[it->second];
-  int64_t bytes = product(s.meta->globalShape) * plan::dtypeBytes(s.meta->dtype);
+  int64_t bytes =
+      product(s.meta->globalShape) * plan::dtypeBytes(s.meta->dtype);
   if (static_cast<int64_t>(whole.size()) != bytes)
     return makeError("\"" + id + "\": " + std::to_string(whole.size()) +
                      " bytes given, the whole tensor has " +
@@ -973,8 +971,9 @@ Result<void> Session::step() {
           for (int d : b.deps)
             if (!done[size_t(d)])
               return false;
-          return b.comm < 0 || m.commSequence[size_t(b.comm)][size_t(
-                                   turn[size_t(b.comm)])] == index;
+          return b.comm < 0 ||
+                 m.commSequence[size_t(b.comm)][size_t(turn[size_t(b.comm)])] ==
+                     index;
         };
         if (!changed.wait_until(lock, deadline(), ready)) {
           std::string waiting;
@@ -984,10 +983,10 @@ Result<void> Session::step() {
                          ("\"" + m.program[size_t(d)].in->id + "\"");
           failure = makeError(
               m.describe(b) + " waited " +
-              std::to_string(m.options.timeout.count() / 1000.0) +
-              " s for " +
-              (waiting.empty() ? "its turn on communicator \"" + b.in->comm + "\""
-                               : "its deps " + waiting));
+              std::to_string(m.options.timeout.count() / 1000.0) + " s for " +
+              (waiting.empty()
+                   ? "its turn on communicator \"" + b.in->comm + "\""
+                   : "its deps " + waiting));
           changed.notify_all();
           return;
         }

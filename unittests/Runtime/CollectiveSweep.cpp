@@ -59,9 +59,16 @@ Result<pl::Plan> planFor(const Mesh &mesh, const View &view,
     auto box = shardOf(view, layout, shape, rank);
     if (!box)
       return box.error();
-    pl::Buffer b{id,          kind,           pl::DType::Float32,
-                 shape,       box->localShape, box->offset,
-                 formatLayout(mesh, layout), "", {}, {}};
+    pl::Buffer b{id,
+                 kind,
+                 pl::DType::Float32,
+                 shape,
+                 box->localShape,
+                 box->offset,
+                 formatLayout(mesh, layout),
+                 "",
+                 {},
+                 {}};
     p.buffers.push_back(std::move(b));
     return {};
   };
@@ -214,7 +221,8 @@ int runCase(const Case &c, int &skipped, std::string &kinds) {
     // the first member of the partial group only.
     bool holder = true;
     for (const AxisRef &r : from->partial)
-      holder &= r.coordinateAt(*mesh, rank) == 0; // default order: position = rank
+      holder &=
+          r.coordinateAt(*mesh, rank) == 0; // default order: position = rank
     auto t = (*s)->tensor("b0");
     const plan::Buffer &b = *t->buffer;
     std::vector<int64_t> idx(b.localShape.size(), 0);
@@ -268,8 +276,7 @@ int runCase(const Case &c, int &skipped, std::string &kinds) {
   std::filesystem::remove_all(tmpl);
   if (failed)
     std::fprintf(stderr, "FAILED: mesh %s shape %zu-D %s -> %s\n",
-                 c.mesh.c_str(), c.shape.size(), c.from.c_str(),
-                 c.to.c_str());
+                 c.mesh.c_str(), c.shape.size(), c.from.c_str(), c.to.c_str());
   return failed;
 }
 

@@ -15,8 +15,9 @@
 //             index (replicate axes, then shard axes), row the TP row of a
 //             stacked sequence-parallel gradient
 //   reference G = mean over replicas of the mean over shards of the sum over
-//             microbatches and rows (the plan's avg-then-avg, docs/semantics.md)
-//             then AdamW (fp32, or bf16 with stochastic rounding) per tensor
+//             microbatches and rows (the plan's avg-then-avg,
+//             docs/semantics.md) then AdamW (fp32, or bf16 with stochastic
+//             rounding) per tensor
 //
 // Usage: runtime-step-check --plans DIR [--replicate a,b] [--shard c]
 //                           [--steps N] [--tp AXIS]
@@ -81,8 +82,8 @@ uint64_t mix(uint64_t x) {
 /// Initial value: a multiple of 2^-12 in [-0.06, 0.06] with at most 8
 /// significant bits, so it is exact in bf16 and the same in every dtype.
 float initValue(int64_t tensorId, int64_t g) {
-  int64_t k8 = int64_t(mix(uint64_t(tensorId) * 1000003u + uint64_t(g)) % 255) -
-               127;
+  int64_t k8 =
+      int64_t(mix(uint64_t(tensorId) * 1000003u + uint64_t(g)) % 255) - 127;
   return std::ldexp(static_cast<float>(k8), -11);
 }
 
@@ -264,11 +265,11 @@ int main(int argc, char **argv) {
         float amax = 0;
         for (float x : w)
           amax = std::max(amax, std::fabs(x));
-        float expected = k::fp8ScaleFromAmax(
-            amax,
-            v.dtype() == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
-                                           : k::Fp8Format::E5M2,
-            v.buffer->scale->powerOf2);
+        float expected = k::fp8ScaleFromAmax(amax,
+                                             v.dtype() == DType::Float8E4M3
+                                                 ? k::Fp8Format::E4M3FN
+                                                 : k::Fp8Format::E5M2,
+                                             v.buffer->scale->powerOf2);
         if (std::memcmp(&expected, &scale, 4) != 0)
           return makeError(v.id() + ": scale " + std::to_string(scale) +
                            ", expected " + std::to_string(expected));
@@ -279,7 +280,8 @@ int main(int argc, char **argv) {
                if (!bad.empty())
                  return;
                float x = w[size_t(g)];
-               float want = x, got = readAs(v.bytes.data(), v.dtype(), l, scale);
+               float want = x,
+                     got = readAs(v.bytes.data(), v.dtype(), l, scale);
                if (v.dtype() == DType::BFloat16)
                  want = k::bf16ToFloat(k::floatToBf16(x));
                else if (v.dtype() == DType::Float8E4M3 ||
@@ -289,8 +291,8 @@ int main(int argc, char **argv) {
                  want = k::fp8ToFloat(k::floatToFp8(x * scale, f), f) / scale;
                }
                if (std::memcmp(&want, &got, 4) != 0)
-                 bad = v.id() + "[" + std::to_string(g) + "] = " +
-                       std::to_string(got) + ", expected " +
+                 bad = v.id() + "[" + std::to_string(g) +
+                       "] = " + std::to_string(got) + ", expected " +
                        std::to_string(want);
              });
       if (!bad.empty())
@@ -326,8 +328,8 @@ int main(int argc, char **argv) {
                  stride *= pv.localShape()[dd];
                }
                float w = readAs(pv.bytes.data(), pv.dtype(), local, scale);
-               gview.as<float>()[size_t(l)] += contribution(
-                   w, pg, call.step, d, call.microbatch, row);
+               gview.as<float>()[size_t(l)] +=
+                   contribution(w, pg, call.step, d, call.microbatch, row);
              });
     }
     return {};
@@ -362,7 +364,8 @@ int main(int argc, char **argv) {
         float x = t.w[g];
         if (seenType == DType::BFloat16)
           x = k::bf16ToFloat(k::floatToBf16(x));
-        else if (seenType == DType::Float8E4M3 || seenType == DType::Float8E5M2) {
+        else if (seenType == DType::Float8E4M3 ||
+                 seenType == DType::Float8E5M2) {
           auto f = seenType == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
                                                  : k::Fp8Format::E5M2;
           x = k::fp8ToFloat(k::floatToFp8(x * scale, f), f) / scale;
@@ -381,8 +384,8 @@ int main(int argc, char **argv) {
             for (size_t g = 0; g < t.w.size(); ++g) {
               float sum = 0;
               for (int64_t mb = 0; mb < microbatches; ++mb)
-                sum += contribution(seenW[g], int64_t(g), step,
-                                    r * shards + sh, mb, row);
+                sum += contribution(seenW[g], int64_t(g), step, r * shards + sh,
+                                    mb, row);
               shardSum[g] += sum;
             }
           for (size_t g = 0; g < t.w.size(); ++g)
@@ -427,8 +430,8 @@ int main(int argc, char **argv) {
                                                         std::fabs(want)) +
                                            1e-12f;
                if (!same)
-                 bad = v.id() + "[" + std::to_string(g) + "] = " +
-                       std::to_string(got) + ", reference " +
+                 bad = v.id() + "[" + std::to_string(g) +
+                       "] = " + std::to_string(got) + ", reference " +
                        std::to_string(want);
              });
       if (!bad.empty())

@@ -131,7 +131,7 @@ private:
   ProgramTemplate tmpl;
   std::shared_ptr<const Mesh> meshPtr;
   std::optional<View> root;
-  std::vector<AxisRefList> commRefs; ///< parsed CommTemplate::axes
+  std::vector<AxisRefList> commRefs;    ///< parsed CommTemplate::axes
   std::vector<std::string> layoutTexts; ///< formatLayout of each buffer
   std::vector<double> flopsOrZero;
   /// Liveness of non-persistent buffers, ordered by position (births before

@@ -128,8 +128,8 @@ public:
 
   /// Fills every parameter shard (param_shard buffers); the callback sees
   /// each shard with its global box. Optimizer state starts at zero.
-  Result<void> initParameters(const std::function<Result<void>(TensorView &)>
-                                  &init);
+  Result<void>
+  initParameters(const std::function<Result<void>(TensorView &)> &init);
   /// Copies this rank's box out of a whole tensor (row-major, the buffer's
   /// dtype) into the persistent buffer `id`.
   Result<void> copyIn(const std::string &id, std::span<const std::byte> whole);

@@ -122,8 +122,8 @@ void reduceBf16(void *c, const void *a, const void *b, size_t n, ReduceOp op) {
     out[i] = floatToBf16(combine(bf16ToFloat(x[i]), bf16ToFloat(y[i]), op));
 }
 
-using ReduceFn = std::function<void(void *, const void *, const void *,
-                                    size_t)>;
+using ReduceFn =
+    std::function<void(void *, const void *, const void *, size_t)>;
 
 Result<ReduceFn> reduceFunction(DType dtype, ReduceOp op) {
   auto bind = [op](void (*f)(void *, const void *, const void *, size_t,
@@ -205,8 +205,7 @@ class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(GroupSpec group, std::shared_ptr<gloo::Context> context,
                    std::chrono::milliseconds timeout)
-      : spec(std::move(group)), context(std::move(context)),
-        timeout(timeout) {}
+      : spec(std::move(group)), context(std::move(context)), timeout(timeout) {}
 
   const GroupSpec &group() const override { return spec; }
 
@@ -345,8 +344,7 @@ public:
   }
 
   Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
-                        int64_t recvFrom, int64_t count,
-                        DType dtype) override {
+                        int64_t recvFrom, int64_t count, DType dtype) override {
     size_t bytes = size_t(count * plan::dtypeBytes(dtype));
     // Every member takes the next slot, so the slots of one permute agree.
     uint32_t slot = context->nextSlot();
@@ -419,8 +417,7 @@ public:
     return {};
   }
   Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
-                        int64_t recvFrom, int64_t count,
-                        DType dtype) override {
+                        int64_t recvFrom, int64_t count, DType dtype) override {
     if (sendTo != recvFrom)
       return makeError("a group of one rank can only send to itself");
     if (sendTo == 0)
