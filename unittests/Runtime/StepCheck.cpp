@@ -249,8 +249,29 @@ int main(int argc, char **argv) {
   if (!init)
     fail(init.error().message);
 
-  int64_t checkedParams = 0;
+  int64_t checkedParams = 0, trainerChecks = 0, lastTrainerStep = 0;
   s.onCompute([&](ComputeCall &call) -> Result<void> {
+    // Once a step, in its first callback (the same on every rank): a
+    // collective of the trainer's own on each trainer_<axis> communicator.
+    if (call.step != lastTrainerStep) {
+      lastTrainerStep = call.step;
+      for (const plan::Communicator &c : p.communicators) {
+        if (!c.id.starts_with("trainer_"))
+          continue;
+        auto comm = call.session->trainerCommunicator(c.id);
+        if (!comm)
+          return comm.error();
+        float x = static_cast<float>(p.rank + 1), want = 0;
+        for (int64_t r : c.ranks)
+          want += static_cast<float>(r + 1);
+        MESHPLAN_TRY((*comm)->allReduce(&x, 1, DType::Float32, ReduceOp::Sum));
+        if (x != want)
+          return makeError(c.id + ": the trainer's all-reduce gave " +
+                           std::to_string(x) + ", expected " +
+                           std::to_string(want));
+        ++trainerChecks;
+      }
+    }
     if (call.phase == "backward" && call.step == args.killStep &&
         p.rank == args.killRank)
       std::raise(SIGKILL);
@@ -452,8 +473,10 @@ int main(int argc, char **argv) {
   for (const std::string &c : s.createdCommunicators())
     comms += (comms.empty() ? "" : ",") + c;
   std::printf("rank %lld: %d steps match the single-process reference "
-              "(%lld parameter reads checked; communicators created: %s)\n",
+              "(%lld parameter reads checked, %lld trainer collectives; "
+              "communicators created: %s)\n",
               static_cast<long long>(p.rank), args.steps,
-              static_cast<long long>(checkedParams), comms.c_str());
+              static_cast<long long>(checkedParams),
+              static_cast<long long>(trainerChecks), comms.c_str());
   return 0;
 }

@@ -12,6 +12,8 @@
 
 #include "GlooBackend.h"
 
+#include "meshplan/Runtime/Kernels.h"
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -56,21 +58,8 @@ template <typename F> Result<void> guarded(F &&call) {
 // Reductions
 //===----------------------------------------------------------------------===//
 
-float bf16ToFloat(uint16_t v) {
-  uint32_t bits = uint32_t(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t floatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) // NaN stays a (quiet) NaN
-    return uint16_t((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u); // round to nearest even
-  return uint16_t(bits >> 16);
-}
+using kernels::bf16ToFloat;
+using kernels::floatToBf16;
 
 template <typename T> T combine(T a, T b, ReduceOp op) {
   switch (op) {
