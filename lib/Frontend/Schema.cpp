@@ -67,7 +67,13 @@ const std::vector<SectionRule> &specSections() {
        {
            {.name = "replicate_axes", .type = T::Array, .items = T::String},
            {.name = "shard_axes", .type = T::Array, .items = T::String},
-           {.name = "reshard_after_forward", .type = T::Boolean},
+           {.name = "reshard_after_forward",
+            .type = T::String,
+            .values = names(kReshardPolicyNames),
+            .noun = "policy"},
+           {.name = "units",
+            .type = T::Array,
+            .items = T::Array},
        }},
       {"tensor_parallel",
        {
@@ -127,6 +133,14 @@ const std::vector<SectionRule> &specSections() {
        }},
   };
   return sections;
+}
+
+const std::vector<KeyAlternative> &specKeyAlternatives() {
+  static const std::vector<KeyAlternative> alternatives = {
+      {"data_parallel", "reshard_after_forward", T::Boolean},
+      {"data_parallel", "units", T::String, names(kUnitGroupingNames)},
+  };
+  return alternatives;
 }
 
 const std::vector<SectionRule> &modelSections() {

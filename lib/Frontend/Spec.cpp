@@ -18,6 +18,10 @@ std::string_view tpStyleName(TPStyle style) {
   return kTPStyleNames[static_cast<int>(style)];
 }
 
+std::string_view reshardPolicyName(ReshardPolicy policy) {
+  return kReshardPolicyNames[static_cast<int>(policy)];
+}
+
 static const SectionRule &section(std::string_view name) {
   return findSection(specSections(), name);
 }
@@ -123,15 +127,105 @@ static Result<MeshSpec> parseMesh(const Json &value) {
   return mesh;
 }
 
+static Result<std::vector<std::string>> readPatterns(const Json &value,
+                                                     const std::string &ptr) {
+  auto patterns = readStringArray(value, ptr);
+  MESHPLAN_TRY(patterns);
+  for (size_t i = 0; i < patterns->size(); ++i)
+    if (auto ok = checkPattern((*patterns)[i]); !ok)
+      return ok.error().within(childPointer(ptr, i));
+  return patterns;
+}
+
+/// Checks `value` against a section whose keys may take a second type
+/// (specKeyAlternatives): a value of the alternative type is checked against
+/// the alternative's closed set and then passes as that type.
+static Result<void> checkObjectWithAlternatives(const Json &value,
+                                                const std::string &ptr,
+                                                std::string_view name) {
+  SectionRule rules = section(name);
+  if (!value.is_object())
+    return checkObject(value, ptr, rules);
+  for (const KeyAlternative &alt : specKeyAlternatives()) {
+    if (alt.section != name)
+      continue;
+    const Json *v = member(value, alt.key);
+    auto rule = std::find_if(rules.keys.begin(), rules.keys.end(),
+                             [&](const KeyRule &r) { return r.name == alt.key; });
+    if (!v || rule == rules.keys.end())
+      continue;
+    std::string keyPtr = childPointer(ptr, alt.key);
+    bool isAlt = alt.type == JsonType::Boolean ? v->is_boolean()
+                 : alt.type == JsonType::String ? v->is_string()
+                                                : false;
+    bool isMain = rule->type == JsonType::Boolean ? v->is_boolean()
+                  : rule->type == JsonType::String ? v->is_string()
+                  : rule->type == JsonType::Array  ? v->is_array()
+                                                   : false;
+    if (!isAlt && !isMain)
+      return typeError(keyPtr, *v,
+                       std::string(rule->type == JsonType::Array ? "an " : "a ") +
+                           std::string(jsonTypeName(rule->type)) + " or a " +
+                           std::string(jsonTypeName(alt.type)));
+    if (!isAlt)
+      continue;
+    if (!alt.values.empty() &&
+        std::find(alt.values.begin(), alt.values.end(), str(*v)) ==
+            alt.values.end())
+      return errorAt(keyPtr, "unknown " + std::string(alt.key) + " " +
+                                 quote(str(*v)) + "; expected one of " +
+                                 joinNames(alt.values) + " or " +
+                                 (rule->type == JsonType::Array
+                                      ? "an array of units"
+                                      : "a " + std::string(jsonTypeName(
+                                                   rule->type))) +
+                                 didYouMean(str(*v), alt.values));
+    *rule = KeyRule{.name = rule->name, .type = alt.type};
+  }
+  return checkObject(value, ptr, rules);
+}
+
 static Result<DataParallelSpec> parseDataParallel(const Json &value) {
-  MESHPLAN_TRY(checkObject(value, "/data_parallel", section("data_parallel")));
+  const std::string ptr = "/data_parallel";
+  MESHPLAN_TRY(checkObjectWithAlternatives(value, ptr, "data_parallel"));
   DataParallelSpec dp;
   if (const Json *v = member(value, "replicate_axes"))
     dp.replicateAxes = *readStringArray(*v, "/data_parallel/replicate_axes");
   if (const Json *v = member(value, "shard_axes"))
     dp.shardAxes = *readStringArray(*v, "/data_parallel/shard_axes");
-  if (const Json *v = member(value, "reshard_after_forward"))
-    dp.reshardAfterForward = v->get<bool>();
+  if (const Json *v = member(value, "reshard_after_forward")) {
+    if (v->is_boolean())
+      dp.reshardAfterForward =
+          v->get<bool>() ? ReshardPolicy::Always : ReshardPolicy::Never;
+    else
+      dp.reshardAfterForward = static_cast<ReshardPolicy>(
+          std::find(kReshardPolicyNames.begin(), kReshardPolicyNames.end(),
+                    str(*v)) -
+          kReshardPolicyNames.begin());
+  }
+  if (const Json *v = member(value, "units")) {
+    const std::string unitsPtr = childPointer(ptr, "units");
+    if (v->is_string()) {
+      dp.units = static_cast<UnitGrouping>(
+          std::find(kUnitGroupingNames.begin(), kUnitGroupingNames.end(),
+                    str(*v)) -
+          kUnitGroupingNames.begin());
+      return dp;
+    }
+    if (v->empty())
+      return errorAt(unitsPtr, "expected at least one unit (an array of "
+                               "patterns), or \"torchtitan\" or "
+                               "\"per_module\"");
+    dp.units = UnitGrouping::Explicit;
+    for (size_t u = 0; u < v->size(); ++u) {
+      std::string unitPtr = childPointer(unitsPtr, u);
+      if ((*v)[u].empty())
+        return errorAt(unitPtr, "expected at least one pattern");
+      auto patterns = readPatterns((*v)[u], unitPtr);
+      MESHPLAN_TRY(patterns);
+      dp.unitPatterns.push_back(std::move(*patterns));
+    }
+  }
   return dp;
 }
 
@@ -170,16 +264,6 @@ static Result<MixedPrecisionSpec> parseMixedPrecision(const Json &value) {
   if (const Json *v = member(value, "reduce_dtype"))
     mp.reduceDtype = dtypeOf(*v);
   return mp;
-}
-
-static Result<std::vector<std::string>> readPatterns(const Json &value,
-                                                     const std::string &ptr) {
-  auto patterns = readStringArray(value, ptr);
-  MESHPLAN_TRY(patterns);
-  for (size_t i = 0; i < patterns->size(); ++i)
-    if (auto ok = checkPattern((*patterns)[i]); !ok)
-      return ok.error().within(childPointer(ptr, i));
-  return patterns;
 }
 
 static Result<Float8Spec> parseFloat8(const Json &value) {
@@ -704,6 +788,159 @@ struct Resolver {
 };
 } // namespace
 
+/// Whether a unit pattern selects parameter `p`: the pattern matches the
+/// parameter's full name, its module's path or an ancestor's path (a unit
+/// takes whole subtrees).
+static bool unitPatternSelects(const std::string &pattern,
+                               const ResolvedSpec &out,
+                               const ParamAssignment &param) {
+  if (globMatch(pattern, param.name))
+    return true;
+  for (int m = param.module; m >= 0; m = out.modules[m].parent)
+    if (globMatch(pattern, out.modules[m].path))
+      return true;
+  return false;
+}
+
+/// The FSDP units of `out` (see UnitAssignment and docs/semantics.md "FSDP
+/// units").
+static Result<void> resolveUnits(ResolvedSpec &out) {
+  const DataParallelSpec &dp = out.spec.dataParallel;
+  const std::vector<ModuleEntry> &modules = out.modules;
+  std::vector<int> unitOf(out.params.size(), -1);
+  std::vector<UnitAssignment> units;
+  // The top-level ancestor of module i.
+  auto topOf = [&](int i) {
+    while (modules[i].parent >= 0)
+      i = modules[i].parent;
+    return i;
+  };
+  // A top-level container of containers ("layers") contributes each child.
+  auto splits = [&](int top) {
+    const Module &m = *modules[top].module;
+    bool all = !m.children.empty();
+    for (const Module &child : m.children)
+      all &= !isLeafKind(child.kind);
+    return all;
+  };
+  // The child of top-level module `top` that holds module i.
+  auto childOf = [&](int i, int top) {
+    while (modules[i].parent != top)
+      i = modules[i].parent;
+    return i;
+  };
+  auto unitNamed = [&](const std::string &name) {
+    for (size_t u = 0; u < units.size(); ++u)
+      if (units[u].name == name)
+        return static_cast<int>(u);
+    units.push_back({name, {}, true, false});
+    return static_cast<int>(units.size() - 1);
+  };
+  if (dp.units != UnitGrouping::Explicit) {
+    bool titan = dp.units == UnitGrouping::Torchtitan;
+    bool normOutput = false;
+    if (titan) {
+      bool norm = false, output = false;
+      for (const ModuleEntry &entry : modules) {
+        norm |= entry.parent < 0 && entry.path == "norm";
+        output |= entry.parent < 0 && entry.path == "output";
+      }
+      normOutput = norm && output;
+    }
+    for (size_t p = 0; p < out.params.size(); ++p) {
+      int top = topOf(out.params[p].module);
+      const std::string &path = modules[top].path;
+      std::string name;
+      if (splits(top))
+        name = modules[childOf(out.params[p].module, top)].path;
+      else if (!titan || path == "tok_embeddings")
+        name = path;
+      else if (normOutput && (path == "norm" || path == "output"))
+        name = "norm+output";
+      else
+        name = "root";
+      unitOf[p] = unitNamed(name);
+      units[unitOf[p]].root = titan && name == "root";
+    }
+  } else {
+    const std::string unitsPtr = "/data_parallel/units";
+    std::vector<std::string> unitPtrs;
+    for (size_t u = 0; u < dp.unitPatterns.size(); ++u) {
+      std::string unitPtr = childPointer(unitsPtr, u);
+      std::string name;
+      for (const std::string &pattern : dp.unitPatterns[u])
+        name += (name.empty() ? "" : "+") + pattern;
+      units.push_back({name, {}, true, false});
+      for (size_t k = 0; k < dp.unitPatterns[u].size(); ++k) {
+        const std::string &pattern = dp.unitPatterns[u][k];
+        std::string ptr = childPointer(unitPtr, k);
+        bool any = false;
+        for (size_t p = 0; p < out.params.size(); ++p) {
+          if (!unitPatternSelects(pattern, out, out.params[p]))
+            continue;
+          any = true;
+          if (unitOf[p] == static_cast<int>(u))
+            continue;
+          if (unitOf[p] >= 0)
+            return errorAt(ptr, "pattern " + quote(pattern) +
+                                    " puts parameter " +
+                                    quote(out.params[p].name) +
+                                    " in a second unit; it is already in " +
+                                    childPointer(unitsPtr, unitOf[p]) +
+                                    "; every parameter belongs to exactly "
+                                    "one unit");
+          unitOf[p] = static_cast<int>(u);
+        }
+        if (!any)
+          return noMatch(ptr, pattern, *out.model, modules);
+      }
+    }
+    for (size_t p = 0; p < out.params.size(); ++p)
+      if (unitOf[p] < 0)
+        return errorAt(unitsPtr,
+                       "parameter " + quote(out.params[p].name) +
+                           " is in no unit; every parameter belongs to "
+                           "exactly one unit (add a pattern for it, e.g. " +
+                           quote(modules[topOf(out.params[p].module)].path) +
+                           ")");
+  }
+  for (size_t p = 0; p < out.params.size(); ++p)
+    units[unitOf[p]].params.push_back(static_cast<int>(p));
+  // Forward order of each unit's first parameter.
+  std::stable_sort(units.begin(), units.end(),
+                   [](const UnitAssignment &a, const UnitAssignment &b) {
+                     return a.params.front() < b.params.front();
+                   });
+  for (size_t u = 0; u < units.size(); ++u) {
+    UnitAssignment &unit = units[u];
+    switch (dp.reshardAfterForward) {
+    case ReshardPolicy::Always:
+      unit.reshardAfterForward = true;
+      break;
+    case ReshardPolicy::Never:
+      unit.reshardAfterForward = false;
+      break;
+    case ReshardPolicy::Default:
+      // torchtitan: every block, not [norm, output]; without that unit,
+      // the last one (whose backward follows its forward at once).
+      unit.reshardAfterForward =
+          dp.units == UnitGrouping::Torchtitan &&
+                  std::any_of(units.begin(), units.end(),
+                              [](const UnitAssignment &x) {
+                                return x.name == "norm+output";
+                              })
+              ? unit.name != "norm+output"
+              : u + 1 != units.size();
+      break;
+    }
+    // FSDP2 keeps the root module's parameters gathered after forward.
+    if (unit.root)
+      unit.reshardAfterForward = false;
+  }
+  out.units = std::move(units);
+  return {};
+}
+
 Result<ResolvedSpec> resolveSpec(Spec spec,
                                  std::shared_ptr<const Model> model) {
   ResolvedSpec out;
@@ -739,6 +976,7 @@ Result<ResolvedSpec> resolveSpec(Spec spec,
     }
   }
   out.spec = std::move(spec);
+  MESHPLAN_TRY(resolveUnits(out));
   return out;
 }
 

@@ -39,44 +39,32 @@ static double leafFlops(const ResolvedSpec &spec, const ParamAssignment &param,
 
 std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
                                                 const ImportOptions &options) {
-  // The unit of every module: its top-level ancestor, or the child of a
-  // top-level container of containers.
   const std::vector<ModuleEntry> &modules = spec.modules;
-  std::vector<int> unitOf(modules.size(), -1);
   std::vector<Unit> units;
-  for (size_t i = 0; i < modules.size(); ++i) {
-    const ModuleEntry &entry = modules[i];
-    if (entry.parent < 0) {
-      const Module &m = *entry.module;
-      bool splits = !m.children.empty();
-      for (const Module &child : m.children)
-        splits &= !isLeafKind(child.kind);
-      if (!splits) {
-        unitOf[i] = static_cast<int>(units.size());
-        units.push_back({entry.path, {}, 0});
-      }
-      continue;
-    }
-    const ModuleEntry &parent = modules[entry.parent];
-    if (unitOf[entry.parent] >= 0) {
-      unitOf[i] = unitOf[entry.parent];
-    } else if (parent.parent < 0) {
-      unitOf[i] = static_cast<int>(units.size());
-      units.push_back({entry.path, {}, 0});
-    }
-  }
+  for (const UnitAssignment &assigned : spec.units)
+    units.push_back(
+        {assigned.name, assigned.params, 0, assigned.reshardAfterForward});
   double tokens = static_cast<double>(options.tokensPerMicrobatch);
   double seq = static_cast<double>(options.sequenceLength);
-  for (size_t p = 0; p < spec.params.size(); ++p) {
-    const ParamAssignment &param = spec.params[p];
-    Unit &unit = units[unitOf[param.module]];
-    unit.params.push_back(static_cast<int>(p));
-    unit.forwardFlops +=
-        leafFlops(spec, param, *modules[param.module].module, options);
-  }
+  // The unit of every module that holds parameters, and of each attention
+  // module (the unit of its projections).
+  std::vector<int> unitOf(modules.size(), -1);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int p : units[u].params) {
+      const ParamAssignment &param = spec.params[p];
+      unitOf[param.module] = static_cast<int>(u);
+      units[u].forwardFlops +=
+          leafFlops(spec, param, *modules[param.module].module, options);
+    }
   for (size_t i = 0; i < modules.size(); ++i) {
     const Module &m = *modules[i].module;
-    if (m.kind != ModuleKind::Attention || unitOf[i] < 0)
+    if (m.kind != ModuleKind::Attention)
+      continue;
+    for (size_t c = i + 1; c < modules.size() && unitOf[i] < 0; ++c)
+      if (modules[c].parent == static_cast<int>(i) &&
+          modules[c].module->name == "wq")
+        unitOf[i] = unitOf[c];
+    if (unitOf[i] < 0)
       continue;
     // Scores and weighted values: 2 matmuls of tokens x seq x (heads *
     // head_dim), halved by the causal mask; TP splits the heads when it
@@ -296,7 +284,8 @@ private:
     }
     func->setAttr("dist.train_step", b.getUnitAttr());
     func->setAttr("dist.reshard_after_forward",
-                  b.getBoolAttr(s.dataParallel.reshardAfterForward));
+                  b.getBoolAttr(s.dataParallel.reshardAfterForward !=
+                                ReshardPolicy::Never));
     func->setAttr("dist.gradient_accumulation_steps",
                   b.getI64IntegerAttr(s.gradientAccumulationSteps));
     func->setAttr("dist.optimizer", optimizerAttr());
@@ -357,6 +346,10 @@ private:
                                     b.getF64FloatAttr(unit.forwardFlops));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
+        // The unit's own policy, which dist-schedule follows over the
+        // step's flag.
+        compute->setAttr("dist.reshard_after_forward",
+                         b.getBoolAttr(unit.reshardAfterForward));
       }
       for (auto it = units.rbegin(); it != units.rend(); ++it) {
         const Unit &unit = *it;

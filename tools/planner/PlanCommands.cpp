@@ -364,7 +364,12 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
           : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
                          : fixed(count / 1e3, 1) + "K")
       << " parameters in " << p.spec.params.size() << " tensors, "
-      << pipeline::fsdpUnits(p.spec).size() << " FSDP units\n";
+      << p.spec.units.size() << " FSDP units ("
+      << (spec.dataParallel.units == frontend::UnitGrouping::Explicit
+              ? std::string("the spec's")
+              : std::string(frontend::kUnitGroupingNames[static_cast<int>(
+                    spec.dataParallel.units)]))
+      << ")\n";
   out << "mesh " << meshText(mesh) << ": " << mesh.size() << " ranks\n";
   auto list = [](const std::vector<std::string> &names) {
     std::string s;
@@ -376,10 +381,11 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       << "}, shard {" << list(spec.dataParallel.shardAxes) << "}, tensor {"
       << (spec.tensorParallel ? spec.tensorParallel->axis : "-") << "}, extra {"
       << list(spec.extraAxes) << "}; reshard after forward: "
-      << (spec.dataParallel.reshardAfterForward ? "yes" : "no") << "; params "
-      << frontend::dtypeName(spec.optimizer.paramDtype) << ", compute "
-      << frontend::dtypeName(spec.mixedPrecision.paramDtype) << ", reduce "
-      << frontend::dtypeName(spec.mixedPrecision.reduceDtype) << "\n\n";
+      << frontend::reshardPolicyName(spec.dataParallel.reshardAfterForward)
+      << "; params " << frontend::dtypeName(spec.optimizer.paramDtype)
+      << ", compute " << frontend::dtypeName(spec.mixedPrecision.paramDtype)
+      << ", reduce " << frontend::dtypeName(spec.mixedPrecision.reduceDtype)
+      << "\n\n";
 
   // Columns as wide as the longest communicator id.
   int idWidth = 14;
@@ -414,6 +420,133 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   }
   out << "  total sent per step: " << bytesText(static_cast<double>(totalBytes))
       << "\n\n";
+
+  // The FSDP units: what each gathers on this rank and how often.
+  {
+    std::map<std::string, std::string> tensorOf; // buffer -> parameter
+    for (const plan::Buffer &buffer : plan.buffers)
+      tensorOf[buffer.id] = buffer.tensor;
+    std::map<std::string, int> unitOfParam;
+    for (size_t u = 0; u < p.spec.units.size(); ++u)
+      for (int param : p.spec.units[u].params)
+        unitOfParam[p.spec.params[param].name] = static_cast<int>(u);
+    // Per unit: all-gather instructions and the bytes they bring in.
+    std::vector<int64_t> gathers(p.spec.units.size(), 0);
+    std::vector<int64_t> gatheredBytes(p.spec.units.size(), 0);
+    for (const plan::Instruction &in : plan.program) {
+      if (in.op != plan::OpKind::AllGather || in.outputs.empty())
+        continue;
+      auto it = unitOfParam.find(tensorOf[in.outputs.front()]);
+      if (it == unitOfParam.end())
+        continue;
+      ++gathers[it->second];
+      gatheredBytes[it->second] +=
+          in.count * static_cast<int64_t>(plan::dtypeBytes(*in.dtype));
+    }
+    int64_t totalGathers = 0;
+    for (int64_t g : gathers)
+      totalGathers += g;
+    out << "FSDP units (" << p.spec.units.size() << "; gathered bytes per "
+        << "step on rank " << options.rank << "):\n";
+    // The name column fits the longest name (explicit units join patterns).
+    size_t nameWidth = 16;
+    for (const frontend::UnitAssignment &unit : p.spec.units)
+      nameWidth = std::max(nameWidth, unit.name.size() + 2);
+    auto line = [&](size_t u, const std::string &name) {
+      const frontend::UnitAssignment &unit = p.spec.units[u];
+      int64_t elements = 0;
+      for (int param : unit.params) {
+        int64_t n = 1;
+        for (int64_t d : p.spec.params[param].shape)
+          n *= d;
+        elements += n;
+      }
+      std::string params;
+      if (unit.params.size() <= 3)
+        for (int param : unit.params)
+          params += (params.empty() ? "" : ", ") + p.spec.params[param].name;
+      else
+        params = std::to_string(unit.params.size()) + " tensors";
+      out << "  " << std::left << std::setw(static_cast<int>(nameWidth)) << name
+          << std::right << std::setw(10)
+          << fixed(static_cast<double>(elements) / 1e6, 2) << "M  "
+          << std::setw(11) << bytesText(static_cast<double>(gatheredBytes[u]))
+          << "  " << gathers[u] << " all-gather" << (gathers[u] == 1 ? "" : "s")
+          << (unit.reshardAfterForward ? ", resharded after forward"
+                                       : ", kept from forward to backward")
+          << (unit.root ? " (root)" : "") << "  [" << params << "]\n";
+    };
+    // Runs of blocks with the same size and gathers print once.
+    auto blockPrefix = [](const std::string &name) {
+      size_t dot = name.rfind('.');
+      if (dot == std::string::npos || dot + 1 == name.size() ||
+          name.find_first_not_of("0123456789", dot + 1) != std::string::npos)
+        return std::string();
+      return name.substr(0, dot + 1);
+    };
+    for (size_t u = 0; u < p.spec.units.size();) {
+      size_t v = u + 1;
+      std::string prefix = blockPrefix(p.spec.units[u].name);
+      while (!prefix.empty() && v < p.spec.units.size() &&
+             blockPrefix(p.spec.units[v].name) == prefix &&
+             p.spec.units[v].params.size() == p.spec.units[u].params.size() &&
+             gathers[v] == gathers[u] && gatheredBytes[v] == gatheredBytes[u] &&
+             p.spec.units[v].reshardAfterForward ==
+                 p.spec.units[u].reshardAfterForward)
+        ++v;
+      if (v - u > 2) {
+        line(u, p.spec.units[u].name + ".." +
+                    p.spec.units[v - 1].name.substr(prefix.size()));
+        out << "    (" << (v - u) << " units like this)\n";
+      } else {
+        for (size_t w = u; w < v; ++w)
+          line(w, p.spec.units[w].name);
+      }
+      u = v;
+    }
+    out << "  " << totalGathers << " all-gathers per step";
+    // Against per-module units (norm and output apart) under the same
+    // policy: what torchtitan's [norm, output] unit saves.
+    const frontend::UnitAssignment *normOutput = nullptr;
+    for (const frontend::UnitAssignment &unit : p.spec.units)
+      if (unit.name == "norm+output")
+        normOutput = &unit;
+    if (normOutput &&
+        spec.dataParallel.units == frontend::UnitGrouping::Torchtitan) {
+      frontend::Spec perModule = spec;
+      perModule.dataParallel.units = frontend::UnitGrouping::PerModule;
+      auto other = frontend::resolveSpec(perModule, p.spec.model);
+      std::optional<int64_t> otherGathers;
+      mlir::MLIRContext *ctx = p.context.get();
+      if (other) {
+        pipeline::CompileOptions compileOptions;
+        compileOptions.import.tokensPerMicrobatch = options.spec.tokens;
+        compileOptions.import.sequenceLength = options.spec.seqLen;
+        auto compiled = pipeline::compile(*ctx, *other, compileOptions);
+        if (compiled)
+          if (auto prepared =
+                  plan::PreparedTemplate::prepare(compiled->program))
+            if (auto otherPlan = prepared->instantiate(options.rank)) {
+              otherGathers = 0;
+              for (const plan::Instruction &in : otherPlan->program)
+                *otherGathers += in.op == plan::OpKind::AllGather;
+            }
+      }
+      if (otherGathers)
+        out << "; per-module units (norm and output apart) under the same "
+               "policy would take "
+            << *otherGathers << ": " << (*otherGathers - totalGathers)
+            << " fewer, as [norm, output] is one unit"
+            << (normOutput->reshardAfterForward
+                    ? ""
+                    : " kept gathered from its forward into its backward "
+                      "(reshard policy " +
+                          std::string(frontend::reshardPolicyName(
+                              spec.dataParallel.reshardAfterForward)) +
+                          ")");
+    }
+    out << "\n\n";
+  }
 
   // Kinds first ("gathered 1.18 GiB; gradient ..."), then the total.
   out << "memory of rank " << options.rank << " (peak, by kind):";

@@ -104,7 +104,29 @@ void checkSection(const Json &root, const SectionRule &section) {
     if (!properties.contains(key))
       continue;
     const Json &raw = properties[key];
-    const Json &prop = resolve(root, raw);
+    const Json *propPtr = &resolve(root, raw);
+    // A key that also takes a second type (specKeyAlternatives) is written
+    // {"if": {"type": alt}, "then": alt's schema, "else": the rule's}.
+    const KeyAlternative *alt = nullptr;
+    for (const KeyAlternative &a : specKeyAlternatives())
+      if (a.section == section.name && a.key == rule.name)
+        alt = &a;
+    bool typed = propPtr->contains("if") && (*propPtr)["if"].contains("type");
+    EXPECT_EQ(typed, alt != nullptr);
+    if (alt && typed) {
+      const Json &cond = (*propPtr)["if"];
+      const Json &then = (*propPtr)["then"];
+      EXPECT_EQ(cond.value("type", ""), jsonTypeName(alt->type));
+      EXPECT_EQ(then.value("type", ""), jsonTypeName(alt->type));
+      if (!alt->values.empty()) {
+        ASSERT_TRUE(then.contains("enum"));
+        EXPECT_EQ(stringSet(then["enum"]),
+                  std::set<std::string>(alt->values.begin(), alt->values.end()));
+      }
+      ASSERT_TRUE(propPtr->contains("else"));
+      propPtr = &(*propPtr)["else"];
+    }
+    const Json &prop = *propPtr;
     EXPECT_EQ(prop.value("type", ""), jsonTypeName(rule.type));
     if (rule.type == JsonType::Object && !rule.section.empty()) {
       EXPECT_EQ(raw.value("$ref", ""), "#/$defs/" + std::string(rule.section));

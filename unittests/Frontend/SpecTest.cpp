@@ -124,7 +124,8 @@ TEST(Examples, FsdpSrAdamwUsesAModelFile) {
   EXPECT_TRUE(r->spec.optimizer.stochasticRounding);
   EXPECT_EQ(r->spec.optimizer.seed, 1234u);
   EXPECT_DOUBLE_EQ(r->spec.optimizer.beta2, 0.999);
-  EXPECT_FALSE(r->spec.dataParallel.reshardAfterForward);
+  // The boolean false reads as the policy "never".
+  EXPECT_EQ(r->spec.dataParallel.reshardAfterForward, ReshardPolicy::Never);
   EXPECT_EQ(r->spec.gradientAccumulationSteps, 4);
 }
 
@@ -262,8 +263,45 @@ TEST(SpecErrors, MutationTable) {
        "\"colwise\"?)"},
       {{rename("/data_parallel/shard_axes", "shrad_axes")},
        "/data_parallel/shrad_axes: unknown key; expected one of "
-       "replicate_axes, shard_axes, reshard_after_forward (did you mean "
-       "\"shard_axes\"?)"},
+       "replicate_axes, shard_axes, reshard_after_forward, units (did you "
+       "mean \"shard_axes\"?)"},
+      // FSDP units and the reshard policy.
+      {{set("/data_parallel/reshard_after_forward", "\"alwasy\"")},
+       "/data_parallel/reshard_after_forward: unknown policy \"alwasy\"; "
+       "expected one of default, always, never (did you mean \"always\"?)"},
+      {{set("/data_parallel/reshard_after_forward", "1")},
+       "/data_parallel/reshard_after_forward: expected a string or a boolean, "
+       "got integer 1"},
+      {{set("/data_parallel/units", "\"torchtitna\"")},
+       "/data_parallel/units: unknown units \"torchtitna\"; expected one of "
+       "torchtitan, per_module or an array of units (did you mean "
+       "\"torchtitan\"?)"},
+      {{set("/data_parallel/units", "{}")},
+       "/data_parallel/units: expected an array or a string, got an object"},
+      {{set("/data_parallel/units", "[]")},
+       "/data_parallel/units: expected at least one unit"},
+      {{set("/data_parallel/units", "[[]]")},
+       "/data_parallel/units/0: expected at least one pattern"},
+      {{set("/data_parallel/units", "[\"norm\"]")},
+       "/data_parallel/units/0: expected an array, got string \"norm\""},
+      {{set("/data_parallel/units", "[[\"norm\", 3]]")},
+       "/data_parallel/units/0/1: expected a string, got integer 3"},
+      {{set("/data_parallel/units", "[[\"no-rm\"]]")},
+       "/data_parallel/units/0/0: "},
+      {{set("/data_parallel/units",
+            R"([["tok_embeddings"], ["layers.*"], ["norm", "outptu"]])")},
+       "/data_parallel/units/2/1: pattern \"outptu\" matches no module or "
+       "parameter of model \"tiny\" (did you mean \"output\"?)"},
+      {{set("/data_parallel/units",
+            R"([["tok_embeddings"], ["layers.*"], ["norm"]])")},
+       "/data_parallel/units: parameter \"output.weight\" is in no unit; "
+       "every parameter belongs to exactly one unit (add a pattern for it, "
+       "e.g. \"output\")"},
+      {{set("/data_parallel/units",
+            R"([["tok_embeddings"], ["layers.*"], ["layers.1.ffn_norm", "norm", "output"]])")},
+       "/data_parallel/units/2/0: pattern \"layers.1.ffn_norm\" puts parameter "
+       "\"layers.1.ffn_norm.weight\" in a second unit; it is already in "
+       "/data_parallel/units/1; every parameter belongs to exactly one unit"},
       {{rename("/mixed_precision", "mixed_precison")},
        "/mixed_precison: unknown key; expected one of $schema, description, "
        "model, world_size, mesh, data_parallel, tensor_parallel, extra_axes, "
@@ -429,6 +467,79 @@ TEST(SpecErrors, MutationTable) {
         << "entry " << i << " (" << bad.edits.front().pointer << ")";
   }
   EXPECT_GE(table.size(), 40u);
+}
+
+//===----------------------------------------------------------------------===//
+// FSDP units and the reshard policy
+//===----------------------------------------------------------------------===//
+
+/// The units of a spec as "name[: reshard]" strings with their parameters.
+std::vector<std::string> unitNames(const ResolvedSpec &r) {
+  std::vector<std::string> out;
+  for (const UnitAssignment &unit : r.units)
+    out.push_back(unit.name + (unit.reshardAfterForward ? " R" : " K"));
+  return out;
+}
+
+std::string withDataParallel(const std::string &dp) {
+  return applyEdits(kBase, {set("/data_parallel", dp)});
+}
+
+TEST(Units, DefaultIsTorchtitanWithDefaultPolicy) {
+  auto r = loadSpec(
+      withDataParallel(R"({"replicate_axes": ["ddp"], "shard_axes": ["fsdp"]})"),
+      "");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->spec.dataParallel.units, UnitGrouping::Torchtitan);
+  EXPECT_EQ(r->spec.dataParallel.reshardAfterForward, ReshardPolicy::Default);
+  EXPECT_EQ(unitNames(*r),
+            (std::vector<std::string>{"tok_embeddings R", "layers.0 R",
+                                      "layers.1 R", "norm+output K"}));
+  std::vector<std::string> last;
+  for (int p : r->units.back().params)
+    last.push_back(r->params[p].name);
+  EXPECT_EQ(last, (std::vector<std::string>{"norm.weight", "output.weight"}));
+}
+
+TEST(Units, PolicyStringsAndBooleans) {
+  auto units = [](const std::string &dp) {
+    auto r = loadSpec(withDataParallel(dp), "");
+    EXPECT_TRUE(succeeds(r));
+    return r ? unitNames(*r) : std::vector<std::string>{};
+  };
+  std::vector<std::string> always = {"tok_embeddings R", "layers.0 R",
+                                     "layers.1 R", "norm+output R"};
+  std::vector<std::string> never = {"tok_embeddings K", "layers.0 K",
+                                    "layers.1 K", "norm+output K"};
+  const std::string axes =
+      R"("replicate_axes": ["ddp"], "shard_axes": ["fsdp"], )";
+  EXPECT_EQ(units("{" + axes + R"("reshard_after_forward": "always"})"),
+            always);
+  EXPECT_EQ(units("{" + axes + R"("reshard_after_forward": true})"), always);
+  EXPECT_EQ(units("{" + axes + R"("reshard_after_forward": "never"})"), never);
+  EXPECT_EQ(units("{" + axes + R"("reshard_after_forward": false})"), never);
+  // per_module: each top-level module and block; default keeps the last.
+  EXPECT_EQ(units("{" + axes + R"("units": "per_module"})"),
+            (std::vector<std::string>{"tok_embeddings R", "layers.0 R",
+                                      "layers.1 R", "norm R", "output K"}));
+}
+
+TEST(Units, ExplicitGrouping) {
+  auto r = loadSpec(
+      withDataParallel(
+          R"({"replicate_axes": ["ddp"], "shard_axes": ["fsdp"], "units": [
+            ["layers.1", "norm.weight"], ["output"],
+            ["tok_embeddings", "layers.0"]]})"),
+      "");
+  ASSERT_TRUE(succeeds(r));
+  EXPECT_EQ(r->spec.dataParallel.units, UnitGrouping::Explicit);
+  // Forward order of each unit's first parameter; default policy keeps the
+  // last unit gathered.
+  EXPECT_EQ(unitNames(*r),
+            (std::vector<std::string>{"tok_embeddings+layers.0 R",
+                                      "layers.1+norm.weight R", "output K"}));
+  EXPECT_EQ(r->units[0].params.size(), 1u + 9u);
+  EXPECT_EQ(r->units[1].params.size(), 9u + 1u);
 }
 
 TEST(SpecErrors, TpNotDividingAWeightDim) {

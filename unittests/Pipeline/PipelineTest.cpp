@@ -723,9 +723,28 @@ struct Ref {
         if (p.name.rfind(u + ".", 0) == 0 && u.size() > r.unit.size())
           r.unit = u;
       EXPECT_FALSE(r.unit.empty()) << p.name;
+      // The default units are torchtitan's (torchtitan/models/llama3/infra/
+      // parallelize.py, apply_fsdp): fully_shard(tok_embeddings), each
+      // transformer block, fully_shard([model.norm, model.output]) when both
+      // exist, then the root model for what is left.
+      bool hasNorm = false, hasOutput = false;
+      for (const fe::Module &m : spec.model->modules) {
+        hasNorm |= m.name == "norm";
+        hasOutput |= m.name == "output";
+      }
+      if (r.unit.find('.') == std::string::npos && r.unit != "tok_embeddings")
+        r.unit =
+            (r.unit == "norm" || r.unit == "output") && hasNorm && hasOutput
+                ? "norm+output"
+                : "root";
       paramIndex[r.name] = static_cast<int>(params.size());
       params.push_back(std::move(r));
     }
+    // Units in forward order of their first parameter.
+    units.clear();
+    for (const RefParam &r : params)
+      if (std::find(units.begin(), units.end(), r.unit) == units.end())
+        units.push_back(r.unit);
   }
 
   /// The tensor-parallel style the config's plan gives `p`'s module ("" if
@@ -2155,11 +2174,18 @@ private:
       unitBytes[rp.unit] += bytes;
       all += bytes;
     }
+    // The configs say reshard_after_forward true ("always"): every unit is
+    // resharded except the root, which FSDP2 keeps gathered all step. So at
+    // most two resharded units (the prefetch bound; a unit re-gathered right
+    // after its forward waits for that copy's free, never two copies) plus
+    // the root are gathered at once.
     Ints sizes;
+    int64_t kept = 0;
     for (auto &[u, b] : unitBytes)
-      sizes.push_back(b);
+      (u == "root" ? kept : sizes.emplace_back(0)) += b;
     std::sort(sizes.rbegin(), sizes.rend());
-    int64_t bound = sizes[0] + (sizes.size() > 1 ? sizes[1] : 0);
+    int64_t bound = kept + (sizes.empty() ? 0 : sizes[0]) +
+                    (sizes.size() > 1 ? sizes[1] : 0);
     if (it == peak.end()) {
       fail("schedule", p.rank, "no gathered peak estimate");
       return;
@@ -2332,6 +2358,177 @@ TEST(PipelineSweepCoverage, CoversTheRoles) {
               ga1 && ga2 && shuffled && odd);
   EXPECT_TRUE(stackedFsdp && stackedHsdpOdd && stackedNoDp &&
               sequenceParallelTp1);
+}
+
+//===----------------------------------------------------------------------===//
+// FSDP units and the reshard policy
+//===----------------------------------------------------------------------===//
+
+/// A spec of `model` sharding over 2 ranks, with `dp` added to its
+/// data_parallel section (JSON members, or "").
+std::string unitSpec(const std::string &model, const std::string &dp) {
+  return R"({"model": ")" + model +
+         R"(", "world_size": 2, "mesh": {"axes": [{"name": "dp", "size": 2}]},
+             "data_parallel": {"shard_axes": ["dp"])" +
+         (dp.empty() ? "" : ", " + dp) + R"(},
+             "mixed_precision": {"param_dtype": "bfloat16"}})";
+}
+
+/// Rank 0's plan of a spec.
+Result<pl::Plan> planOf(const fe::ResolvedSpec &spec) {
+  auto context = pipeline::makeContext();
+  auto compiled = pipeline::compile(*context, spec);
+  if (!compiled)
+    return compiled.error();
+  auto prepared = pl::PreparedTemplate::prepare(compiled->program);
+  if (!prepared)
+    return prepared.error();
+  return prepared->instantiate(0);
+}
+
+/// The all-gathers of a plan (only those that gather `tensor`, when given),
+/// adding every tensor they gather to `together`.
+int64_t countGathers(const pl::Plan &plan, const std::string &tensor = "",
+                     std::set<std::string> *together = nullptr) {
+  std::map<std::string, std::string> tensorOf;
+  for (const pl::Buffer &b : plan.buffers)
+    tensorOf[b.id] = b.tensor;
+  int64_t n = 0;
+  for (const pl::Instruction &in : plan.program) {
+    if (in.op != pl::OpKind::AllGather)
+      continue;
+    bool has = tensor.empty();
+    for (const std::string &out : in.outputs)
+      has |= tensorOf[out] == tensor;
+    if (!has)
+      continue;
+    ++n;
+    if (together)
+      for (const std::string &out : in.outputs)
+        together->insert(tensorOf[out]);
+  }
+  return n;
+}
+
+// The default units are torchtitan's, from
+// torchtitan/models/llama3/infra/parallelize.py, function apply_fsdp:
+//   fully_shard(model.tok_embeddings, ...)
+//   for layer_id, transformer_block in model.layers.items():
+//       fully_shard(transformer_block, ...)
+//   fully_shard([model.norm, model.output], ...,
+//               reshard_after_forward=reshard_after_forward_policy == "always")
+//   fully_shard(model, ...)  # the root: nothing is left for it here
+// with the "default" policy resharding every block (and the embedding) after
+// forward and not [norm, output].
+TEST(FsdpUnits, DefaultUnitsAreTorchtitans) {
+  for (auto [model, layers] :
+       {std::pair<std::string, int>{"tiny", 2}, {"llama3-8b", 32}}) {
+    auto spec = fe::loadSpec(unitSpec(model, ""), MESHPLAN_SOURCE_DIR);
+    ASSERT_TRUE(spec.ok()) << spec.error().message;
+    std::vector<std::string> expected = {"tok_embeddings"};
+    for (int i = 0; i < layers; ++i)
+      expected.push_back("layers." + std::to_string(i));
+    expected.push_back("norm+output");
+    std::vector<std::string> names;
+    for (const fe::UnitAssignment &unit : spec->units)
+      names.push_back(unit.name);
+    EXPECT_EQ(names, expected) << model;
+    // Each unit holds exactly its modules' parameters.
+    for (const fe::UnitAssignment &unit : spec->units) {
+      std::set<std::string> got, want;
+      for (int p : unit.params)
+        got.insert(spec->params[p].name);
+      for (const fe::ParamAssignment &p : spec->params) {
+        bool in = unit.name == "norm+output"
+                      ? p.name.rfind("norm.", 0) == 0 ||
+                            p.name.rfind("output.", 0) == 0
+                      : p.name.rfind(unit.name + ".", 0) == 0;
+        if (in)
+          want.insert(p.name);
+      }
+      EXPECT_EQ(got, want) << model << " " << unit.name;
+      EXPECT_EQ(unit.reshardAfterForward, unit.name != "norm+output")
+          << model << " " << unit.name;
+      EXPECT_FALSE(unit.root) << model << " " << unit.name;
+    }
+  }
+}
+
+// [norm, output] is one bucketed all-gather: once per step under the
+// default policy (kept from its forward into its backward), twice under
+// "always" (re-gathered for backward, as FSDP2 does for a resharded unit).
+// Per-module units (meshplan's former grouping) gather norm twice and output
+// once under the default policy: two more all-gathers per step.
+TEST(FsdpUnits, NormOutputGatheredOnceUnderDefaultTwiceUnderAlways) {
+  for (std::string model : {"tiny", "llama3-8b"}) {
+    auto gathers = [&](const std::string &dp, const std::string &tensor,
+                       std::set<std::string> *together = nullptr) {
+      auto spec = fe::loadSpec(unitSpec(model, dp), MESHPLAN_SOURCE_DIR);
+      EXPECT_TRUE(spec.ok()) << spec.error().message;
+      if (!spec)
+        return int64_t{-1};
+      auto plan = planOf(*spec);
+      EXPECT_TRUE(plan.ok()) << plan.error().message;
+      return plan ? countGathers(*plan, tensor, together) : int64_t{-1};
+    };
+    std::set<std::string> together;
+    EXPECT_EQ(gathers("", "norm.weight", &together), 1) << model;
+    EXPECT_EQ(together, (std::set<std::string>{"norm.weight", "output.weight"}))
+        << model;
+    EXPECT_EQ(gathers(R"("reshard_after_forward": "default")", "output.weight"),
+              1)
+        << model;
+    EXPECT_EQ(gathers(R"("reshard_after_forward": "always")", "norm.weight"), 2)
+        << model;
+    EXPECT_EQ(gathers(R"("reshard_after_forward": true)", "output.weight"), 2)
+        << model;
+    EXPECT_EQ(gathers(R"("reshard_after_forward": "never")", "norm.weight"), 1)
+        << model;
+    int64_t titan = gathers("", ""),
+            perModule = gathers(R"("units": "per_module")", "");
+    EXPECT_EQ(gathers(R"("units": "per_module")", "norm.weight"), 2) << model;
+    EXPECT_EQ(perModule - titan, 2) << model;
+  }
+}
+
+// An explicit grouping: the computes run the spec's units, and each
+// all-gather brings in parameters of one unit only.
+TEST(FsdpUnits, ExplicitGrouping) {
+  auto spec =
+      fe::loadSpec(unitSpec("tiny", R"("units": [["tok_embeddings", "layers.0"],
+                                    ["layers.1", "norm", "output"]])"),
+                   MESHPLAN_SOURCE_DIR);
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  ASSERT_EQ(spec->units.size(), 2u);
+  EXPECT_EQ(spec->units[0].name, "tok_embeddings+layers.0");
+  EXPECT_EQ(spec->units[1].name, "layers.1+norm+output");
+  auto plan = planOf(*spec);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  std::map<std::string, std::string> tensorOf;
+  for (const pl::Buffer &b : plan->buffers)
+    tensorOf[b.id] = b.tensor;
+  auto unitOf = [](const std::string &tensor) {
+    return tensor.rfind("tok_embeddings.", 0) == 0 ||
+                   tensor.rfind("layers.0.", 0) == 0
+               ? std::string("tok_embeddings+layers.0")
+               : std::string("layers.1+norm+output");
+  };
+  std::vector<std::string> computes;
+  for (const pl::Instruction &in : plan->program) {
+    if (in.op == pl::OpKind::Compute)
+      computes.push_back(in.phase + " " + in.unit);
+    if (in.op != pl::OpKind::AllGather)
+      continue;
+    std::set<std::string> units;
+    for (const std::string &out : in.outputs)
+      units.insert(unitOf(tensorOf[out]));
+    EXPECT_EQ(units.size(), 1u) << in.label;
+  }
+  EXPECT_EQ(computes,
+            (std::vector<std::string>{"forward tok_embeddings+layers.0",
+                                      "forward layers.1+norm+output",
+                                      "backward layers.1+norm+output",
+                                      "backward tok_embeddings+layers.0"}));
 }
 
 class SummaryEnvironment : public ::testing::Environment {

@@ -35,6 +35,19 @@ const std::vector<SectionRule> &specSections();
 /// The model's sections: "", module, parameter.
 const std::vector<SectionRule> &modelSections();
 
+/// A key whose value may also have a second JSON type, besides the one in
+/// its KeyRule: `data_parallel.reshard_after_forward` (a policy name, or a
+/// boolean) and `data_parallel.units` (arrays of patterns, or a grouping
+/// name). The JSON Schema states such a key as {"if": {"type": <type>},
+/// "then": <this alternative>, "else": <the KeyRule>}.
+struct KeyAlternative {
+  std::string_view section;
+  std::string_view key;
+  JsonType type;
+  std::vector<std::string_view> values = {}; ///< closed set, for strings
+};
+const std::vector<KeyAlternative> &specKeyAlternatives();
+
 /// A section by name; asserts it exists.
 const SectionRule &findSection(const std::vector<SectionRule> &sections,
                                std::string_view name);

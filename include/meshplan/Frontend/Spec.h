@@ -63,10 +63,40 @@ struct MeshSpec {
   std::optional<std::vector<int64_t>> deviceOrder;
 };
 
+/// When a unit's gathered parameters are freed after its forward (and
+/// gathered again for its backward), as torchtitan's
+/// `reshard_after_forward` policy: "default" reshards every unit except the
+/// last one in forward order (torchtitan's [norm, output] unit, whose
+/// backward follows its forward at once), "always" every unit, "never" none.
+/// The root unit (what no other unit holds) is never resharded, as FSDP2
+/// keeps the root's parameters. The JSON booleans true / false read as
+/// "always" / "never".
+enum class ReshardPolicy { Default, Always, Never };
+inline constexpr std::array<std::string_view, 3> kReshardPolicyNames = {
+    "default", "always", "never"};
+std::string_view reshardPolicyName(ReshardPolicy policy);
+
+/// How parameters are grouped into FSDP units ("data_parallel.units").
+enum class UnitGrouping {
+  /// torchtitan's apply_fsdp: tok_embeddings, each transformer block,
+  /// [norm, output] together, the root for what is left.
+  Torchtitan,
+  /// Each top-level module, and each child of a top-level container of
+  /// containers ("layers.3").
+  PerModule,
+  /// DataParallelSpec::unitPatterns.
+  Explicit,
+};
+inline constexpr std::array<std::string_view, 2> kUnitGroupingNames = {
+    "torchtitan", "per_module"};
+
 struct DataParallelSpec {
   std::vector<std::string> replicateAxes; ///< DDP / HSDP replicas
   std::vector<std::string> shardAxes;     ///< FSDP: one level over them all
-  bool reshardAfterForward = true;
+  ReshardPolicy reshardAfterForward = ReshardPolicy::Default;
+  UnitGrouping units = UnitGrouping::Torchtitan;
+  /// Explicit units: the patterns of each unit, in the spec's order.
+  std::vector<std::vector<std::string>> unitPatterns;
 };
 
 struct TPRule {
@@ -156,6 +186,19 @@ struct ParamAssignment {
   bool float8 = false;
 };
 
+/// One FSDP unit: parameters gathered together and run by one forward and
+/// one backward callback.
+struct UnitAssignment {
+  /// The callback's unit name: a module path ("tok_embeddings", "layers.3"),
+  /// paths joined by "+" ("norm+output"), "root", or for explicit units the
+  /// unit's patterns joined by "+".
+  std::string name;
+  std::vector<int> params; ///< indices into ResolvedSpec::params, ascending
+  /// Freed after forward and gathered again for backward.
+  bool reshardAfterForward = true;
+  bool root = false; ///< torchtitan's root unit: what no other unit holds
+};
+
 /// A spec checked against its model.
 struct ResolvedSpec {
   Spec spec;
@@ -164,6 +207,9 @@ struct ResolvedSpec {
   std::vector<ModuleEntry> modules;          ///< forward order
   std::vector<ModuleAssignment> assignments; ///< parallel to modules
   std::vector<ParamAssignment> params;       ///< forward order
+  /// FSDP units, in forward order of their first parameter; every parameter
+  /// is in exactly one.
+  std::vector<UnitAssignment> units;
 };
 
 /// Checks a parsed spec against its model (see file comment).

@@ -34,17 +34,19 @@ struct ImportOptions {
   int64_t sequenceLength = 8192;
 };
 
-/// One FSDP unit: the modules gathered together and run by one callback.
+/// One FSDP unit: the parameters gathered together and run by one callback.
 struct Unit {
-  std::string name;        ///< "tok_embeddings", "layers.3"
+  std::string name;        ///< "tok_embeddings", "layers.3", "norm+output"
   std::vector<int> params; ///< indices into ResolvedSpec::params
   double forwardFlops = 0; ///< per rank, per microbatch
+  /// Freed after forward and gathered again for backward (the spec's
+  /// reshard_after_forward policy applied to this unit).
+  bool reshardAfterForward = true;
 };
 
-/// The units of a resolved spec, in forward order: each top-level module,
-/// except that a top-level container of containers ("layers") contributes
-/// each child ("layers.0", "layers.1", ...), as torchtitan applies
-/// fully_shard per transformer block.
+/// The units of a resolved spec (ResolvedSpec::units, from the spec's
+/// data_parallel.units: by default torchtitan's apply_fsdp grouping), in
+/// forward order, with their FLOPs.
 std::vector<Unit> fsdpUnits(const frontend::ResolvedSpec &spec,
                             const ImportOptions &options = {});
 

@@ -16,6 +16,12 @@
 //   when it is a forward (a new microbatch), unless the compute right before
 //   it read the same copy: parameters still resident are not gathered again
 //   (the last forward unit's backward, the first unit between microbatches).
+//   A forward compute may state its unit's own policy
+//   (dist.reshard_after_forward = true/false, what import writes from the
+//   spec's policy): then its backward re-gathers exactly when that is true,
+//   even right after the forward (FSDP2 reshards such a unit anyway); that
+//   re-gather is not prefetched: it goes after the forward and its free, and
+//   waits (dist.after) for the forward, so no unit is ever gathered twice.
 // - Prefetch: the group of Ci goes right before Ci-1 and waits (dist.after)
 //   for Ci-2, so at most two units' gathers are in flight or in use at once.
 // - The gradient reductions that follow a backward compute go right after
@@ -192,6 +198,9 @@ private:
   DenseMap<Operation *, unsigned> gatherGroupOf, reductionGroupOf;
   /// Per compute: whether its group was placed before the previous compute.
   std::vector<bool> prefetched;
+  /// Per compute: whether its group re-gathers a copy the compute right
+  /// before it read (a resharded unit's backward right after its forward).
+  std::vector<bool> regathersPrevious;
 
   DenseMap<Operation *, int64_t> bucketOf;
 };
@@ -219,6 +228,13 @@ LogicalResult StepScheduler::check() {
       return op.emitOpError()
              << "has no communicator; run dist-materialize-comms first";
     if (auto compute = dyn_cast<ComputeOp>(op)) {
+      if (Attribute attr = op.getAttr("dist.reshard_after_forward");
+          attr &&
+          (!isa<BoolAttr>(attr) || compute.getPhase() != Phase::Forward))
+        return op.emitOpError()
+               << "dist.reshard_after_forward must be a bool on a forward "
+                  "compute, not "
+               << attr;
       std::pair<Attribute, int64_t> unit{compute.getModuleAttr(),
                                          microbatchOf(compute)};
       if (compute.getPhase() == Phase::Forward)
@@ -285,10 +301,25 @@ bool StepScheduler::gatherChain(Value value, SmallVector<Operation *> &chain) {
 
 void StepScheduler::buildGatherGroups() {
   gathers.resize(computes.size());
+  regathersPrevious.assign(computes.size(), false);
   // Per gathered value: the copy computes read now, and the last compute
   // that read it.
   DenseMap<Value, std::pair<Value, unsigned>> current;
   SmallVector<Operation *> chain;
+  // Per (unit, microbatch): the reshard policy its forward states.
+  DenseMap<std::pair<Attribute, int64_t>, bool> policies;
+  for (ComputeOp compute : computes)
+    if (compute.getPhase() == Phase::Forward)
+      if (auto flag =
+              compute->getAttrOfType<BoolAttr>("dist.reshard_after_forward"))
+        policies[{compute.getModuleAttr(), microbatchOf(compute)}] =
+            flag.getValue();
+  auto unitPolicy = [&](ComputeOp compute) -> std::optional<bool> {
+    auto it = policies.find({compute.getModuleAttr(), microbatchOf(compute)});
+    if (it == policies.end())
+      return std::nullopt;
+    return it->second;
+  };
   for (auto [i, compute] : llvm::enumerate(computes)) {
     IRMapping copies; // this compute's re-gathers
     OpBuilder builder(compute);
@@ -306,7 +337,13 @@ void StepScheduler::buildGatherGroups() {
       auto &[copy, lastReader] = it->second;
       bool regather = (reshard || compute.getPhase() == Phase::Forward) &&
                       lastReader != i && lastReader + 1 != i;
+      // A unit's own policy (on its forward) decides its backward: resharded
+      // units gather again even right after their forward.
+      if (std::optional<bool> unitReshard = unitPolicy(compute);
+          unitReshard && compute.getPhase() == Phase::Backward)
+        regather = *unitReshard && lastReader != i;
       if (regather) {
+        regathersPrevious[i] = regathersPrevious[i] || lastReader + 1 == i;
         for (Operation *op : chain) {
           if (copies.contains(op->getResult(0)))
             continue;
@@ -376,7 +413,10 @@ void StepScheduler::reorder() {
   for (size_t i = 0; i < computes.size(); ++i) {
     if (gathers[i].empty())
       continue;
-    unsigned anchor = restIndex.lookup(computes[i ? i - 1 : 0]);
+    // A group that re-gathers what the previous compute read goes after it
+    // (and after the free of that copy): never two copies of one unit.
+    unsigned anchor = restIndex.lookup(computes[i ? i - 1 : 0]) +
+                      (regathersPrevious[i] ? 1 : 0);
     unsigned index = std::max(anchor, floor);
     for (Operation *op : gathers[i])
       for (Value operand : op->getOperands()) {
@@ -474,10 +514,18 @@ void StepScheduler::annotate() {
   // A prefetched group starts once the compute two units back finished,
   // whose gathered parameters are then free: at most two units' gathers are
   // in flight or in use at once.
-  for (size_t i = 2; i < computes.size(); ++i) {
-    if (!prefetched[i])
+  // A group placed after the previous compute because it re-gathers that
+  // compute's copy starts once that copy is freed (the free right after the
+  // compute).
+  for (size_t i = 1; i < computes.size(); ++i) {
+    if (!prefetched[i] && !regathersPrevious[i])
       continue;
-    int64_t bound = id.lookup(computes[i - 2].getOperation());
+    if (prefetched[i] && i < 2)
+      continue;
+    Operation *previous = computes[prefetched[i] ? i - 2 : i - 1];
+    if (!prefetched[i] && isa_and_present<FreeOp>(previous->getNextNode()))
+      previous = previous->getNextNode();
+    int64_t bound = id.lookup(previous);
     for (Operation *op : gathers[i]) {
       bool root = llvm::none_of(op->getOperands(), [&](Value v) {
         Operation *def = v.getDefiningOp();
