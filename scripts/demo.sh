@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: plan a training step from an example spec (every
-# rank's plan, verified across ranks, and explain's summary), then walk
+# rank's plan, verified across ranks, and explain's summary), execute the
+# plans of the same spec for the tiny model on 8 real processes, then walk
 # through the failures that motivate meshplan (see docs/architecture.md),
 # each run through the `meshplan` CLI.
 set -euo pipefail
@@ -40,6 +41,13 @@ echo
 echo "The plans on disk verify on their own, as a runtime would check them:"
 run verify "$OUT/plans"
 run trace --spec "$SPEC" --rank 5 -o "$OUT/trace.json"
+echo
+echo "The same spec for the tiny model, executed: 8 processes on real Gloo run every rank's plan"
+echo "for 3 steps; each rank checks every shard after every step against a single-process reference:"
+rm -rf "$OUT/tiny-plans"
+run plan --spec "$SPEC" --model tiny --all -o "$OUT/tiny-plans" --progress never
+run run -n 8 --timeout 60 -- "$(dirname "$MESHPLAN")/runtime-step-check" --plans "$OUT/tiny-plans" \
+  --replicate ddp --shard fsdp
 echo
 echo "A spec with a typo is refused with the JSON pointer, and nothing is written:"
 mkdir -p "$OUT"
