@@ -71,9 +71,7 @@ const std::vector<SectionRule> &specSections() {
             .type = T::String,
             .values = names(kReshardPolicyNames),
             .noun = "policy"},
-           {.name = "units",
-            .type = T::Array,
-            .items = T::Array},
+           {.name = "units", .type = T::Array, .items = T::Array},
        }},
       {"tensor_parallel",
        {

@@ -150,36 +150,36 @@ static Result<void> checkObjectWithAlternatives(const Json &value,
     if (alt.section != name)
       continue;
     const Json *v = member(value, alt.key);
-    auto rule = std::find_if(rules.keys.begin(), rules.keys.end(),
-                             [&](const KeyRule &r) { return r.name == alt.key; });
+    auto rule =
+        std::find_if(rules.keys.begin(), rules.keys.end(),
+                     [&](const KeyRule &r) { return r.name == alt.key; });
     if (!v || rule == rules.keys.end())
       continue;
     std::string keyPtr = childPointer(ptr, alt.key);
-    bool isAlt = alt.type == JsonType::Boolean ? v->is_boolean()
+    bool isAlt = alt.type == JsonType::Boolean  ? v->is_boolean()
                  : alt.type == JsonType::String ? v->is_string()
                                                 : false;
-    bool isMain = rule->type == JsonType::Boolean ? v->is_boolean()
+    bool isMain = rule->type == JsonType::Boolean  ? v->is_boolean()
                   : rule->type == JsonType::String ? v->is_string()
                   : rule->type == JsonType::Array  ? v->is_array()
                                                    : false;
     if (!isAlt && !isMain)
-      return typeError(keyPtr, *v,
-                       std::string(rule->type == JsonType::Array ? "an " : "a ") +
-                           std::string(jsonTypeName(rule->type)) + " or a " +
-                           std::string(jsonTypeName(alt.type)));
+      return typeError(
+          keyPtr, *v,
+          std::string(rule->type == JsonType::Array ? "an " : "a ") +
+              std::string(jsonTypeName(rule->type)) + " or a " +
+              std::string(jsonTypeName(alt.type)));
     if (!isAlt)
       continue;
-    if (!alt.values.empty() &&
-        std::find(alt.values.begin(), alt.values.end(), str(*v)) ==
-            alt.values.end())
-      return errorAt(keyPtr, "unknown " + std::string(alt.key) + " " +
-                                 quote(str(*v)) + "; expected one of " +
-                                 joinNames(alt.values) + " or " +
-                                 (rule->type == JsonType::Array
-                                      ? "an array of units"
-                                      : "a " + std::string(jsonTypeName(
-                                                   rule->type))) +
-                                 didYouMean(str(*v), alt.values));
+    if (!alt.values.empty() && std::find(alt.values.begin(), alt.values.end(),
+                                         str(*v)) == alt.values.end())
+      return errorAt(keyPtr,
+                     "unknown " + std::string(alt.key) + " " + quote(str(*v)) +
+                         "; expected one of " + joinNames(alt.values) + " or " +
+                         (rule->type == JsonType::Array
+                              ? "an array of units"
+                              : "a " + std::string(jsonTypeName(rule->type))) +
+                         didYouMean(str(*v), alt.values));
     *rule = KeyRule{.name = rule->name, .type = alt.type};
   }
   return checkObject(value, ptr, rules);
@@ -206,10 +206,10 @@ static Result<DataParallelSpec> parseDataParallel(const Json &value) {
   if (const Json *v = member(value, "units")) {
     const std::string unitsPtr = childPointer(ptr, "units");
     if (v->is_string()) {
-      dp.units = static_cast<UnitGrouping>(
-          std::find(kUnitGroupingNames.begin(), kUnitGroupingNames.end(),
-                    str(*v)) -
-          kUnitGroupingNames.begin());
+      dp.units = static_cast<UnitGrouping>(std::find(kUnitGroupingNames.begin(),
+                                                     kUnitGroupingNames.end(),
+                                                     str(*v)) -
+                                           kUnitGroupingNames.begin());
       return dp;
     }
     if (v->empty())

@@ -502,10 +502,9 @@ private:
         in.dtype = planDType(elt);
         in.inputs = inputs; // the shard and the amax
         in.label = "float8 cast " + root;
-        out.buffers[*index].scale =
-            pl::Fp8Scale{bufferId(cast.getAmax()),
-                         static_cast<int64_t>(cast.getIndex()),
-                         cast.getPowerOf_2()};
+        out.buffers[*index].scale = pl::Fp8Scale{
+            bufferId(cast.getAmax()), static_cast<int64_t>(cast.getIndex()),
+            cast.getPowerOf_2()};
         castSource[out.buffers[*index].id] = inputs[0];
       } else if (isa<arith::TruncFOp, arith::ExtFOp>(op)) {
         in.op = pl::OpKind::Cast;

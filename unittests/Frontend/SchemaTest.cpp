@@ -120,8 +120,9 @@ void checkSection(const Json &root, const SectionRule &section) {
       EXPECT_EQ(then.value("type", ""), jsonTypeName(alt->type));
       if (!alt->values.empty()) {
         ASSERT_TRUE(then.contains("enum"));
-        EXPECT_EQ(stringSet(then["enum"]),
-                  std::set<std::string>(alt->values.begin(), alt->values.end()));
+        EXPECT_EQ(
+            stringSet(then["enum"]),
+            std::set<std::string>(alt->values.begin(), alt->values.end()));
       }
       ASSERT_TRUE(propPtr->contains("else"));
       propPtr = &(*propPtr)["else"];

@@ -297,8 +297,9 @@ TEST(SpecErrors, MutationTable) {
        "/data_parallel/units: parameter \"output.weight\" is in no unit; "
        "every parameter belongs to exactly one unit (add a pattern for it, "
        "e.g. \"output\")"},
-      {{set("/data_parallel/units",
-            R"([["tok_embeddings"], ["layers.*"], ["layers.1.ffn_norm", "norm", "output"]])")},
+      {{set(
+           "/data_parallel/units",
+           R"([["tok_embeddings"], ["layers.*"], ["layers.1.ffn_norm", "norm", "output"]])")},
        "/data_parallel/units/2/0: pattern \"layers.1.ffn_norm\" puts parameter "
        "\"layers.1.ffn_norm.weight\" in a second unit; it is already in "
        "/data_parallel/units/1; every parameter belongs to exactly one unit"},
@@ -486,9 +487,10 @@ std::string withDataParallel(const std::string &dp) {
 }
 
 TEST(Units, DefaultIsTorchtitanWithDefaultPolicy) {
-  auto r = loadSpec(
-      withDataParallel(R"({"replicate_axes": ["ddp"], "shard_axes": ["fsdp"]})"),
-      "");
+  auto r =
+      loadSpec(withDataParallel(
+                   R"({"replicate_axes": ["ddp"], "shard_axes": ["fsdp"]})"),
+               "");
   ASSERT_TRUE(succeeds(r));
   EXPECT_EQ(r->spec.dataParallel.units, UnitGrouping::Torchtitan);
   EXPECT_EQ(r->spec.dataParallel.reshardAfterForward, ReshardPolicy::Default);
