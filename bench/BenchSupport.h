@@ -78,6 +78,17 @@ inline int initBenchmark(
   return 0;
 }
 
+/// Adds the summary's failures every program shares: each benchmark that
+/// reported an error, and a run in which nothing was timed.
+inline void addRunFailures(const std::vector<std::string> &errors,
+                           bool timedAnything,
+                           std::vector<std::string> &failures) {
+  for (const std::string &error : errors)
+    failures.push_back("error in " + error);
+  if (!timedAnything)
+    failures.push_back("nothing was timed (check --benchmark_filter)");
+}
+
 /// Console output showing only errors, single runs, and the median and cv of
 /// repeated runs, in colour only on a terminal (the library's own
 /// --benchmark_color=auto). For the summary, errors are collected, each

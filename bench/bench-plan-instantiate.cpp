@@ -387,10 +387,7 @@ bool printSummary(const SummaryReporter &reporter) {
                   "(median)\n",
                   static_cast<long long>(world), bench::median(ms) / 1e3);
   std::printf("\n");
-  for (const std::string &error : reporter.errors)
-    failures.push_back("error in " + error);
-  if (reporter.samples.empty())
-    failures.push_back("nothing was timed (check --benchmark_filter)");
+  bench::addRunFailures(reporter.errors, !reporter.samples.empty(), failures);
   return bench::printVerdict(
       failures,
       bench::formatted("t(%lld)/t(%lld) <= %.1f and < %.0f ms per rank",

@@ -649,10 +649,7 @@ bool printSummary(const SummaryReporter &reporter) {
               verifyRun.userS + verifyRun.sysS);
   std::printf("\n");
 
-  for (const std::string &error : reporter.errors)
-    failures.push_back("error in " + error);
-  if (reporter.samples.empty())
-    failures.push_back("nothing was timed (check --benchmark_filter)");
+  bench::addRunFailures(reporter.errors, !reporter.samples.empty(), failures);
   return bench::printVerdict(
       failures, bench::formatted(
                     "one rank's plan <= %.0f ms, t(%lld)/t(%lld) <= %.1f, "

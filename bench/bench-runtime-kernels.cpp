@@ -204,10 +204,7 @@ bool printSummary(const SummaryReporter &reporter) {
     }
   }
   std::printf("\n");
-  for (const std::string &error : reporter.errors)
-    failures.push_back("error in " + error);
-  if (reporter.samples.empty())
-    failures.push_back("nothing was timed (check --benchmark_filter)");
+  bench::addRunFailures(reporter.errors, !reporter.samples.empty(), failures);
   return bench::printVerdict(
       failures,
       bench::formatted("every kernel >= %.1f of memcpy bandwidth (worst %.2f)",

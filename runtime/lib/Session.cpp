@@ -400,7 +400,6 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
                                  b.pairs[0].recvFrom != pair.recvFrom))
           return makeError("its pairs permute to different peers");
       }
-      (void)me;
       pair.at = at;
       at += pair.chunk;
     }
