@@ -211,6 +211,7 @@ struct Session::Impl {
   ComputeCallback fallback;
   std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
   int64_t steps = 0;
+  StepProfile profile;
   bool broken = false;
   bool closed = false;
   Session *self = nullptr;
@@ -943,6 +944,61 @@ Result<void> Session::copyIn(const std::string &id,
   return {};
 }
 
+namespace {
+using SpanClock = std::chrono::steady_clock;
+using Span = std::pair<SpanClock::time_point, SpanClock::time_point>;
+
+/// Total length of the union of intervals (sorted in place).
+double unionSeconds(std::vector<Span> &spans) {
+  std::sort(spans.begin(), spans.end());
+  double total = 0;
+  SpanClock::time_point start{}, end{};
+  bool open = false;
+  for (const Span &s : spans) {
+    if (open && s.first <= end) {
+      end = std::max(end, s.second);
+      continue;
+    }
+    if (open)
+      total += std::chrono::duration<double>(end - start).count();
+    start = s.first;
+    end = s.second;
+    open = true;
+  }
+  if (open)
+    total += std::chrono::duration<double>(end - start).count();
+  return total;
+}
+
+/// Where a step's time went, from each instruction's span.
+StepProfile profileOf(const std::vector<Bound> &program,
+                      const std::vector<Span> &spans,
+                      SpanClock::time_point start, SpanClock::time_point end) {
+  StepProfile p;
+  p.wall = std::chrono::duration<double>(end - start).count();
+  std::vector<Span> comm, work, all;
+  for (size_t i = 0; i < program.size(); ++i) {
+    const Span &s = spans[i];
+    double seconds = std::chrono::duration<double>(s.second - s.first).count();
+    plan::OpKind op = program[i].in->op;
+    if (op == plan::OpKind::Free || op == plan::OpKind::Wait)
+      continue;
+    all.push_back(s);
+    if (isCollective(op)) {
+      comm.push_back(s);
+      continue;
+    }
+    work.push_back(s);
+    (op == plan::OpKind::Compute ? p.callbacks : p.kernels) += seconds;
+  }
+  p.collectives = unionSeconds(comm);
+  double busy = unionSeconds(all);
+  p.exposedCollectives = std::max(0.0, busy - unionSeconds(work));
+  p.overhead = std::max(0.0, p.wall - busy);
+  return p;
+}
+} // namespace
+
 Result<void> Session::step() {
   Impl &m = *impl;
   if (m.broken)
@@ -950,6 +1006,11 @@ Result<void> Session::step() {
   if (m.closed)
     return makeError("the session is closed");
   size_t n = m.program.size();
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point stepStart = Clock::now();
+  // Each instruction's [start, end), written only by the thread that runs
+  // it, read after the join.
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans(n);
   std::vector<char> done(n, 0);
   std::vector<int> turn(m.commSequence.size(), 0);
   std::mutex mutex;
@@ -992,7 +1053,9 @@ Result<void> Session::step() {
         if (failure)
           return;
       }
+      spans[size_t(index)].first = Clock::now();
       Result<void> ok = m.execute(b);
+      spans[size_t(index)].second = Clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       if (!ok) {
         if (!failure) {
@@ -1032,10 +1095,24 @@ Result<void> Session::step() {
     return *failure;
   }
   ++m.steps;
+  m.profile = profileOf(m.program, spans, stepStart, Clock::now());
   return {};
 }
 
 int64_t Session::stepsDone() const { return impl->steps; }
+
+Result<void> Session::resumeAfter(int64_t steps) {
+  if (steps < 0)
+    return makeError("resumeAfter: steps must be >= 0, not " +
+                     std::to_string(steps));
+  if (impl->steps != 0)
+    return makeError("resumeAfter: this session has already run " +
+                     std::to_string(impl->steps) + " steps");
+  impl->steps = steps;
+  return {};
+}
+
+const StepProfile &Session::lastStepProfile() const { return impl->profile; }
 
 Result<TensorView> Session::tensor(const std::string &id) {
   auto it = impl->bufferIds.find(id);

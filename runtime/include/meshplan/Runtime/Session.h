@@ -100,6 +100,23 @@ struct SessionOptions {
 /// default 60), MESHPLAN_JOB. Errors name the variable.
 Result<SessionOptions> sessionOptionsFromEnv();
 
+/// Where one step's time went, in seconds, from the executor's own clocks
+/// around every instruction (steady_clock).
+struct StepProfile {
+  double wall = 0;      ///< step() from entry to return
+  double callbacks = 0; ///< inside the trainer's compute callbacks (sum)
+  double kernels = 0;   ///< local ops: casts, float8, sums, optimizer (sum)
+  /// Time during which some collective of the plan was running (the union
+  /// of their intervals over all streams).
+  double collectives = 0;
+  /// The part of `collectives` during which no callback or kernel ran: the
+  /// communication the schedule did not hide.
+  double exposedCollectives = 0;
+  /// wall minus the time anything above was running: the executor's own
+  /// cost (thread hand-offs, dependency waits, bookkeeping).
+  double overhead = 0;
+};
+
 class Session {
 public:
   /// close()s.
@@ -140,6 +157,13 @@ public:
   Result<void> step();
   /// Steps completed so far.
   int64_t stepsDone() const;
+  /// Continues a run in a fresh session: the next step() is step
+  /// `steps + 1` (the optimizer's bias correction and the stochastic
+  /// rounding's key use it). The trainer restores the parameter and
+  /// optimizer shards (tensor(id).bytes) before the next step.
+  Result<void> resumeAfter(int64_t steps);
+  /// The profile of the last completed step.
+  const StepProfile &lastStepProfile() const;
 
   /// Leaves every communicator this rank created: a barrier on each, in the
   /// plan's order (then the trainer's, by id), so that no rank tears down a

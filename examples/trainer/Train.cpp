@@ -1,0 +1,774 @@
+//===- Train.cpp - meshplan-train: a Llama 3 model trained by the runtime -===//
+//
+// One process per rank (started by `meshplan run`, torchrun or Slurm). Each
+// plans the spec in-process (the same plan on every rank), opens its rank's
+// Session and registers one compute callback: the runtime gathers, casts,
+// reduces and updates; the callback runs the forward or backward of the FSDP
+// unit it is given on this rank's slice of the global batch, with
+// tensor-parallel collectives on the plan's TP communicator.
+//
+//   meshplan run -n 8 -- meshplan-train --spec examples/specs/fsdp-fp8-3d.json
+//                                        --model tiny --steps 100
+//
+// docs/trainer.md describes the flags, the output and the checks.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Trainer.h"
+
+#include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Runtime/Session.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+using namespace meshplan;
+using namespace meshplan::trainer;
+using namespace meshplan::runtime;
+namespace k = meshplan::runtime::kernels;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+const char *kUsage =
+    "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"
+    "                      [--batch B] [--seq-len T] [--seed S] [--data PATH]\n"
+    "                      [--save-params DIR] [--resume-after K]\n"
+    "                      [--synthetic-grads] [--log-every N] [--reference]\n"
+    "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
+    "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
+    "...`;\n--reference runs the same global batch in this one process. "
+    "docs/trainer.md\nhas the details.\n";
+
+[[noreturn]] void usageError(const std::string &message) {
+  std::fprintf(stderr, "meshplan-train: error: %s\n", message.c_str());
+  std::exit(2);
+}
+
+int64_t parseCount(const std::string &flag, const std::string &text,
+                   int64_t min, int64_t max) {
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end || errno || v < min || v > max)
+    usageError(flag + ": expected an integer in [" + std::to_string(min) +
+               ", " + std::to_string(max) + "], got \"" + text + "\"");
+  return v;
+}
+
+/// The TP group over a runtime communicator, timing its collectives.
+class CommTpGroup final : public TpGroup {
+public:
+  CommTpGroup(Communicator *comm, double &seconds)
+      : comm(comm), seconds(seconds) {}
+  int64_t size() const override { return comm->size(); }
+  int64_t rank() const override { return comm->key(); }
+  Result<void> allGather(const float *in, float *out, int64_t count) override {
+    auto t = Clock::now();
+    auto ok = comm->allGather(in, out, count, DType::Float32);
+    seconds += secondsSince(t);
+    return ok;
+  }
+  Result<void> reduceScatter(const float *in, float *out,
+                             int64_t count) override {
+    auto t = Clock::now();
+    auto ok =
+        comm->reduceScatter(in, out, count, DType::Float32, ReduceOp::Sum);
+    seconds += secondsSince(t);
+    return ok;
+  }
+  Result<void> allReduceSum(float *data, int64_t count) override {
+    auto t = Clock::now();
+    auto ok = comm->allReduce(data, count, DType::Float32, ReduceOp::Sum);
+    seconds += secondsSince(t);
+    return ok;
+  }
+  Result<void> allReduceMax(float *data, int64_t count) override {
+    auto t = Clock::now();
+    auto ok = comm->allReduce(data, count, DType::Float32, ReduceOp::Max);
+    seconds += secondsSince(t);
+    return ok;
+  }
+
+private:
+  Communicator *comm;
+  double &seconds;
+};
+
+/// The plan communicator over exactly `axis`, if the plan has one.
+const plan::Communicator *commOverAxis(const plan::Plan &p,
+                                       const std::string &axis) {
+  const plan::Communicator *found = nullptr;
+  for (const plan::Communicator &c : p.communicators)
+    if (c.axes == std::vector<std::string>{axis} &&
+        (!found || c.id.starts_with("trainer_")))
+      found = &c;
+  return found;
+}
+
+float readElement(const TensorView &v, int64_t i) {
+  switch (v.dtype()) {
+  case DType::Float32:
+    return v.as<float>()[size_t(i)];
+  case DType::BFloat16:
+    return k::bf16ToFloat(v.as<uint16_t>()[size_t(i)]);
+  default:
+    return 0;
+  }
+}
+
+/// One rank's training: the session, the callbacks, the figures.
+class RankTrainer {
+public:
+  RankTrainer(const TrainFlags &flags, const Planned &planned,
+              const TextData &data, SessionOptions options)
+      : flags(flags), planned(planned), data(data),
+        options(std::move(options)) {}
+
+  Result<void> open(const std::string &jobSuffix);
+  Result<void> run();
+
+private:
+  Result<void> onCompute(ComputeCall &call);
+  Result<void> forward(ComputeCall &call);
+  Result<void> backward(ComputeCall &call);
+  Result<float> globalLoss(float local);
+  Result<void> saveParams();
+
+  const TrainFlags &flags;
+  const Planned &planned;
+  const TextData &data;
+  SessionOptions options;
+  std::unique_ptr<Session> session;
+  int64_t dpIndex = 0;
+  TpShard shard;
+  MicrobatchShape shape;
+  std::unique_ptr<TpGroup> tp;
+  std::vector<Communicator *> extraComms, lossComms;
+  bool lossIsGlobal = true;
+  std::map<int64_t, std::unique_ptr<Microbatch>> microbatches;
+  std::vector<int32_t> tokens, targets;
+  std::map<std::string, std::vector<float>> weights; ///< fp32 of a call
+
+  // This step's figures.
+  double lossSum = 0;
+  int64_t lossCount = 0;
+  double tpSeconds = 0, matmulFlops = 0, matmulSeconds = 0;
+};
+
+Result<void> RankTrainer::open(const std::string &jobSuffix) {
+  SessionOptions o = options;
+  o.job += jobSuffix;
+  auto s = Session::openTemplate(*planned.prepared, o);
+  if (!s)
+    return s.error();
+  session = std::move(*s);
+  const plan::Plan &p = session->plan();
+  auto d = dataParallelIndex(planned, p.rank);
+  if (!d)
+    return d.error();
+  dpIndex = *d;
+  shape = {flags.batch, flags.seqLen};
+
+  // This rank's TP share, from the boxes of what the callbacks read.
+  std::map<std::string, const plan::Buffer *> seen;
+  for (const plan::Instruction &in : p.program)
+    if (in.op == plan::OpKind::Compute && in.phase == "forward")
+      for (const std::string &id : in.inputs)
+        for (const plan::Buffer &b : p.buffers)
+          if (b.id == id)
+            seen[b.tensor] = &b;
+  const LlamaConfig &c = planned.config;
+  int64_t hd = c.headDim();
+  auto rows = [&](const std::string &t, int64_t dim) {
+    const plan::Buffer *b = seen.at(t);
+    return std::pair<int64_t, int64_t>{b->offset[size_t(dim)],
+                                       b->localShape[size_t(dim)]};
+  };
+  for (const char *t : {"tok_embeddings.weight", "output.weight",
+                        "layers.0.attention.wq.weight",
+                        "layers.0.attention.wk.weight",
+                        "layers.0.feed_forward.w1.weight"})
+    if (!seen.count(t))
+      return makeError(std::string("no compute instruction reads ") + t);
+  auto [qOff, qLen] = rows("layers.0.attention.wq.weight", 0);
+  auto [kOff, kLen] = rows("layers.0.attention.wk.weight", 0);
+  auto [fOff, fLen] = rows("layers.0.feed_forward.w1.weight", 0);
+  auto [vOff, vLen] = rows("output.weight", 0);
+  (void)fOff;
+  if (qOff % hd || qLen % hd || kOff % hd || kLen % hd)
+    return makeError("tensor parallel splits attention heads: wq rows [" +
+                     std::to_string(qOff) + ", +" + std::to_string(qLen) +
+                     ") are not whole heads of " + std::to_string(hd));
+  shard.headOffset = qOff / hd;
+  shard.localHeads = qLen / hd;
+  shard.kvHeadOffset = kOff / hd;
+  shard.localKvHeads = kLen / hd;
+  shard.localFfn = fLen;
+  shard.vocabOffset = vOff;
+  shard.vocabLocal = vLen;
+  // Every layer and the embedding split the same way.
+  for (int64_t l = 0; l < c.nLayers; ++l) {
+    std::string pre = "layers." + std::to_string(l) + ".";
+    auto same = [&](const std::string &t, int64_t dim, int64_t off,
+                    int64_t len) -> Result<void> {
+      if (!seen.count(t))
+        return makeError("no compute instruction reads " + t);
+      auto [o, n] = rows(t, dim);
+      if (o != off || n != len)
+        return makeError(t + " is split unlike layer 0's weights");
+      return {};
+    };
+    MESHPLAN_TRY(same(pre + "attention.wq.weight", 0, qOff, qLen));
+    MESHPLAN_TRY(same(pre + "attention.wk.weight", 0, kOff, kLen));
+    MESHPLAN_TRY(same(pre + "attention.wv.weight", 0, kOff, kLen));
+    MESHPLAN_TRY(same(pre + "attention.wo.weight", 1, qOff, qLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w1.weight", 0, fOff, fLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w3.weight", 0, fOff, fLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w2.weight", 1, fOff, fLen));
+  }
+  auto [eOff, eLen] = rows("tok_embeddings.weight", 0);
+  if (eOff != vOff || eLen != vLen)
+    return makeError("tok_embeddings and output split the vocabulary "
+                     "differently");
+
+  // Communicators for the trainer's own collectives; every rank asks for
+  // them in the same order.
+  tpSeconds = 0;
+  if (!planned.roles.tp.empty()) {
+    const plan::Communicator *pc = commOverAxis(p, planned.roles.tp);
+    if (!pc)
+      return makeError("the plan has no communicator over the TP axis \"" +
+                       planned.roles.tp + "\"");
+    auto comm = session->trainerCommunicator(pc->id);
+    if (!comm)
+      return comm.error();
+    tp = std::make_unique<CommTpGroup>(*comm, tpSeconds);
+  } else {
+    tp = std::make_unique<SoloTpGroup>();
+  }
+  MESHPLAN_TRY(checkModel(c, shard, shape, tp->size()));
+  extraComms.clear();
+  lossComms.clear();
+  for (const std::string &axis : planned.roles.extra) {
+    const plan::Communicator *pc = commOverAxis(p, axis);
+    if (!pc)
+      return makeError("the plan has no communicator over the extra axis \"" +
+                       axis + "\"");
+    auto comm = session->trainerCommunicator(pc->id);
+    if (!comm)
+      return comm.error();
+    extraComms.push_back(*comm);
+  }
+  const AxisRoles &r = planned.roles;
+  for (const auto *axes : {&r.replicate, &r.shard, &r.extra})
+    for (const std::string &axis : *axes) {
+      const plan::Communicator *pc = commOverAxis(p, axis);
+      if (!pc) {
+        lossIsGlobal = false;
+        continue;
+      }
+      auto comm = session->trainerCommunicator(pc->id);
+      if (!comm)
+        return comm.error();
+      lossComms.push_back(*comm);
+    }
+
+  session->onCompute([this](ComputeCall &call) { return onCompute(call); });
+  return {};
+}
+
+Result<void> RankTrainer::onCompute(ComputeCall &call) {
+  // The parameters as fp32 values: bf16 widened, float8 dequantized with
+  // the step's scale.
+  for (const TensorView &v : call.params) {
+    std::vector<float> &w = weights[v.tensor()];
+    int64_t n = v.numElements();
+    w.resize(size_t(n));
+    switch (v.dtype()) {
+    case DType::Float32:
+      std::memcpy(w.data(), v.bytes.data(), size_t(n) * 4);
+      break;
+    case DType::BFloat16:
+      for (int64_t i = 0; i < n; ++i)
+        w[size_t(i)] = k::bf16ToFloat(v.as<uint16_t>()[size_t(i)]);
+      break;
+    case DType::Float8E4M3:
+    case DType::Float8E5M2:
+      if (!v.scale)
+        return makeError(v.id() + ": float8 without a scale");
+      k::dequantFp8(v.as<uint8_t>(), *v.scale, w,
+                    v.dtype() == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
+                                                   : k::Fp8Format::E5M2);
+      break;
+    default:
+      return makeError(v.id() + ": meshplan-train reads float32, bfloat16 "
+                                "and float8 parameters");
+    }
+  }
+  return call.phase == "forward" ? forward(call) : backward(call);
+}
+
+/// The segments of a unit, in forward order.
+struct UnitSegments {
+  bool embedding = false, finalNorm = false, output = false;
+  std::map<int64_t, int> blocks; ///< layer -> leaves present
+};
+
+Result<UnitSegments> segmentsOf(const ComputeCall &call) {
+  UnitSegments u;
+  for (const TensorView &v : call.params) {
+    auto site = siteOf(v.tensor());
+    if (!site)
+      return site.error();
+    switch (site->segment) {
+    case ParamSite::Embedding:
+      u.embedding = true;
+      break;
+    case ParamSite::FinalNorm:
+      u.finalNorm = true;
+      break;
+    case ParamSite::Output:
+      u.output = true;
+      break;
+    case ParamSite::Block:
+      ++u.blocks[site->layer];
+      break;
+    }
+  }
+  for (const auto &[layer, leaves] : u.blocks)
+    if (leaves != 9)
+      return makeError("unit \"" + call.unit + "\" holds " +
+                       std::to_string(leaves) + " of the 9 weights of layers." +
+                       std::to_string(layer) +
+                       "; meshplan-train runs whole blocks (use "
+                       "data_parallel.units \"torchtitan\")");
+  return u;
+}
+
+Result<void> RankTrainer::forward(ComputeCall &call) {
+  auto u = segmentsOf(call);
+  if (!u)
+    return u.error();
+  std::unique_ptr<Microbatch> &mb = microbatches[call.microbatch];
+  if (!mb) {
+    mb = std::make_unique<Microbatch>(planned.config, shard, shape,
+                                      planned.modelOptions, *tp);
+    data.fill(flags.seed, call.step, call.microbatch, dpIndex * flags.batch,
+              flags.batch, flags.seqLen, tokens, targets);
+    MESHPLAN_TRY(mb->setData(tokens, targets));
+  }
+  auto w = [&](const std::string &t) { return weights.at(t).data(); };
+  if (u->embedding)
+    MESHPLAN_TRY(mb->forwardEmbedding(w("tok_embeddings.weight")));
+  for (const auto &[layer, leaves] : u->blocks) {
+    std::string pre = "layers." + std::to_string(layer) + ".";
+    BlockWeights bw{w(pre + "attention_norm.weight"),
+                    w(pre + "attention.wq.weight"),
+                    w(pre + "attention.wk.weight"),
+                    w(pre + "attention.wv.weight"),
+                    w(pre + "attention.wo.weight"),
+                    w(pre + "ffn_norm.weight"),
+                    w(pre + "feed_forward.w1.weight"),
+                    w(pre + "feed_forward.w3.weight"),
+                    w(pre + "feed_forward.w2.weight")};
+    MESHPLAN_TRY(mb->forwardBlock(layer, bw));
+  }
+  if (u->finalNorm)
+    MESHPLAN_TRY(mb->forwardFinalNorm(w("norm.weight")));
+  if (u->output) {
+    auto loss = mb->forwardOutput(w("output.weight"));
+    if (!loss)
+      return loss.error();
+    lossSum += *loss;
+    ++lossCount;
+  }
+  return {};
+}
+
+Result<void> RankTrainer::backward(ComputeCall &call) {
+  auto u = segmentsOf(call);
+  if (!u)
+    return u.error();
+  // This microbatch's gradients go to zeroed scratch first, so that what is
+  // added to the accumulated gradient is the same value, in the same order,
+  // as in the single-process reference.
+  std::map<std::string, std::vector<float>> grads;
+  for (const TensorView &g : call.grads) {
+    if (g.dtype() != DType::Float32 && g.dtype() != DType::BFloat16)
+      return makeError(g.id() + ": gradients must be float32 or bfloat16");
+    grads[g.tensor()].assign(size_t(g.numElements()), 0.0f);
+  }
+  auto gr = [&](const std::string &t) -> float * {
+    auto it = grads.find(t);
+    return it == grads.end() ? nullptr : it->second.data();
+  };
+  auto w = [&](const std::string &t) { return weights.at(t).data(); };
+
+  if (flags.syntheticGrads) {
+    // Only microbatch 0 and the first TP row of a stacked gradient carry
+    // the value, so the reduced gradient is exactly syntheticGrad in any
+    // layout.
+    for (const TensorView &g : call.grads) {
+      if (call.microbatch != 0)
+        continue;
+      std::vector<float> &out = grads[g.tensor()];
+      int64_t paramRank = int64_t(weights.count(g.tensor())
+                                      ? g.globalShape().size()
+                                      : 0);
+      bool stacked = false;
+      for (const TensorView &v : call.params)
+        if (v.tensor() == g.tensor())
+          stacked = g.globalShape().size() == v.globalShape().size() + 1;
+      (void)paramRank;
+      int64_t rowSize = 1;
+      for (size_t d = stacked ? 1 : 0; d < g.globalShape().size(); ++d)
+        rowSize *= g.globalShape()[d];
+      auto runs =
+          k::boxIndexRuns(g.globalShape(), g.offset(), g.localShape());
+      if (!runs)
+        return makeError(g.id() + ": box outside the tensor");
+      for (const k::IndexRun &r : *runs)
+        for (int64_t i = 0; i < r.length; ++i) {
+          int64_t gi = r.global + i;
+          if (stacked && gi / rowSize != 0)
+            continue;
+          out[size_t(r.local + i)] =
+              syntheticGrad(g.tensor(), gi % rowSize, call.step);
+        }
+    }
+    if (u->embedding)
+      microbatches.erase(call.microbatch);
+  } else {
+    auto it = microbatches.find(call.microbatch);
+    if (it == microbatches.end())
+      return makeError("backward of microbatch " +
+                       std::to_string(call.microbatch) +
+                       " before its forward");
+    Microbatch &mb = *it->second;
+    if (u->output)
+      MESHPLAN_TRY(mb.backwardOutput(w("output.weight"),
+                                     1.0f / float(planned.microbatches),
+                                     gr("output.weight")));
+    if (u->finalNorm)
+      MESHPLAN_TRY(mb.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
+    for (auto l = u->blocks.rbegin(); l != u->blocks.rend(); ++l) {
+      std::string pre = "layers." + std::to_string(l->first) + ".";
+      BlockWeights bw{w(pre + "attention_norm.weight"),
+                      w(pre + "attention.wq.weight"),
+                      w(pre + "attention.wk.weight"),
+                      w(pre + "attention.wv.weight"),
+                      w(pre + "attention.wo.weight"),
+                      w(pre + "ffn_norm.weight"),
+                      w(pre + "feed_forward.w1.weight"),
+                      w(pre + "feed_forward.w3.weight"),
+                      w(pre + "feed_forward.w2.weight")};
+      BlockGrads bg{gr(pre + "attention_norm.weight"),
+                    gr(pre + "attention.wq.weight"),
+                    gr(pre + "attention.wk.weight"),
+                    gr(pre + "attention.wv.weight"),
+                    gr(pre + "attention.wo.weight"),
+                    gr(pre + "ffn_norm.weight"),
+                    gr(pre + "feed_forward.w1.weight"),
+                    gr(pre + "feed_forward.w3.weight"),
+                    gr(pre + "feed_forward.w2.weight")};
+      for (float *p : {bg.attentionNorm, bg.wq, bg.wk, bg.wv, bg.wo,
+                       bg.ffnNorm, bg.w1, bg.w3, bg.w2})
+        if (!p)
+          return makeError("backward of " + call.unit +
+                           " has no gradient buffer for a weight of layers." +
+                           std::to_string(l->first));
+      MESHPLAN_TRY(mb.backwardBlock(l->first, bw, bg));
+    }
+    if (u->embedding) {
+      MESHPLAN_TRY(mb.backwardEmbedding(gr("tok_embeddings.weight")));
+      matmulFlops += mb.matmulFlops();
+      matmulSeconds += mb.matmulSeconds();
+      microbatches.erase(it);
+    }
+  }
+
+  // Extra axes split the batch further: average their gradients here (the
+  // plan reduces over the data-parallel axes only).
+  for (Communicator *c : extraComms)
+    for (auto &[name, g] : grads)
+      MESHPLAN_TRY(
+          c->allReduce(g.data(), int64_t(g.size()), DType::Float32,
+                       ReduceOp::Avg));
+  for (const TensorView &g : call.grads) {
+    const std::vector<float> &add = grads[g.tensor()];
+    if (g.dtype() == DType::Float32) {
+      std::span<float> out = g.as<float>();
+      for (size_t i = 0; i < add.size(); ++i)
+        out[i] += add[i];
+    } else {
+      std::span<uint16_t> out = g.as<uint16_t>();
+      for (size_t i = 0; i < add.size(); ++i)
+        out[i] = k::floatToBf16(k::bf16ToFloat(out[i]) + add[i]);
+    }
+  }
+  return {};
+}
+
+Result<float> RankTrainer::globalLoss(float local) {
+  for (Communicator *c : lossComms)
+    MESHPLAN_TRY(c->allReduce(&local, 1, DType::Float32, ReduceOp::Avg));
+  return local;
+}
+
+Result<void> RankTrainer::saveParams() {
+  std::vector<DumpBox> boxes;
+  for (const TensorView &v : session->parameters()) {
+    DumpBox b;
+    b.tensor = v.tensor();
+    b.bf16 = v.dtype() == DType::BFloat16;
+    b.globalShape = v.globalShape();
+    b.offset = v.offset();
+    b.localShape = v.localShape();
+    int64_t n = v.numElements();
+    b.values.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i)
+      b.values[size_t(i)] = readElement(v, i);
+    boxes.push_back(std::move(b));
+  }
+  return writeDump(flags.saveParams, session->rank(), boxes);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty())
+    return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result<void> RankTrainer::run() {
+  MESHPLAN_TRY(open(""));
+  const plan::Plan &p0 = session->plan();
+  bool printer = p0.rank == 0;
+  int64_t tokensPerStep = planned.roles.dataParallel() * planned.microbatches *
+                          flags.batch * flags.seqLen;
+  auto init = [&](TensorView &v) -> Result<void> {
+    auto runs = k::boxIndexRuns(v.globalShape(), v.offset(), v.localShape());
+    if (!runs)
+      return makeError(v.id() + ": box outside the tensor");
+    for (const k::IndexRun &r : *runs)
+      for (int64_t i = 0; i < r.length; ++i) {
+        float x = initialValue(flags.seed, v.tensor(), r.global + i,
+                               v.globalShape());
+        if (v.dtype() == DType::BFloat16)
+          v.as<uint16_t>()[size_t(r.local + i)] = k::floatToBf16(x);
+        else
+          v.as<float>()[size_t(r.local + i)] = x;
+      }
+    return {};
+  };
+  MESHPLAN_TRY(session->initParameters(init));
+  if (printer) {
+    const LlamaConfig &c = planned.config;
+    std::printf("meshplan-train: model %s (dim %lld, %lld layers, %lld heads, "
+                "%lld kv heads, ffn %lld, vocab %lld) on %lld ranks; %lld "
+                "data-parallel x %lld microbatches x %lld sequences of %lld "
+                "tokens = %lld tokens per step; %s matmuls\n",
+                planned.spec.model->name.c_str(), (long long)c.dim,
+                (long long)c.nLayers, (long long)c.nHeads,
+                (long long)c.nKvHeads, (long long)c.ffnDim,
+                (long long)c.vocab, (long long)options.worldSize,
+                (long long)planned.roles.dataParallel(),
+                (long long)planned.microbatches, (long long)flags.batch,
+                (long long)flags.seqLen, (long long)tokensPerStep,
+                planned.modelOptions.bf16Matmul ? "bf16-input" : "fp32");
+    std::fflush(stdout);
+  }
+
+  std::vector<double> losses, walls, computes, comms, exposeds, overheads;
+  for (int64_t step = 1; step <= flags.steps; ++step) {
+    if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
+      // Keep every persistent shard in memory, end this session, and go on
+      // in a fresh one from those bytes.
+      std::map<std::string, std::vector<std::byte>> kept;
+      std::vector<TensorView> all = session->parameters();
+      for (const TensorView &v : session->optimizerState())
+        all.push_back(v);
+      for (const TensorView &v : all)
+        kept[v.id()].assign(v.bytes.begin(), v.bytes.end());
+      MESHPLAN_TRY(session->close());
+      session.reset();
+      MESHPLAN_TRY(open("-resumed"));
+      for (auto &[id, bytes] : kept) {
+        auto v = session->tensor(id);
+        if (!v)
+          return v.error();
+        if (v->bytes.size() != bytes.size())
+          return makeError("resume: " + id + " changed size");
+        std::memcpy(v->bytes.data(), bytes.data(), bytes.size());
+      }
+      MESHPLAN_TRY(session->resumeAfter(flags.resumeAfter));
+      if (printer)
+        std::printf("resumed after step %lld in a fresh session from the "
+                    "shards kept in memory (%zu tensors)\n",
+                    (long long)flags.resumeAfter, kept.size());
+    }
+    lossSum = 0;
+    lossCount = 0;
+    tpSeconds = 0;
+    auto t = Clock::now();
+    MESHPLAN_TRY(session->step());
+    double wall = secondsSince(t);
+    if (!microbatches.empty())
+      return makeError("step " + std::to_string(step) +
+                       " ended with a microbatch whose backward never ran");
+    auto loss = globalLoss(lossCount ? float(lossSum / double(lossCount)) : 0);
+    if (!loss)
+      return loss.error();
+    const StepProfile &prof = session->lastStepProfile();
+    double compute = prof.callbacks - tpSeconds + prof.kernels;
+    double comm = prof.collectives + tpSeconds;
+    double exposed = prof.exposedCollectives + tpSeconds;
+    losses.push_back(*loss);
+    walls.push_back(wall);
+    computes.push_back(compute);
+    comms.push_back(comm);
+    exposeds.push_back(exposed);
+    overheads.push_back(prof.overhead);
+    if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
+      std::printf("step %lld/%lld loss %.4f%s tok/s %.0f | step %.1f ms: "
+                  "compute %.1f comm %.1f exposed %.1f runtime %.2f ms\n",
+                  (long long)step, (long long)flags.steps, *loss,
+                  lossIsGlobal ? "" : " (this rank)",
+                  double(tokensPerStep) / wall, wall * 1e3, compute * 1e3,
+                  comm * 1e3, exposed * 1e3, prof.overhead * 1e3);
+      std::fflush(stdout);
+    }
+  }
+  if (!flags.saveParams.empty())
+    MESHPLAN_TRY(saveParams());
+  MESHPLAN_TRY(session->close());
+  if (printer && !losses.empty()) {
+    size_t n = std::min<size_t>(10, losses.size());
+    double first = 0, last = 0;
+    for (size_t i = 0; i < n; ++i) {
+      first += losses[i];
+      last += losses[losses.size() - 1 - i];
+    }
+    double w = median(walls);
+    std::printf(
+        "summary: %lld steps; loss %.4f -> %.4f (mean of the first and last "
+        "%zu steps); median step %.1f ms, %.0f tok/s; compute %.1f ms, comm "
+        "%.1f ms (exposed %.1f ms), runtime overhead %.2f ms (%.2f%% of the "
+        "step); matmuls %.2f GFLOP/s\n",
+        (long long)losses.size(), first / double(n), last / double(n), n,
+        w * 1e3, double(tokensPerStep) / w, median(computes) * 1e3,
+        median(comms) * 1e3, median(exposeds) * 1e3, median(overheads) * 1e3,
+        100.0 * median(overheads) / w,
+        matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
+  }
+  return {};
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  TrainFlags flags;
+  std::string compareA, compareB;
+  double rtol = 1e-5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc)
+        usageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--spec")
+      flags.spec = next();
+    else if (a == "--model")
+      flags.model = next();
+    else if (a == "--data")
+      flags.data = next();
+    else if (a == "--steps")
+      flags.steps = parseCount(a, next(), 1, 100000000);
+    else if (a == "--batch")
+      flags.batch = parseCount(a, next(), 1, 1 << 20);
+    else if (a == "--seq-len")
+      flags.seqLen = parseCount(a, next(), 1, 1 << 20);
+    else if (a == "--seed")
+      flags.seed = uint64_t(parseCount(a, next(), 0, INT64_MAX));
+    else if (a == "--log-every")
+      flags.logEvery = parseCount(a, next(), 1, INT64_MAX);
+    else if (a == "--resume-after")
+      flags.resumeAfter = parseCount(a, next(), 0, INT64_MAX);
+    else if (a == "--save-params")
+      flags.saveParams = next();
+    else if (a == "--synthetic-grads")
+      flags.syntheticGrads = true;
+    else if (a == "--reference")
+      flags.reference = true;
+    else if (a == "--compare") {
+      compareA = next();
+      compareB = next();
+    } else if (a == "--rtol") {
+      std::string t = next();
+      char *end = nullptr;
+      rtol = std::strtod(t.c_str(), &end);
+      if (t.empty() || *end || !(rtol >= 0))
+        usageError("--rtol: expected a number >= 0, got \"" + t + "\"");
+    } else
+      usageError("unknown flag \"" + a + "\"\n" + kUsage);
+  }
+  if (!compareA.empty())
+    return compareDumps(compareA, compareB, rtol);
+  if (flags.spec.empty())
+    usageError(std::string("--spec is required\n") + kUsage);
+  if (flags.resumeAfter >= flags.steps)
+    usageError("--resume-after " + std::to_string(flags.resumeAfter) +
+               " must be below --steps " + std::to_string(flags.steps));
+  if (flags.batch * flags.seqLen > (int64_t(1) << 28))
+    usageError("--batch x --seq-len is too large");
+  // One BLAS thread per process: ranks share the cores, and the reference
+  // must compute each slice exactly as a rank does.
+  openblas_set_num_threads(1);
+
+  if (flags.data.empty()) {
+    std::error_code ec;
+    flags.data = std::filesystem::is_directory("docs", ec)
+                     ? "docs"
+                     : std::string(MESHPLAN_SOURCE_DIR) + "/docs";
+  }
+  auto data = TextData::load(flags.data);
+  if (!data)
+    usageError("--data: " + data.error().message);
+  if (data->size() <= flags.seqLen + 1)
+    usageError("--data: " + flags.data + " holds " +
+               std::to_string(data->size()) + " bytes, fewer than --seq-len");
+
+  auto planned = planSpec(flags, flags.batch * flags.seqLen);
+  if (!planned)
+    usageError(planned.error().message);
+  if (flags.reference)
+    return runReference(flags, *planned, *data);
+
+  auto options = sessionOptionsFromEnv();
+  if (!options)
+    fatal(options.error().message +
+          " (start meshplan-train with `meshplan run -n N -- meshplan-train "
+          "...`, or use --reference for one process)");
+  RankTrainer trainer(flags, *planned, *data, *options);
+  if (auto ok = trainer.run(); !ok)
+    fatal("rank " + std::to_string(options->rank) + ": " +
+          ok.error().message);
+  return 0;
+}

@@ -1,0 +1,122 @@
+//===- Trainer.h - What meshplan-train's runs share -----------------------===//
+//
+// The pieces both runs of meshplan-train use: the distributed one (the
+// runtime executes the plan; callbacks run the model, Train.cpp) and the
+// single-process reference (the whole global batch in one process,
+// Reference.cpp). Sharing them is what makes the comparison meaningful:
+// the same flags, model configuration, initial values, data slices and
+// float8/bf16 emulation.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_TRAINER_TRAINER_H
+#define MESHPLAN_TRAINER_TRAINER_H
+
+#include "Data.h"
+#include "model/Llama.h"
+
+#include "meshplan/Frontend/Spec.h"
+#include "meshplan/Plan/Plan.h"
+#include "meshplan/Plan/Template.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace meshplan::trainer {
+
+struct TrainFlags {
+  std::string spec;
+  std::string model; ///< replaces the spec's "model" when set
+  std::string data;  ///< text file or directory; default: the repo's docs/
+  int64_t steps = 100;
+  int64_t batch = 4;   ///< sequences per data-parallel rank and microbatch
+  int64_t seqLen = 64; ///< tokens per sequence
+  uint64_t seed = 0;   ///< initial weights and data order
+  bool reference = false;
+  /// Replace the model's gradients by a deterministic function of (tensor,
+  /// global index, step): the reduced gradient is then the same in every
+  /// layout, which isolates the optimizer (stochastic rounding).
+  bool syntheticGrads = false;
+  /// Stop after this step, keep the shards in memory, continue in a fresh
+  /// session (-1: no).
+  int64_t resumeAfter = -1;
+  std::string saveParams; ///< directory for the final parameters
+  int64_t logEvery = 1;
+};
+
+/// The mesh axes by their role in the spec.
+struct AxisRoles {
+  std::vector<std::string> replicate, shard, extra; ///< data-parallel, in order
+  std::string tp;                                   ///< "" without TP
+  int64_t replicas = 1, shards = 1, extras = 1;     ///< products of sizes
+  int64_t dataParallel() const { return replicas * shards * extras; }
+};
+
+/// A spec loaded and planned in-process.
+struct Planned {
+  frontend::ResolvedSpec spec;
+  std::optional<plan::PreparedTemplate> prepared;
+  LlamaConfig config;
+  AxisRoles roles;
+  ModelOptions modelOptions;
+  int64_t microbatches = 1;
+};
+
+/// Loads the spec (with --model), checks that meshplan-train can train it
+/// (the Llama 3 architecture, torchtitan's TP plan, every mesh axis with a
+/// role) and runs the planner.
+Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch);
+
+/// The rank's index among the data-parallel ranks: its coordinates on the
+/// replicate, then shard, then extra axes, row-major.
+Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank);
+
+/// Initial value of element `g` of a parameter (torchtitan's Llama init:
+/// embedding N(0, 1), output N(0, dim^-1/2), linears N(0, 0.02) with wo, w2
+/// and w3 scaled by 1/sqrt(2 (layer + 1)), norms 1; normals truncated at two
+/// standard deviations), a pure function of (seed, name, g).
+float initialValue(uint64_t seed, const std::string &tensor, int64_t g,
+                   const std::vector<int64_t> &shape);
+
+/// --synthetic-grads: a small dyadic number, exact in any sum the plans do.
+float syntheticGrad(const std::string &tensor, int64_t g, int64_t step);
+
+/// Where a parameter sits in the model.
+struct ParamSite {
+  enum Segment { Embedding, Block, FinalNorm, Output } segment;
+  int64_t layer = -1;
+  std::string leaf; ///< in a block: "attention.wq", "ffn_norm", ...
+};
+Result<ParamSite> siteOf(const std::string &tensor);
+
+/// What the compute callbacks see of a parameter whose plan casts `dtype`
+/// (bf16; float8 with the whole tensor's amax scale): values applied to a
+/// whole fp32 master tensor, in place.
+void emulateCast(std::vector<float> &values, plan::DType seen,
+                 const std::optional<plan::Fp8Scale> &scale);
+
+/// Parameter dumps: DIR/rank<R>.bin, each a list of boxes of fp32 values.
+struct DumpBox {
+  std::string tensor;
+  bool bf16 = false;
+  std::vector<int64_t> globalShape, offset, localShape;
+  std::vector<float> values;
+};
+Result<void> writeDump(const std::string &dir, int64_t rank,
+                       const std::vector<DumpBox> &boxes);
+/// meshplan-train --compare A B: assembles both dumps into whole tensors
+/// (checking that every element is covered and replicas agree) and prints
+/// the largest relative difference per tensor. Returns the exit code: 0
+/// when every difference is <= rtol.
+int compareDumps(const std::string &a, const std::string &b, double rtol);
+
+/// The single-process reference run (Reference.cpp).
+int runReference(const TrainFlags &flags, const Planned &planned,
+                 const TextData &data);
+
+[[noreturn]] void fatal(const std::string &message);
+
+} // namespace meshplan::trainer
+
+#endif // MESHPLAN_TRAINER_TRAINER_H
