@@ -185,10 +185,25 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 // Communicator
 //===----------------------------------------------------------------------===//
 
-/// Below this many bytes in all, a float32 reduce-scatter runs Gloo's
-/// halving-doubling algorithm; above, an all-to-all and a local reduction
-/// (measured by bench-runtime-collectives; docs/performance.md).
+/// Every floating-point sum and product is taken in the members' key order
+/// (block 0 + block 1 + ... + block n-1), whatever the algorithm moving the
+/// bytes: the result is then a function of the inputs alone, not of the
+/// group's size, the message timing or Gloo's schedule, and a single process
+/// summing the same values in the same order reproduces it bit for bit
+/// (meshplan-train's reference does). Gloo's ring and halving-doubling
+/// algorithms reduce in other orders; they remain for two members (a + b is
+/// b + a in IEEE arithmetic) and for max and min, which do not depend on the
+/// order.
+/// Below this many bytes in all, a float32 reduce-scatter whose order does
+/// not matter runs Gloo's halving-doubling algorithm; above, an all-to-all
+/// and a local reduction (bench-runtime-collectives; docs/performance.md).
 constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
+
+static bool orderMatters(DType dtype, ReduceOp op, int64_t members) {
+  bool floating = dtype == DType::Float32 || dtype == DType::BFloat16 ||
+                  dtype == DType::Float16;
+  return members > 2 && floating && op != ReduceOp::Max && op != ReduceOp::Min;
+}
 
 class GlooCommunicator final : public Communicator {
 public:
@@ -220,9 +235,9 @@ public:
 
   Result<void> reduceScatter(const void *in, void *out, int64_t count,
                              DType dtype, ReduceOp op) override {
-    // Large: all-to-all, then a local reduction of the blocks in key order:
+    // An all-to-all, then a local reduction of the blocks in key order:
     // each rank sends (n-1)/n of its input once, as a ring reduce-scatter
-    // does, and the result does not depend on message timing.
+    // does, and the sum is taken in key order (orderMatters).
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
@@ -232,10 +247,10 @@ public:
       if (block)
         std::memmove(out, in, block);
     } else if (block && dtype == DType::Float32 &&
+               !orderMatters(dtype, op, n) &&
                block * size_t(n) <= kSmallReduceScatterBytes) {
-      // Small: latency-bound, where Gloo's halving-doubling (log n steps)
-      // beats n - 1 messages. It reduces in place and leaves this rank's
-      // block at the front of the buffer.
+      // Two members (or max/min): Gloo's halving-doubling, one exchange. It
+      // reduces in place and leaves this rank's block at the front.
       std::vector<float> work(static_cast<const float *>(in),
                               static_cast<const float *>(in) + count * n);
       const gloo::ReductionFunction<float> *fn =
@@ -267,7 +282,20 @@ public:
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
-    if (size() > 1 && count > 0) {
+    if (count > 0 && orderMatters(dtype, op, size())) {
+      // A key-order reduce-scatter of padded blocks, then an all-gather:
+      // 2 (n-1)/n of the data per rank, as the ring sends.
+      int64_t n = size(), blockCount = (count + n - 1) / n;
+      size_t bytes = size_t(plan::dtypeBytes(dtype));
+      std::vector<std::byte> padded(size_t(blockCount * n) * bytes);
+      std::memcpy(padded.data(), data, size_t(count) * bytes);
+      std::vector<std::byte> mine(size_t(blockCount) * bytes);
+      ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+      MESHPLAN_TRY(
+          reduceScatter(padded.data(), mine.data(), blockCount, dtype, sumOp));
+      MESHPLAN_TRY(allGather(mine.data(), padded.data(), blockCount, dtype));
+      std::memcpy(data, padded.data(), size_t(count) * bytes);
+    } else if (size() > 1 && count > 0) {
       size_t bytes = size_t(plan::dtypeBytes(dtype));
       MESHPLAN_TRY(guarded([&] {
         gloo::AllreduceOptions opts(context);
