@@ -26,10 +26,14 @@ void parallelFor(int64_t n, const Threading &threading,
                  const std::function<void(int64_t, int64_t)> &fn) {
   if (n <= 0)
     return;
-  int64_t maxThreads = threading.maxThreads > 0
-                           ? threading.maxThreads
-                           : std::max(1u, std::thread::hardware_concurrency());
   int64_t perThread = std::max<int64_t>(threading.minElementsPerThread, 1);
+  if (n / perThread < 2) {
+    fn(0, n);
+    return;
+  }
+  // hardware_concurrency() reads /sys on every call (glibc): once is enough.
+  static const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  int64_t maxThreads = threading.maxThreads > 0 ? threading.maxThreads : cores;
   int64_t threads = std::clamp<int64_t>(n / perThread, 1, maxThreads);
   if (threads == 1) {
     fn(0, n);
