@@ -16,15 +16,101 @@
 
 #include "meshplan/Runtime/Kernels.h"
 
+#include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
+#include <thread>
 
 namespace k = meshplan::runtime::kernels;
 
 namespace meshplan::trainer {
 
 namespace {
+
+/// The members of one TP group as threads of this process. Sums are taken
+/// in key order, as the runtime's backend takes them (GlooBackend.cpp,
+/// orderMatters), so each member computes what the rank of that key does.
+class LocalTpGroup {
+public:
+  explicit LocalTpGroup(int64_t n)
+      : n(n), sync(std::ptrdiff_t(n)), slots(size_t(n), nullptr) {
+    for (int64_t k = 0; k < n; ++k)
+      members.push_back(std::make_unique<Member>(*this, k));
+  }
+  TpGroup &member(int64_t k) { return *members[size_t(k)]; }
+
+private:
+  struct Member final : TpGroup {
+    Member(LocalTpGroup &g, int64_t k) : g(g), k(k) {}
+    int64_t size() const override { return g.n; }
+    int64_t rank() const override { return k; }
+    Result<void> allGather(const float *in, float *out,
+                           int64_t count) override {
+      g.slots[size_t(k)] = in;
+      g.sync.arrive_and_wait();
+      for (int64_t j = 0; j < g.n; ++j)
+        std::memcpy(out + j * count, g.slots[size_t(j)], size_t(count) * 4);
+      g.sync.arrive_and_wait();
+      return {};
+    }
+    Result<void> reduceScatter(const float *in, float *out,
+                               int64_t count) override {
+      g.slots[size_t(k)] = in;
+      g.sync.arrive_and_wait();
+      std::memcpy(out, g.slots[0] + k * count, size_t(count) * 4);
+      for (int64_t j = 1; j < g.n; ++j)
+        for (int64_t i = 0; i < count; ++i)
+          out[i] += g.slots[size_t(j)][k * count + i];
+      g.sync.arrive_and_wait();
+      return {};
+    }
+    Result<void> reduce(float *data, int64_t count, bool max) {
+      g.slots[size_t(k)] = data;
+      g.sync.arrive_and_wait();
+      std::vector<float> r(g.slots[0], g.slots[0] + count);
+      for (int64_t j = 1; j < g.n; ++j)
+        for (int64_t i = 0; i < count; ++i) {
+          float x = g.slots[size_t(j)][i];
+          r[size_t(i)] = max ? std::max(r[size_t(i)], x) : r[size_t(i)] + x;
+        }
+      g.sync.arrive_and_wait();
+      std::memcpy(data, r.data(), size_t(count) * 4);
+      return {};
+    }
+    Result<void> allReduceSum(float *data, int64_t count) override {
+      return reduce(data, count, false);
+    }
+    Result<void> allReduceMax(float *data, int64_t count) override {
+      return reduce(data, count, true);
+    }
+    LocalTpGroup &g;
+    int64_t k;
+  };
+  int64_t n;
+  std::barrier<> sync;
+  std::vector<const float *> slots;
+  std::vector<std::unique_ptr<Member>> members;
+};
+
+/// Copies box (offset, local) of a whole row-major tensor out (or in).
+void copyBox(const std::vector<int64_t> &global,
+             const std::vector<int64_t> &offset,
+             const std::vector<int64_t> &local, const float *whole,
+             float *box, bool into) {
+  auto runs = k::boxIndexRuns(global, offset, local);
+  if (!runs)
+    fatal("a compute buffer's box lies outside its tensor");
+  for (const k::IndexRun &r : *runs)
+    for (int64_t i = 0; i < r.length; ++i) {
+      if (into)
+        const_cast<float *>(whole)[r.global + i] = box[r.local + i];
+      else
+        box[r.local + i] = whole[r.global + i];
+    }
+}
+
 struct RefTensor {
   std::string name;
   int64_t id = 0;
@@ -91,34 +177,199 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
 
   const LlamaConfig &c = planned.config;
-  TpShard shard = TpShard::whole(c);
   MicrobatchShape shape{flags.batch, flags.seqLen};
-  SoloTpGroup solo;
-  if (auto ok = checkModel(c, shard, shape, 1); !ok)
-    fatal(ok.error().message);
+  // The TP group of rank 0: its members' shares and boxes, from their
+  // plans. The reference runs each data-parallel slice on P threads that
+  // compute what those ranks compute.
+  struct Member {
+    TpShard shard;
+    std::map<std::string, const plan::Buffer *> boxes;
+    plan::Plan plan;
+  };
+  std::vector<Member> members;
+  int64_t P = 1;
+  if (!planned.roles.tp.empty()) {
+    const plan::Communicator *tpComm = nullptr;
+    for (const plan::Communicator &cm : plan0->communicators)
+      if (cm.axes == std::vector<std::string>{planned.roles.tp})
+        tpComm = &cm;
+    if (!tpComm)
+      fatal("the plan has no communicator over the TP axis");
+    P = int64_t(tpComm->ranks.size());
+    members.resize(size_t(P));
+    for (int64_t t = 0; t < P; ++t) {
+      auto pt = planned.prepared->instantiate(tpComm->ranks[size_t(t)], false);
+      if (!pt)
+        fatal(pt.error().message);
+      members[size_t(t)].plan = std::move(*pt);
+    }
+    for (Member &m : members) {
+      auto sh = tpShardOf(m.plan, c);
+      if (!sh)
+        fatal(sh.error().message);
+      m.shard = *sh;
+      m.boxes = computeInputs(m.plan);
+    }
+  }
+  if (flags.plainReference)
+    P = 1;
+  if (P == 1) {
+    members.assign(1, Member{});
+    members[0].shard = TpShard::whole(c);
+  }
+  for (const Member &m : members)
+    if (auto ok = checkModel(c, m.shard, shape, P); !ok)
+      fatal(ok.error().message);
+  // Sequence-parallel norms: one partial gradient per TP rank (the plan's
+  // stacked gradient), summed in key order after the data-parallel average.
+  std::map<std::string, int64_t> rows;
+  for (auto &[name, t] : tensors) {
+    auto site = siteOf(name);
+    bool norm = site && (site->segment == ParamSite::FinalNorm ||
+                         site->leaf.ends_with("norm"));
+    rows[name] = norm ? P : 1;
+  }
   const AxisRoles &r = planned.roles;
   int64_t M = planned.microbatches;
   int64_t tokensPerStep =
       r.dataParallel() * M * flags.batch * flags.seqLen;
   std::printf("meshplan-train --reference: model %s in one process; %lld "
               "data-parallel slices x %lld microbatches x %lld sequences of "
-              "%lld tokens = %lld tokens per step; %s matmuls\n",
+              "%lld tokens = %lld tokens per step; %s matmuls; %s\n",
               planned.spec.model->name.c_str(), (long long)r.dataParallel(),
               (long long)M, (long long)flags.batch, (long long)flags.seqLen,
               (long long)tokensPerStep,
-              planned.modelOptions.bf16Matmul ? "bf16-input" : "fp32");
+              planned.modelOptions.bf16Matmul ? "bf16-input" : "fp32",
+              P > 1 ? ("tensor parallel over " + std::to_string(P) +
+                       " threads (the TP ranks' order of sums)")
+                          .c_str()
+                    : "no tensor parallelism");
 
-  std::vector<int32_t> tokens, targets;
   auto zeros = [&](const std::string &name) {
-    return std::vector<float>(tensors.at(name).w.size(), 0.0f);
+    return std::vector<float>(tensors.at(name).w.size() * size_t(rows[name]),
+                              0.0f);
   };
+  auto check = [](Result<void> ok) {
+    if (!ok)
+      fatal(ok.error().message);
+  };
+  // One data-parallel slice of one microbatch on the TP members: adds its
+  // gradients into g (zeroed by the caller), returns the loss.
+  auto runSlice = [&](int64_t step, int64_t mb, int64_t d,
+                      std::map<std::string, std::vector<float>> &g) {
+    std::vector<int32_t> tokens, targets;
+    data.fill(flags.seed, step, mb, d * flags.batch, flags.batch,
+              flags.seqLen, tokens, targets);
+    LocalTpGroup group(P);
+    std::vector<float> losses(size_t(P), 0.0f);
+    using TensorMap = std::map<std::string, std::vector<float>>;
+    std::vector<TensorMap> localW(static_cast<size_t>(P)),
+        localG(static_cast<size_t>(P));
+    for (int64_t t = 0; t < P; ++t)
+      for (auto &[name, tensor] : tensors) {
+        std::vector<float> &w = localW[size_t(t)][name];
+        if (P == 1) {
+          w = tensor.seenW;
+        } else {
+          const plan::Buffer *b = members[size_t(t)].boxes.at(name);
+          int64_t n = 1;
+          for (int64_t x : b->localShape)
+            n *= x;
+          w.resize(size_t(n));
+          copyBox(tensor.shape, b->offset, b->localShape,
+                  tensor.seenW.data(), w.data(), false);
+        }
+        localG[size_t(t)][name].assign(w.size(), 0.0f);
+      }
+    auto work = [&](int64_t t) {
+      auto &W = localW[size_t(t)];
+      auto &G = localG[size_t(t)];
+      auto w = [&](const std::string &n) { return W.at(n).data(); };
+      auto gr = [&](const std::string &n) { return G.at(n).data(); };
+      Microbatch run(c, members[size_t(t)].shard, shape, planned.modelOptions,
+                     group.member(t));
+      check(run.setData(tokens, targets));
+      check(run.forwardEmbedding(w("tok_embeddings.weight")));
+      auto block = [&](int64_t l) {
+        std::string p = "layers." + std::to_string(l) + ".";
+        return BlockWeights{w(p + "attention_norm.weight"),
+                            w(p + "attention.wq.weight"),
+                            w(p + "attention.wk.weight"),
+                            w(p + "attention.wv.weight"),
+                            w(p + "attention.wo.weight"),
+                            w(p + "ffn_norm.weight"),
+                            w(p + "feed_forward.w1.weight"),
+                            w(p + "feed_forward.w3.weight"),
+                            w(p + "feed_forward.w2.weight")};
+      };
+      for (int64_t l = 0; l < c.nLayers; ++l)
+        check(run.forwardBlock(l, block(l)));
+      check(run.forwardFinalNorm(w("norm.weight")));
+      auto loss = run.forwardOutput(w("output.weight"));
+      if (!loss)
+        fatal(loss.error().message);
+      losses[size_t(t)] = *loss;
+      if (flags.syntheticGrads)
+        return;
+      check(run.backwardOutput(w("output.weight"), 1.0f / float(M),
+                               gr("output.weight")));
+      check(run.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
+      for (int64_t l = c.nLayers - 1; l >= 0; --l) {
+        std::string p = "layers." + std::to_string(l) + ".";
+        BlockGrads bg{gr(p + "attention_norm.weight"),
+                      gr(p + "attention.wq.weight"),
+                      gr(p + "attention.wk.weight"),
+                      gr(p + "attention.wv.weight"),
+                      gr(p + "attention.wo.weight"),
+                      gr(p + "ffn_norm.weight"),
+                      gr(p + "feed_forward.w1.weight"),
+                      gr(p + "feed_forward.w3.weight"),
+                      gr(p + "feed_forward.w2.weight")};
+        check(run.backwardBlock(l, block(l), bg));
+      }
+      check(run.backwardEmbedding(gr("tok_embeddings.weight")));
+    };
+    if (P == 1) {
+      work(0);
+    } else {
+      std::vector<std::thread> threads;
+      for (int64_t t = 0; t < P; ++t)
+        threads.emplace_back(work, t);
+      for (std::thread &th : threads)
+        th.join();
+    }
+    if (flags.syntheticGrads) {
+      // As the ranks do: the whole value on microbatch 0 (row 0) only.
+      if (mb == 0)
+        for (auto &[name, v] : g)
+          for (size_t i = 0; i < tensors.at(name).w.size(); ++i)
+            v[i] = syntheticGrad(name, int64_t(i), step);
+      return losses[0];
+    }
+    for (auto &[name, v] : g) {
+      const RefTensor &tensor = tensors.at(name);
+      for (int64_t t = 0; t < P; ++t) {
+        const std::vector<float> &lg = localG[size_t(t)][name];
+        if (P == 1)
+          v = lg;
+        else if (rows[name] > 1)
+          std::copy(lg.begin(), lg.end(), v.begin() + t * int64_t(lg.size()));
+        else {
+          const plan::Buffer *b = members[size_t(t)].boxes.at(name);
+          copyBox(tensor.shape, b->offset, b->localShape, v.data(),
+                  const_cast<float *>(lg.data()), true);
+        }
+      }
+    }
+    return losses[0];
+  };
+
   for (int64_t step = 1; step <= flags.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
     for (auto &[name, t] : tensors) {
       t.seenW = t.w;
       emulateCast(t.seenW, t.seen, t.scale);
     }
-    auto w = [&](const std::string &n) { return tensors.at(n).seenW.data(); };
     double lossSum = 0;
     std::map<std::string, std::vector<float>> replicaSum;
     for (auto &[name, t] : tensors)
@@ -140,60 +391,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
             std::map<std::string, std::vector<float>> g;
             for (auto &[name, t] : tensors)
               g[name] = zeros(name);
-            auto gr = [&](const std::string &n) { return g.at(n).data(); };
-            Microbatch run(c, shard, shape, planned.modelOptions, solo);
-            data.fill(flags.seed, step, mb, d * flags.batch, flags.batch,
-                      flags.seqLen, tokens, targets);
-            auto check = [](Result<void> ok) {
-              if (!ok)
-                fatal(ok.error().message);
-            };
-            check(run.setData(tokens, targets));
-            check(run.forwardEmbedding(w("tok_embeddings.weight")));
-            auto block = [&](int64_t l) {
-              std::string p = "layers." + std::to_string(l) + ".";
-              return BlockWeights{w(p + "attention_norm.weight"),
-                                  w(p + "attention.wq.weight"),
-                                  w(p + "attention.wk.weight"),
-                                  w(p + "attention.wv.weight"),
-                                  w(p + "attention.wo.weight"),
-                                  w(p + "ffn_norm.weight"),
-                                  w(p + "feed_forward.w1.weight"),
-                                  w(p + "feed_forward.w3.weight"),
-                                  w(p + "feed_forward.w2.weight")};
-            };
-            for (int64_t l = 0; l < c.nLayers; ++l)
-              check(run.forwardBlock(l, block(l)));
-            check(run.forwardFinalNorm(w("norm.weight")));
-            auto loss = run.forwardOutput(w("output.weight"));
-            if (!loss)
-              fatal(loss.error().message);
-            lossSum += *loss;
-            if (flags.syntheticGrads) {
-              // As the ranks do: the whole value on microbatch 0 only.
-              if (mb == 0)
-                for (auto &[name, v] : g)
-                  for (size_t i = 0; i < v.size(); ++i)
-                    v[i] = syntheticGrad(name, int64_t(i), step);
-            } else {
-              check(run.backwardOutput(w("output.weight"), 1.0f / float(M),
-                                       gr("output.weight")));
-              check(run.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
-              for (int64_t l = c.nLayers - 1; l >= 0; --l) {
-                std::string p = "layers." + std::to_string(l) + ".";
-                BlockGrads bg{gr(p + "attention_norm.weight"),
-                              gr(p + "attention.wq.weight"),
-                              gr(p + "attention.wk.weight"),
-                              gr(p + "attention.wv.weight"),
-                              gr(p + "attention.wo.weight"),
-                              gr(p + "ffn_norm.weight"),
-                              gr(p + "feed_forward.w1.weight"),
-                              gr(p + "feed_forward.w3.weight"),
-                              gr(p + "feed_forward.w2.weight")};
-                check(run.backwardBlock(l, block(l), bg));
-              }
-              check(run.backwardEmbedding(gr("tok_embeddings.weight")));
-            }
+            lossSum += runSlice(step, mb, d, g);
             for (auto &[name, v] : g)
               addInto(extraSum[name], v);
           }
@@ -209,6 +407,15 @@ int runReference(const TrainFlags &flags, const Planned &planned,
         scale(v, r.shards);
         addInto(replicaSum[name], v);
       }
+    }
+    for (auto &[name, v] : replicaSum) {
+      scale(v, r.replicas);
+      // The TP ranks' partial norm gradients, summed in key order.
+      size_t n = tensors.at(name).w.size();
+      for (int64_t row = 1; row < rows[name]; ++row)
+        for (size_t i = 0; i < n; ++i)
+          v[i] += v[size_t(row) * n + i];
+      v.resize(n);
     }
     for (auto &[name, t] : tensors) {
       std::vector<float> &grad = replicaSum[name];

@@ -46,7 +46,8 @@ const char *kUsage =
     "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"
     "                      [--batch B] [--seq-len T] [--seed S] [--data PATH]\n"
     "                      [--save-params DIR] [--resume-after K]\n"
-    "                      [--synthetic-grads] [--log-every N] [--reference]\n"
+    "                      [--synthetic-grads] [--log-every N]\n"
+    "                      [--reference | --plain-reference]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -182,67 +183,11 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   dpIndex = *d;
   shape = {flags.batch, flags.seqLen};
 
-  // This rank's TP share, from the boxes of what the callbacks read.
-  std::map<std::string, const plan::Buffer *> seen;
-  for (const plan::Instruction &in : p.program)
-    if (in.op == plan::OpKind::Compute && in.phase == "forward")
-      for (const std::string &id : in.inputs)
-        for (const plan::Buffer &b : p.buffers)
-          if (b.id == id)
-            seen[b.tensor] = &b;
+  auto tpShard = tpShardOf(p, planned.config);
+  if (!tpShard)
+    return tpShard.error();
+  shard = *tpShard;
   const LlamaConfig &c = planned.config;
-  int64_t hd = c.headDim();
-  auto rows = [&](const std::string &t, int64_t dim) {
-    const plan::Buffer *b = seen.at(t);
-    return std::pair<int64_t, int64_t>{b->offset[size_t(dim)],
-                                       b->localShape[size_t(dim)]};
-  };
-  for (const char *t : {"tok_embeddings.weight", "output.weight",
-                        "layers.0.attention.wq.weight",
-                        "layers.0.attention.wk.weight",
-                        "layers.0.feed_forward.w1.weight"})
-    if (!seen.count(t))
-      return makeError(std::string("no compute instruction reads ") + t);
-  auto [qOff, qLen] = rows("layers.0.attention.wq.weight", 0);
-  auto [kOff, kLen] = rows("layers.0.attention.wk.weight", 0);
-  auto [fOff, fLen] = rows("layers.0.feed_forward.w1.weight", 0);
-  auto [vOff, vLen] = rows("output.weight", 0);
-  (void)fOff;
-  if (qOff % hd || qLen % hd || kOff % hd || kLen % hd)
-    return makeError("tensor parallel splits attention heads: wq rows [" +
-                     std::to_string(qOff) + ", +" + std::to_string(qLen) +
-                     ") are not whole heads of " + std::to_string(hd));
-  shard.headOffset = qOff / hd;
-  shard.localHeads = qLen / hd;
-  shard.kvHeadOffset = kOff / hd;
-  shard.localKvHeads = kLen / hd;
-  shard.localFfn = fLen;
-  shard.vocabOffset = vOff;
-  shard.vocabLocal = vLen;
-  // Every layer and the embedding split the same way.
-  for (int64_t l = 0; l < c.nLayers; ++l) {
-    std::string pre = "layers." + std::to_string(l) + ".";
-    auto same = [&](const std::string &t, int64_t dim, int64_t off,
-                    int64_t len) -> Result<void> {
-      if (!seen.count(t))
-        return makeError("no compute instruction reads " + t);
-      auto [o, n] = rows(t, dim);
-      if (o != off || n != len)
-        return makeError(t + " is split unlike layer 0's weights");
-      return {};
-    };
-    MESHPLAN_TRY(same(pre + "attention.wq.weight", 0, qOff, qLen));
-    MESHPLAN_TRY(same(pre + "attention.wk.weight", 0, kOff, kLen));
-    MESHPLAN_TRY(same(pre + "attention.wv.weight", 0, kOff, kLen));
-    MESHPLAN_TRY(same(pre + "attention.wo.weight", 1, qOff, qLen));
-    MESHPLAN_TRY(same(pre + "feed_forward.w1.weight", 0, fOff, fLen));
-    MESHPLAN_TRY(same(pre + "feed_forward.w3.weight", 0, fOff, fLen));
-    MESHPLAN_TRY(same(pre + "feed_forward.w2.weight", 1, fOff, fLen));
-  }
-  auto [eOff, eLen] = rows("tok_embeddings.weight", 0);
-  if (eOff != vOff || eLen != vLen)
-    return makeError("tok_embeddings and output split the vocabulary "
-                     "differently");
 
   // Communicators for the trainer's own collectives; every rank asks for
   // them in the same order.
@@ -717,6 +662,8 @@ int main(int argc, char **argv) {
       flags.syntheticGrads = true;
     else if (a == "--reference")
       flags.reference = true;
+    else if (a == "--plain-reference")
+      flags.reference = flags.plainReference = true;
     else if (a == "--compare") {
       compareA = next();
       compareB = next();

@@ -267,6 +267,79 @@ Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank) {
   return d;
 }
 
+std::map<std::string, const plan::Buffer *>
+computeInputs(const plan::Plan &p) {
+  std::map<std::string, const plan::Buffer *> seen;
+  std::map<std::string, const plan::Buffer *> byId;
+  for (const plan::Buffer &b : p.buffers)
+    byId[b.id] = &b;
+  for (const plan::Instruction &in : p.program)
+    if (in.op == plan::OpKind::Compute && in.phase == "forward")
+      for (const std::string &id : in.inputs)
+        if (auto it = byId.find(id); it != byId.end())
+          seen[it->second->tensor] = it->second;
+  return seen;
+}
+
+Result<TpShard> tpShardOf(const plan::Plan &p, const LlamaConfig &c) {
+  std::map<std::string, const plan::Buffer *> seen = computeInputs(p);
+  TpShard shard;
+  int64_t hd = c.headDim();
+  auto rows = [&](const std::string &t, int64_t dim) {
+    const plan::Buffer *b = seen.at(t);
+    return std::pair<int64_t, int64_t>{b->offset[size_t(dim)],
+                                       b->localShape[size_t(dim)]};
+  };
+  for (const char *t : {"tok_embeddings.weight", "output.weight",
+                        "layers.0.attention.wq.weight",
+                        "layers.0.attention.wk.weight",
+                        "layers.0.feed_forward.w1.weight"})
+    if (!seen.count(t))
+      return makeError(std::string("no compute instruction reads ") + t);
+  auto [qOff, qLen] = rows("layers.0.attention.wq.weight", 0);
+  auto [kOff, kLen] = rows("layers.0.attention.wk.weight", 0);
+  auto [fOff, fLen] = rows("layers.0.feed_forward.w1.weight", 0);
+  auto [vOff, vLen] = rows("output.weight", 0);
+  (void)fOff;
+  if (qOff % hd || qLen % hd || kOff % hd || kLen % hd)
+    return makeError("tensor parallel splits attention heads: wq rows [" +
+                     std::to_string(qOff) + ", +" + std::to_string(qLen) +
+                     ") are not whole heads of " + std::to_string(hd));
+  shard.headOffset = qOff / hd;
+  shard.localHeads = qLen / hd;
+  shard.kvHeadOffset = kOff / hd;
+  shard.localKvHeads = kLen / hd;
+  shard.localFfn = fLen;
+  shard.vocabOffset = vOff;
+  shard.vocabLocal = vLen;
+  // Every layer and the embedding split the same way.
+  for (int64_t l = 0; l < c.nLayers; ++l) {
+    std::string pre = "layers." + std::to_string(l) + ".";
+    auto same = [&](const std::string &t, int64_t dim, int64_t off,
+                    int64_t len) -> Result<void> {
+      if (!seen.count(t))
+        return makeError("no compute instruction reads " + t);
+      auto [o, n] = rows(t, dim);
+      if (o != off || n != len)
+        return makeError(t + " is split unlike layer 0's weights");
+      return {};
+    };
+    MESHPLAN_TRY(same(pre + "attention.wq.weight", 0, qOff, qLen));
+    MESHPLAN_TRY(same(pre + "attention.wk.weight", 0, kOff, kLen));
+    MESHPLAN_TRY(same(pre + "attention.wv.weight", 0, kOff, kLen));
+    MESHPLAN_TRY(same(pre + "attention.wo.weight", 1, qOff, qLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w1.weight", 0, fOff, fLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w3.weight", 0, fOff, fLen));
+    MESHPLAN_TRY(same(pre + "feed_forward.w2.weight", 1, fOff, fLen));
+  }
+  auto [eOff, eLen] = rows("tok_embeddings.weight", 0);
+  if (eOff != vOff || eLen != vLen)
+    return makeError("tok_embeddings and output split the vocabulary "
+                     "differently");
+
+  return shard;
+}
+
 //===----------------------------------------------------------------------===//
 // Values
 //===----------------------------------------------------------------------===//

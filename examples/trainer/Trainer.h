@@ -19,6 +19,7 @@
 #include "meshplan/Plan/Template.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,9 @@ struct TrainFlags {
   int64_t seqLen = 64; ///< tokens per sequence
   uint64_t seed = 0;   ///< initial weights and data order
   bool reference = false;
+  /// --reference without TP: the model's TP-split sums in one sgemm (the
+  /// ranks' fp32 additions in another order).
+  bool plainReference = false;
   /// Replace the model's gradients by a deterministic function of (tensor,
   /// global index, step): the reduced gradient is then the same in every
   /// layout, which isolates the optimizer (stochastic rounding).
@@ -71,6 +75,16 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch);
 /// The rank's index among the data-parallel ranks: its coordinates on the
 /// replicate, then shard, then extra axes, row-major.
 Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank);
+
+/// The buffer each parameter's compute callbacks read (gathered, or the
+/// shard itself), by tensor name.
+std::map<std::string, const plan::Buffer *>
+computeInputs(const plan::Plan &plan);
+/// This rank's share of the TP-split dimensions, from the boxes of what its
+/// callbacks read: whole heads, every layer split alike, the embedding and
+/// the output split alike. (The plan's boxes come from core; nothing here
+/// re-derives a split.)
+Result<TpShard> tpShardOf(const plan::Plan &plan, const LlamaConfig &config);
 
 /// Initial value of element `g` of a parameter (torchtitan's Llama init:
 /// embedding N(0, 1), output N(0, dim^-1/2), linears N(0, 0.02) with wo, w2
