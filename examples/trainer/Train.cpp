@@ -705,6 +705,15 @@ int main(int argc, char **argv) {
   auto planned = planSpec(flags, flags.batch * flags.seqLen);
   if (!planned)
     usageError(planned.error().message);
+  if (!planned->roles.tp.empty()) {
+    const Mesh &mesh = *planned->spec.mesh;
+    int64_t tpSize = mesh.axis(*mesh.findAxis(planned->roles.tp)).size;
+    if (flags.seqLen % tpSize != 0)
+      usageError("--seq-len " + std::to_string(flags.seqLen) +
+                 " must be a multiple of the tensor-parallel degree " +
+                 std::to_string(tpSize) +
+                 " (sequence parallelism splits each sequence evenly)");
+  }
   if (flags.reference)
     return runReference(flags, *planned, *data);
 
@@ -715,7 +724,9 @@ int main(int argc, char **argv) {
           "...`, or use --reference for one process)");
   RankTrainer trainer(flags, *planned, *data, *options);
   if (auto ok = trainer.run(); !ok)
-    fatal("rank " + std::to_string(options->rank) + ": " +
-          ok.error().message);
+    fatal(ok.error().message.starts_with("rank ")
+              ? ok.error().message
+              : "rank " + std::to_string(options->rank) + ": " +
+                    ok.error().message);
   return 0;
 }

@@ -232,6 +232,23 @@ Result<Planned> planSpec(const TrainFlags &flags,
                        "\" has no role (data_parallel, tensor_parallel or "
                        "extra_axes)");
   }
+  // The callbacks run whole segments (the embedding, a block, the final
+  // norm, the output): a unit may hold several, but not part of a block.
+  for (const frontend::UnitAssignment &unit : out.spec.units) {
+    std::map<int64_t, int> leaves;
+    for (int i : unit.params)
+      if (auto site = siteOf(out.spec.params[size_t(i)].name);
+          site && site->segment == ParamSite::Block)
+        ++leaves[site->layer];
+    for (const auto &[layer, n] : leaves)
+      if (n != 9)
+        return makeError(flags.spec + ": FSDP unit \"" + unit.name +
+                         "\" holds " + std::to_string(n) +
+                         " of the 9 weights of layers." +
+                         std::to_string(layer) +
+                         "; meshplan-train runs whole blocks (data_parallel."
+                         "units \"torchtitan\" or \"per_module\")");
+  }
   out.modelOptions.bf16Matmul =
       s.mixedPrecision.paramDtype == frontend::DType::BFloat16;
 
@@ -466,12 +483,13 @@ Result<std::map<std::string, Whole>> readDump(const std::string &dir) {
   for (const std::string &path : files) {
     std::ifstream in(path, std::ios::binary);
     char magic[8];
+    int64_t v = 0, at = 8;
     auto bad = [&](const std::string &why) {
-      return makeError(path + ": " + why + " at byte " +
-                       std::to_string(static_cast<long long>(in.tellg())));
+      return makeError(path + ": " + why + " (field ending at byte " +
+                       std::to_string(at) + ")");
     };
-    int64_t v = 0;
     auto get = [&]() -> bool {
+      at += 8;
       return bool(in.read(reinterpret_cast<char *>(&v), 8));
     };
     if (!in.read(magic, 8) || std::memcmp(magic, kDumpMagic, 8) != 0)

@@ -387,8 +387,8 @@ struct Microbatch::Impl {
   }
 
   void roundInto(const float *in, float *out, int64_t n) {
-    // One thread: the default asks std::thread::hardware_concurrency() on
-    // every call, a file read on Linux, and attention rounds row by row.
+    // One thread: these casts are small next to the matmuls they feed (and
+    // attention's are row by row), not worth starting threads for.
     auto count = static_cast<size_t>(n);
     std::span<uint16_t> bits(bf16Bits.data(), count);
     kernels::Threading one = kernels::Threading::singleThreaded();
