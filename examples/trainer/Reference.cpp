@@ -163,14 +163,11 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   }
   // What the compute callbacks read: the dtype (and float8 scale) of the
   // buffers compute instructions take.
-  for (const plan::Instruction &in : plan0->program)
-    if (in.op == plan::OpKind::Compute)
-      for (const std::string &id : in.inputs)
-        for (const plan::Buffer &b : plan0->buffers)
-          if (b.id == id && tensors.count(b.tensor)) {
-            tensors[b.tensor].seen = b.dtype;
-            tensors[b.tensor].scale = b.scale;
-          }
+  for (const auto &[name, b] : computeInputs(*plan0))
+    if (tensors.count(name)) {
+      tensors[name].seen = b->dtype;
+      tensors[name].scale = b->scale;
+    }
   if (!plan0->optimizer)
     fatal("the plan has no optimizer");
   const plan::OptimizerConfig &o = *plan0->optimizer;
@@ -419,7 +416,6 @@ int runReference(const TrainFlags &flags, const Planned &planned,
     }
     for (auto &[name, t] : tensors) {
       std::vector<float> &grad = replicaSum[name];
-      scale(grad, r.replicas);
       if (t.master == plan::DType::BFloat16) {
         std::vector<uint16_t> bits(t.w.size());
         for (size_t i = 0; i < bits.size(); ++i)

@@ -293,7 +293,10 @@ computeInputs(const plan::Plan &p) {
   for (const plan::Instruction &in : p.program)
     if (in.op == plan::OpKind::Compute && in.phase == "forward")
       for (const std::string &id : in.inputs)
-        if (auto it = byId.find(id); it != byId.end())
+        if (auto it = byId.find(id);
+            it != byId.end() &&
+            (it->second->kind == plan::BufferKind::Gathered ||
+             it->second->kind == plan::BufferKind::ParamShard))
           seen[it->second->tensor] = it->second;
   return seen;
 }
