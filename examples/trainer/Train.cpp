@@ -16,6 +16,7 @@
 
 #include "Trainer.h"
 
+#include "meshplan/Plan/Trace.h"
 #include "meshplan/Runtime/Kernels.h"
 #include "meshplan/Runtime/Session.h"
 
@@ -46,7 +47,7 @@ const char *kUsage =
     "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"
     "                      [--batch B] [--seq-len T] [--seed S] [--data PATH]\n"
     "                      [--save-params DIR] [--resume-after K]\n"
-    "                      [--synthetic-grads] [--log-every N]\n"
+    "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
     "                      [--reference | --plain-reference]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
@@ -147,6 +148,9 @@ private:
   Result<void> backward(ComputeCall &call);
   Result<float> globalLoss(float local);
   Result<void> saveParams();
+  Result<void> calibrate();
+  void printCostModel(double computeSeconds, double stepSeconds,
+                      double exposedSeconds);
 
   const TrainFlags &flags;
   const Planned &planned;
@@ -163,9 +167,14 @@ private:
   std::vector<int32_t> tokens, targets;
   std::map<std::string, std::vector<float>> weights; ///< fp32 of a call
 
+  // --cost-model: this machine's parameters, measured at start.
+  std::optional<plan::CostModel> machine;
+
   // This step's figures.
   double lossSum = 0;
   int64_t lossCount = 0;
+  /// Time in the trainer's own collectives inside callbacks (TP, extra
+  /// axes) this step.
   double tpSeconds = 0, matmulFlops = 0, matmulSeconds = 0;
 };
 
@@ -447,11 +456,13 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
 
   // Extra axes split the batch further: average their gradients here (the
   // plan reduces over the data-parallel axes only).
+  auto commStart = Clock::now();
   for (Communicator *c : extraComms)
     for (auto &[name, g] : grads)
       MESHPLAN_TRY(
           c->allReduce(g.data(), int64_t(g.size()), DType::Float32,
                        ReduceOp::Avg));
+  tpSeconds += secondsSince(commStart);
   for (const TensorView &g : call.grads) {
     const std::vector<float> &add = grads[g.tensor()];
     if (g.dtype() == DType::Float32) {
@@ -498,6 +509,92 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// Measures the collective latency and bandwidth the cost model assumes
+/// (alpha, beta) on this machine: all-gathers of 4 bytes and of 1 MiB per
+/// member on the trainer's copy of a data-parallel communicator, and a
+/// memory copy for the element-wise ops. The fastest of ten runs each. Every rank runs it at the same
+/// point.
+Result<void> RankTrainer::calibrate() {
+  const plan::Plan &p = session->plan();
+  const plan::Communicator *pc = nullptr;
+  for (const auto *axes : {&planned.roles.shard, &planned.roles.replicate})
+    for (const std::string &axis : *axes)
+      if (!pc)
+        pc = commOverAxis(p, axis);
+  plan::CostModel m;
+  m.ranksPerNode = options.worldSize;
+  m.mfu = 1;
+  if (pc && pc->ranks.size() > 1) {
+    auto comm = session->trainerCommunicator(pc->id);
+    if (!comm)
+      return comm.error();
+    int64_t n = (*comm)->size(), big = int64_t(1) << 18;
+    std::vector<float> in(size_t(big), 1.0f), out(size_t(big * n));
+    auto timeOf = [&](int64_t count) -> Result<double> {
+      std::vector<double> t;
+      for (int rep = 0; rep < 12; ++rep) {
+        auto start = Clock::now();
+        MESHPLAN_TRY((*comm)->allGather(in.data(), out.data(), count,
+                                        DType::Float32));
+        if (rep >= 2)
+          t.push_back(secondsSince(start));
+      }
+      // The fastest run: what the link can do when every member is ready
+      // (the others include waiting for descheduled peers).
+      return *std::min_element(t.begin(), t.end());
+    };
+    auto small = timeOf(1);
+    if (!small)
+      return small.error();
+    auto large = timeOf(big);
+    if (!large)
+      return large.error();
+    double alpha = *small / double(n - 1);
+    double bytes = double((n - 1) * big * 4);
+    m.intraNodeLatencySeconds = m.interNodeLatencySeconds = alpha;
+    m.intraNodeBytesPerSecond = m.interNodeBytesPerSecond =
+        bytes / std::max(*large - *small, *large / 2);
+  }
+  std::vector<std::byte> a(size_t(64) << 20), b(a.size());
+  std::vector<double> t;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto start = Clock::now();
+    std::memcpy(b.data(), a.data(), a.size());
+    t.push_back(secondsSince(start));
+  }
+  m.hbmBytesPerSecond = 2.0 * double(a.size()) / median(t);
+  machine = m;
+  return {};
+}
+
+/// The plan's cost model (Trace.h) with the measured parameters and the
+/// measured compute rate, beside what the step measured.
+void RankTrainer::printCostModel(double computeSeconds, double stepSeconds,
+                                 double exposedSeconds) {
+  const std::vector<double> &flops = planned.prepared->flops();
+  double total = 0;
+  const plan::Plan &p = session->plan();
+  for (size_t i = 0; i < p.program.size() && i < flops.size(); ++i)
+    if (p.program[i].op == plan::OpKind::Compute)
+      total += flops[i];
+  plan::CostModel m = *machine;
+  m.peakFlopsPerSecond = total / std::max(computeSeconds, 1e-9);
+  auto schedule = plan::simulate(p, flops, m);
+  if (!schedule) {
+    std::printf("cost model: %s\n", schedule.error().message.c_str());
+    return;
+  }
+  std::printf("cost model with this machine's parameters (alpha %.0f us, "
+              "%.2f GB/s per link, compute %.2f GFLOP/s as measured, memory "
+              "%.1f GB/s): step %.1f ms, exposed plan communication %.1f ms; "
+              "measured: step %.1f ms, exposed plan communication %.1f ms\n",
+              m.intraNodeLatencySeconds * 1e6,
+              m.intraNodeBytesPerSecond * 1e-9, m.peakFlopsPerSecond * 1e-9,
+              m.hbmBytesPerSecond * 1e-9, schedule->stepSeconds * 1e3,
+              schedule->exposedCommSeconds * 1e3, stepSeconds * 1e3,
+              exposedSeconds * 1e3);
+}
+
 Result<void> RankTrainer::run() {
   MESHPLAN_TRY(open(""));
   const plan::Plan &p0 = session->plan();
@@ -520,6 +617,8 @@ Result<void> RankTrainer::run() {
     return {};
   };
   MESHPLAN_TRY(session->initParameters(init));
+  if (flags.costModel)
+    MESHPLAN_TRY(calibrate());
   if (printer) {
     const LlamaConfig &c = planned.config;
     std::printf("meshplan-train: model %s (dim %lld, %lld layers, %lld heads, "
@@ -537,7 +636,8 @@ Result<void> RankTrainer::run() {
     std::fflush(stdout);
   }
 
-  std::vector<double> losses, walls, computes, comms, exposeds, overheads;
+  std::vector<double> losses, walls, computes, comms, exposeds, overheads,
+      callbackComputes, planExposed;
   for (int64_t step = 1; step <= flags.steps; ++step) {
     if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
       // Keep every persistent shard in memory, end this session, and go on
@@ -587,6 +687,8 @@ Result<void> RankTrainer::run() {
     comms.push_back(comm);
     exposeds.push_back(exposed);
     overheads.push_back(prof.overhead);
+    callbackComputes.push_back(prof.callbacks - tpSeconds);
+    planExposed.push_back(prof.exposedCollectives);
     if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
       std::printf("step %lld/%lld loss %.4f%s tok/s %.0f | step %.1f ms: "
                   "compute %.1f comm %.1f exposed %.1f runtime %.2f ms\n",
@@ -618,6 +720,8 @@ Result<void> RankTrainer::run() {
         median(comms) * 1e3, median(exposeds) * 1e3, median(overheads) * 1e3,
         100.0 * median(overheads) / w,
         matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
+    if (machine)
+      printCostModel(median(callbackComputes), w, median(planExposed));
   }
   return {};
 }
@@ -660,6 +764,8 @@ int main(int argc, char **argv) {
       flags.saveParams = next();
     else if (a == "--synthetic-grads")
       flags.syntheticGrads = true;
+    else if (a == "--cost-model")
+      flags.costModel = true;
     else if (a == "--reference")
       flags.reference = true;
     else if (a == "--plain-reference")

@@ -47,6 +47,9 @@ struct TrainFlags {
   int64_t resumeAfter = -1;
   std::string saveParams; ///< directory for the final parameters
   int64_t logEvery = 1;
+  /// Measure this machine's collective latency and bandwidth at start and
+  /// print the plan's cost model with them beside the measured step.
+  bool costModel = false;
 };
 
 /// The mesh axes by their role in the spec.
