@@ -32,4 +32,10 @@ if [[ -x "$program" ]]; then
   echo "== $program"
   "$program" || status=$?
 fi
+# Starts meshplan-train on 8 processes itself (build/bin/meshplan-train).
+program="$build_dir/bin/bench-trainer"
+if [[ -x "$program" ]]; then
+  echo "== $program"
+  "$program" || status=$?
+fi
 exit "$status"
