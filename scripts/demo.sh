@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: plan a training step from an example spec (every
 # rank's plan, verified across ranks, and explain's summary), execute the
-# plans of the same spec for the tiny model on 8 real processes, then walk
+# plans of the same spec for the tiny model on 8 real processes, train the
+# tiny model with meshplan-train and compare it with one process, then walk
 # through the failures that motivate meshplan (see docs/architecture.md),
 # each run through the `meshplan` CLI.
 set -euo pipefail
@@ -48,6 +49,18 @@ rm -rf "$OUT/tiny-plans"
 run plan --spec "$SPEC" --model tiny --all -o "$OUT/tiny-plans" --progress never
 run run -n 8 --timeout 60 -- "$(dirname "$MESHPLAN")/runtime-step-check" --plans "$OUT/tiny-plans" \
   --replicate ddp --shard fsdp
+echo
+echo "Train the tiny model with those plans: meshplan-train (examples/trainer) on 8 processes,"
+echo "then the same global batch in one process; the final parameters must agree:"
+TRAIN="$(dirname "$MESHPLAN")/meshplan-train"
+rm -rf "$OUT/train-ranks" "$OUT/train-one"
+run run -n 8 --timeout 60 -- "$TRAIN" --spec "$SPEC" --model tiny --steps 30 --log-every 5 \
+  --save-params "$OUT/train-ranks"
+echo "$ meshplan-train --spec $SPEC --model tiny --steps 30 --reference ..."
+"$TRAIN" --spec "$SPEC" --model tiny --steps 30 --log-every 10 --reference \
+  --save-params "$OUT/train-one"
+echo "$ meshplan-train --compare $OUT/train-ranks $OUT/train-one"
+"$TRAIN" --compare "$OUT/train-ranks" "$OUT/train-one"
 echo
 echo "A spec with a typo is refused with the JSON pointer, and nothing is written:"
 mkdir -p "$OUT"
