@@ -283,18 +283,29 @@ public:
     if (!fn)
       return fn.error();
     if (count > 0 && orderMatters(dtype, op, size())) {
-      // A key-order reduce-scatter of padded blocks, then an all-gather:
-      // 2 (n-1)/n of the data per rank, as the ring sends.
-      int64_t n = size(), blockCount = (count + n - 1) / n;
+      // A key-order reduce-scatter, then an all-gather: 2 (n-1)/n of the
+      // data per rank, as the ring sends. The first n * (count / n)
+      // elements go in place; the last count % n (fewer than n) through a
+      // block of one element per member.
+      int64_t n = size(), blockCount = count / n, tail = count % n;
       size_t bytes = size_t(plan::dtypeBytes(dtype));
-      std::vector<std::byte> padded(size_t(blockCount * n) * bytes);
-      std::memcpy(padded.data(), data, size_t(count) * bytes);
-      std::vector<std::byte> mine(size_t(blockCount) * bytes);
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-      MESHPLAN_TRY(
-          reduceScatter(padded.data(), mine.data(), blockCount, dtype, sumOp));
-      MESHPLAN_TRY(allGather(mine.data(), padded.data(), blockCount, dtype));
-      std::memcpy(data, padded.data(), size_t(count) * bytes);
+      auto *base = static_cast<uint8_t *>(data);
+      if (blockCount > 0) {
+        reduced.resize(size_t(blockCount) * bytes);
+        MESHPLAN_TRY(
+            reduceScatter(base, reduced.data(), blockCount, dtype, sumOp));
+        MESHPLAN_TRY(allGather(reduced.data(), base, blockCount, dtype));
+      }
+      if (tail > 0) {
+        std::vector<uint8_t> padded(size_t(n) * bytes), one(bytes);
+        std::memcpy(padded.data(), base + size_t(blockCount * n) * bytes,
+                    size_t(tail) * bytes);
+        MESHPLAN_TRY(reduceScatter(padded.data(), one.data(), 1, dtype, sumOp));
+        MESHPLAN_TRY(allGather(one.data(), padded.data(), 1, dtype));
+        std::memcpy(base + size_t(blockCount * n) * bytes, padded.data(),
+                    size_t(tail) * bytes);
+      }
     } else if (size() > 1 && count > 0) {
       size_t bytes = size_t(plan::dtypeBytes(dtype));
       MESHPLAN_TRY(guarded([&] {
@@ -405,6 +416,8 @@ private:
   std::shared_ptr<gloo::Context> context;
   std::chrono::milliseconds timeout;
   std::vector<uint8_t> scratch;
+  /// This member's block of a key-order all-reduce.
+  std::vector<uint8_t> reduced;
 };
 
 /// A group of one rank needs no context: every collective is a copy.
