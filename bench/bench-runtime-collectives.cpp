@@ -19,7 +19,7 @@
 // counts and random interleaving would break; batches are fixed and
 // alternate runtime and raw so that load from the machine hits both alike.
 //
-//   build/bin/bench-runtime-collectives [--reps N]
+//   build/bin/bench-runtime-collectives [--reps N] [--reduction-order key|gloo]
 //
 //===----------------------------------------------------------------------===//
 
@@ -129,14 +129,23 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// Reductions in the members' key order (the default) or Gloo's orders.
+bool gKeyOrder = true;
+
 int runRank(int rank, const std::string &dir, int reps) {
   SessionOptions o;
+  o.keyOrderReductions = gKeyOrder;
   o.rank = rank;
   o.worldSize = kRanks;
   o.store = {StoreAddress::Kind::File, dir, "", 0};
   o.timeout = std::chrono::milliseconds(120000);
 
   bool pass = true;
+  if (rank == 0)
+    std::printf("reductions in %s\n",
+                gKeyOrder
+                    ? "the members' key order (MESHPLAN_REDUCTION_ORDER=key)"
+                    : "Gloo's orders (MESHPLAN_REDUCTION_ORDER=gloo)");
   if (rank == 0)
     std::printf("%-15s %10s %12s %12s %8s\n", "collective", "tensor",
                 "runtime ms", "raw Gloo ms", "ratio");
@@ -273,8 +282,14 @@ int main(int argc, char **argv) {
     std::string a = argv[i];
     if (a == "--reps" && i + 1 < argc)
       reps = std::max(3, std::atoi(argv[++i]));
+    else if (a == "--reduction-order" && i + 1 < argc &&
+             (std::string(argv[i + 1]) == "key" ||
+              std::string(argv[i + 1]) == "gloo"))
+      gKeyOrder = std::string(argv[++i]) == "key";
     else {
-      std::fprintf(stderr, "usage: %s [--reps N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--reps N] [--reduction-order key|gloo]\n",
+                   argv[0]);
       return 2;
     }
   }

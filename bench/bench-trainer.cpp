@@ -138,9 +138,9 @@ Run forwardBackward(const ModelCase &c, bool bf16) {
     check(mb.backwardBlock(l, blocks[size_t(l)], grads[size_t(l)]));
   check(mb.backwardEmbedding(W.g[embIndex].data()));
   Run r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            start)
-                  .count();
+  r.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   r.flops = mb.matmulFlops();
   r.sgemmSeconds = mb.matmulSeconds();
   return r;
@@ -156,9 +156,9 @@ double sgemmFlopsPerSecond(const ModelCase &c) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k),
               1.0f, a.data(), int(k), b.data(), int(k), 0.0f, out.data(),
               int(n));
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                           start)
-                 .count();
+  double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return 2.0 * double(m) * double(n) * double(k) / s;
 }
 
@@ -197,8 +197,7 @@ std::string runTrainer(const std::string &model, const std::string &extra) {
   std::string cmd = bin + "meshplan run -n 8 -- " + bin +
                     "meshplan-train --spec " MESHPLAN_SOURCE_DIR
                     "/examples/specs/fsdp-fp8-3d.json --model " +
-                    model + " --cost-model --log-every 1000 " + extra +
-                    " 2>&1";
+                    model + " --cost-model --log-every 1000 " + extra + " 2>&1";
   std::printf("$ %s\n", cmd.c_str());
   std::fflush(stdout);
   FILE *p = popen(cmd.c_str(), "r");
@@ -254,8 +253,7 @@ int main(int argc, char **argv) {
                 (long long)kCases[i].config.dim,
                 (long long)kCases[i].config.dim,
                 (long long)kCases[i].config.ffnDim, m * 1e-9, m / s, mm / s,
-                target ? (ok ? "  [>= 0.50: PASS]" : "  [>= 0.50: FAIL]")
-                       : "");
+                target ? (ok ? "  [>= 0.50: PASS]" : "  [>= 0.50: FAIL]") : "");
     if (target)
       pass &= ok;
   }
@@ -266,7 +264,8 @@ int main(int argc, char **argv) {
   } steps[] = {{"tiny", "--steps 20"},
                {MESHPLAN_SOURCE_DIR "/examples/models/wide.json",
                 "--steps 5 --batch 1 --seq-len 128"}};
-  std::regex overhead(R"(runtime overhead ([0-9.]+) ms \(([0-9.]+)% of the step\))");
+  std::regex overhead(
+      R"(runtime overhead ([0-9.]+) ms \(([0-9.]+)% of the step\))");
   for (const Step &s : steps) {
     std::string lines = runTrainer(s.model, s.extra);
     std::printf("%s", lines.c_str());

@@ -60,9 +60,9 @@ void TextData::fill(uint64_t seed, int64_t step, int64_t microbatch,
   targets.resize(size_t(batch * seqLen));
   uint64_t windows = uint64_t(size() - seqLen);
   for (int64_t b = 0; b < batch; ++b) {
-    uint64_t key = mix(mix(mix(seed) ^ uint64_t(step)) ^
-                       (uint64_t(microbatch) << 32)) ^
-                   uint64_t(first + b);
+    uint64_t key =
+        mix(mix(mix(seed) ^ uint64_t(step)) ^ (uint64_t(microbatch) << 32)) ^
+        uint64_t(first + b);
     uint64_t start = mix(key) % windows;
     for (int64_t t = 0; t < seqLen; ++t) {
       tokens[size_t(b * seqLen + t)] =

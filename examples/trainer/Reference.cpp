@@ -97,8 +97,8 @@ private:
 /// Copies box (offset, local) of a whole row-major tensor out (or in).
 void copyBox(const std::vector<int64_t> &global,
              const std::vector<int64_t> &offset,
-             const std::vector<int64_t> &local, const float *whole,
-             float *box, bool into) {
+             const std::vector<int64_t> &local, const float *whole, float *box,
+             bool into) {
   auto runs = k::boxIndexRuns(global, offset, local);
   if (!runs)
     fatal("a compute buffer's box lies outside its tensor");
@@ -228,8 +228,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   }
   const AxisRoles &r = planned.roles;
   int64_t M = planned.microbatches;
-  int64_t tokensPerStep =
-      r.dataParallel() * M * flags.batch * flags.seqLen;
+  int64_t tokensPerStep = r.dataParallel() * M * flags.batch * flags.seqLen;
   std::printf("meshplan-train --reference: model %s in one process; %lld "
               "data-parallel slices x %lld microbatches x %lld sequences of "
               "%lld tokens = %lld tokens per step; %s matmuls; %s\n",
@@ -255,8 +254,8 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   auto runSlice = [&](int64_t step, int64_t mb, int64_t d,
                       std::map<std::string, std::vector<float>> &g) {
     std::vector<int32_t> tokens, targets;
-    data.fill(flags.seed, step, mb, d * flags.batch, flags.batch,
-              flags.seqLen, tokens, targets);
+    data.fill(flags.seed, step, mb, d * flags.batch, flags.batch, flags.seqLen,
+              tokens, targets);
     LocalTpGroup group(P);
     std::vector<float> losses(size_t(P), 0.0f);
     using TensorMap = std::map<std::string, std::vector<float>>;
@@ -273,8 +272,8 @@ int runReference(const TrainFlags &flags, const Planned &planned,
           for (int64_t x : b->localShape)
             n *= x;
           w.resize(size_t(n));
-          copyBox(tensor.shape, b->offset, b->localShape,
-                  tensor.seenW.data(), w.data(), false);
+          copyBox(tensor.shape, b->offset, b->localShape, tensor.seenW.data(),
+                  w.data(), false);
         }
         localG[size_t(t)][name].assign(w.size(), 0.0f);
       }
@@ -289,15 +288,12 @@ int runReference(const TrainFlags &flags, const Planned &planned,
       check(run.forwardEmbedding(w("tok_embeddings.weight")));
       auto block = [&](int64_t l) {
         std::string p = "layers." + std::to_string(l) + ".";
-        return BlockWeights{w(p + "attention_norm.weight"),
-                            w(p + "attention.wq.weight"),
-                            w(p + "attention.wk.weight"),
-                            w(p + "attention.wv.weight"),
-                            w(p + "attention.wo.weight"),
-                            w(p + "ffn_norm.weight"),
-                            w(p + "feed_forward.w1.weight"),
-                            w(p + "feed_forward.w3.weight"),
-                            w(p + "feed_forward.w2.weight")};
+        return BlockWeights{
+            w(p + "attention_norm.weight"),  w(p + "attention.wq.weight"),
+            w(p + "attention.wk.weight"),    w(p + "attention.wv.weight"),
+            w(p + "attention.wo.weight"),    w(p + "ffn_norm.weight"),
+            w(p + "feed_forward.w1.weight"), w(p + "feed_forward.w3.weight"),
+            w(p + "feed_forward.w2.weight")};
       };
       for (int64_t l = 0; l < c.nLayers; ++l)
         check(run.forwardBlock(l, block(l)));
@@ -313,15 +309,12 @@ int runReference(const TrainFlags &flags, const Planned &planned,
       check(run.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
       for (int64_t l = c.nLayers - 1; l >= 0; --l) {
         std::string p = "layers." + std::to_string(l) + ".";
-        BlockGrads bg{gr(p + "attention_norm.weight"),
-                      gr(p + "attention.wq.weight"),
-                      gr(p + "attention.wk.weight"),
-                      gr(p + "attention.wv.weight"),
-                      gr(p + "attention.wo.weight"),
-                      gr(p + "ffn_norm.weight"),
-                      gr(p + "feed_forward.w1.weight"),
-                      gr(p + "feed_forward.w3.weight"),
-                      gr(p + "feed_forward.w2.weight")};
+        BlockGrads bg{
+            gr(p + "attention_norm.weight"),  gr(p + "attention.wq.weight"),
+            gr(p + "attention.wk.weight"),    gr(p + "attention.wv.weight"),
+            gr(p + "attention.wo.weight"),    gr(p + "ffn_norm.weight"),
+            gr(p + "feed_forward.w1.weight"), gr(p + "feed_forward.w3.weight"),
+            gr(p + "feed_forward.w2.weight")};
         check(run.backwardBlock(l, block(l), bg));
       }
       check(run.backwardEmbedding(gr("tok_embeddings.weight")));
@@ -422,17 +415,16 @@ int runReference(const TrainFlags &flags, const Planned &planned,
           bits[i] = k::floatToBf16(t.w[i]);
         std::vector<k::IndexRun> runs{{0, 0, int64_t(t.w.size())}};
         k::adamwBf16StochasticRounding(bits, grad, t.m, t.v, hp, step,
-                                       uint64_t(o.seed), uint64_t(t.id),
-                                       runs);
+                                       uint64_t(o.seed), uint64_t(t.id), runs);
         for (size_t i = 0; i < bits.size(); ++i)
           t.w[i] = k::bf16ToFloat(bits[i]);
       } else {
         k::adamwFp32(t.w, grad, t.m, t.v, hp, step);
       }
     }
-    double wall = std::chrono::duration<double>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
+    double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     double loss = lossSum / double(r.dataParallel() * M);
     if (step % flags.logEvery == 0 || step == flags.steps) {
       std::printf("step %lld/%lld loss %.4f tok/s %.0f | step %.1f ms\n",

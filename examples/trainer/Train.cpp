@@ -329,15 +329,12 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
     MESHPLAN_TRY(mb->forwardEmbedding(w("tok_embeddings.weight")));
   for (const auto &[layer, leaves] : u->blocks) {
     std::string pre = "layers." + std::to_string(layer) + ".";
-    BlockWeights bw{w(pre + "attention_norm.weight"),
-                    w(pre + "attention.wq.weight"),
-                    w(pre + "attention.wk.weight"),
-                    w(pre + "attention.wv.weight"),
-                    w(pre + "attention.wo.weight"),
-                    w(pre + "ffn_norm.weight"),
-                    w(pre + "feed_forward.w1.weight"),
-                    w(pre + "feed_forward.w3.weight"),
-                    w(pre + "feed_forward.w2.weight")};
+    BlockWeights bw{
+        w(pre + "attention_norm.weight"),  w(pre + "attention.wq.weight"),
+        w(pre + "attention.wk.weight"),    w(pre + "attention.wv.weight"),
+        w(pre + "attention.wo.weight"),    w(pre + "ffn_norm.weight"),
+        w(pre + "feed_forward.w1.weight"), w(pre + "feed_forward.w3.weight"),
+        w(pre + "feed_forward.w2.weight")};
     MESHPLAN_TRY(mb->forwardBlock(layer, bw));
   }
   if (u->finalNorm)
@@ -379,9 +376,8 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
       if (call.microbatch != 0)
         continue;
       std::vector<float> &out = grads[g.tensor()];
-      int64_t paramRank = int64_t(weights.count(g.tensor())
-                                      ? g.globalShape().size()
-                                      : 0);
+      int64_t paramRank =
+          int64_t(weights.count(g.tensor()) ? g.globalShape().size() : 0);
       bool stacked = false;
       for (const TensorView &v : call.params)
         if (v.tensor() == g.tensor())
@@ -390,8 +386,7 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
       int64_t rowSize = 1;
       for (size_t d = stacked ? 1 : 0; d < g.globalShape().size(); ++d)
         rowSize *= g.globalShape()[d];
-      auto runs =
-          k::boxIndexRuns(g.globalShape(), g.offset(), g.localShape());
+      auto runs = k::boxIndexRuns(g.globalShape(), g.offset(), g.localShape());
       if (!runs)
         return makeError(g.id() + ": box outside the tensor");
       for (const k::IndexRun &r : *runs)
@@ -409,8 +404,7 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     auto it = microbatches.find(call.microbatch);
     if (it == microbatches.end())
       return makeError("backward of microbatch " +
-                       std::to_string(call.microbatch) +
-                       " before its forward");
+                       std::to_string(call.microbatch) + " before its forward");
     Microbatch &mb = *it->second;
     if (u->output)
       MESHPLAN_TRY(mb.backwardOutput(w("output.weight"),
@@ -420,15 +414,12 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
       MESHPLAN_TRY(mb.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
     for (auto l = u->blocks.rbegin(); l != u->blocks.rend(); ++l) {
       std::string pre = "layers." + std::to_string(l->first) + ".";
-      BlockWeights bw{w(pre + "attention_norm.weight"),
-                      w(pre + "attention.wq.weight"),
-                      w(pre + "attention.wk.weight"),
-                      w(pre + "attention.wv.weight"),
-                      w(pre + "attention.wo.weight"),
-                      w(pre + "ffn_norm.weight"),
-                      w(pre + "feed_forward.w1.weight"),
-                      w(pre + "feed_forward.w3.weight"),
-                      w(pre + "feed_forward.w2.weight")};
+      BlockWeights bw{
+          w(pre + "attention_norm.weight"),  w(pre + "attention.wq.weight"),
+          w(pre + "attention.wk.weight"),    w(pre + "attention.wv.weight"),
+          w(pre + "attention.wo.weight"),    w(pre + "ffn_norm.weight"),
+          w(pre + "feed_forward.w1.weight"), w(pre + "feed_forward.w3.weight"),
+          w(pre + "feed_forward.w2.weight")};
       BlockGrads bg{gr(pre + "attention_norm.weight"),
                     gr(pre + "attention.wq.weight"),
                     gr(pre + "attention.wk.weight"),
@@ -438,8 +429,8 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
                     gr(pre + "feed_forward.w1.weight"),
                     gr(pre + "feed_forward.w3.weight"),
                     gr(pre + "feed_forward.w2.weight")};
-      for (float *p : {bg.attentionNorm, bg.wq, bg.wk, bg.wv, bg.wo,
-                       bg.ffnNorm, bg.w1, bg.w3, bg.w2})
+      for (float *p : {bg.attentionNorm, bg.wq, bg.wk, bg.wv, bg.wo, bg.ffnNorm,
+                       bg.w1, bg.w3, bg.w2})
         if (!p)
           return makeError("backward of " + call.unit +
                            " has no gradient buffer for a weight of layers." +
@@ -459,9 +450,8 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
   auto commStart = Clock::now();
   for (Communicator *c : extraComms)
     for (auto &[name, g] : grads)
-      MESHPLAN_TRY(
-          c->allReduce(g.data(), int64_t(g.size()), DType::Float32,
-                       ReduceOp::Avg));
+      MESHPLAN_TRY(c->allReduce(g.data(), int64_t(g.size()), DType::Float32,
+                                ReduceOp::Avg));
   tpSeconds += secondsSince(commStart);
   for (const TensorView &g : call.grads) {
     const std::vector<float> &add = grads[g.tensor()];
@@ -512,8 +502,8 @@ double median(std::vector<double> v) {
 /// Measures the collective latency and bandwidth the cost model assumes
 /// (alpha, beta) on this machine: all-gathers of 4 bytes and of 1 MiB per
 /// member on the trainer's copy of a data-parallel communicator, and a
-/// memory copy for the element-wise ops. The fastest of ten runs each. Every rank runs it at the same
-/// point.
+/// memory copy for the element-wise ops. The fastest of ten runs each. Every
+/// rank runs it at the same point.
 Result<void> RankTrainer::calibrate() {
   const plan::Plan &p = session->plan();
   const plan::Communicator *pc = nullptr;
@@ -534,8 +524,8 @@ Result<void> RankTrainer::calibrate() {
       std::vector<double> t;
       for (int rep = 0; rep < 12; ++rep) {
         auto start = Clock::now();
-        MESHPLAN_TRY((*comm)->allGather(in.data(), out.data(), count,
-                                        DType::Float32));
+        MESHPLAN_TRY(
+            (*comm)->allGather(in.data(), out.data(), count, DType::Float32));
         if (rep >= 2)
           t.push_back(secondsSince(start));
       }
@@ -588,11 +578,10 @@ void RankTrainer::printCostModel(double computeSeconds, double stepSeconds,
               "%.2f GB/s per link, compute %.2f GFLOP/s as measured, memory "
               "%.1f GB/s): step %.1f ms, exposed plan communication %.1f ms; "
               "measured: step %.1f ms, exposed plan communication %.1f ms\n",
-              m.intraNodeLatencySeconds * 1e6,
-              m.intraNodeBytesPerSecond * 1e-9, m.peakFlopsPerSecond * 1e-9,
-              m.hbmBytesPerSecond * 1e-9, schedule->stepSeconds * 1e3,
-              schedule->exposedCommSeconds * 1e3, stepSeconds * 1e3,
-              exposedSeconds * 1e3);
+              m.intraNodeLatencySeconds * 1e6, m.intraNodeBytesPerSecond * 1e-9,
+              m.peakFlopsPerSecond * 1e-9, m.hbmBytesPerSecond * 1e-9,
+              schedule->stepSeconds * 1e3, schedule->exposedCommSeconds * 1e3,
+              stepSeconds * 1e3, exposedSeconds * 1e3);
 }
 
 Result<void> RankTrainer::run() {
@@ -607,8 +596,8 @@ Result<void> RankTrainer::run() {
       return makeError(v.id() + ": box outside the tensor");
     for (const k::IndexRun &r : *runs)
       for (int64_t i = 0; i < r.length; ++i) {
-        float x = initialValue(flags.seed, v.tensor(), r.global + i,
-                               v.globalShape());
+        float x =
+            initialValue(flags.seed, v.tensor(), r.global + i, v.globalShape());
         if (v.dtype() == DType::BFloat16)
           v.as<uint16_t>()[size_t(r.local + i)] = k::floatToBf16(x);
         else
@@ -627,8 +616,8 @@ Result<void> RankTrainer::run() {
                 "tokens = %lld tokens per step; %s matmuls\n",
                 planned.spec.model->name.c_str(), (long long)c.dim,
                 (long long)c.nLayers, (long long)c.nHeads,
-                (long long)c.nKvHeads, (long long)c.ffnDim,
-                (long long)c.vocab, (long long)options.worldSize,
+                (long long)c.nKvHeads, (long long)c.ffnDim, (long long)c.vocab,
+                (long long)options.worldSize,
                 (long long)planned.roles.dataParallel(),
                 (long long)planned.microbatches, (long long)flags.batch,
                 (long long)flags.seqLen, (long long)tokensPerStep,

@@ -137,14 +137,13 @@ static Result<LlamaConfig> configOf(const frontend::ResolvedSpec &spec) {
   for (const auto &[name, shape] : shapes) {
     auto it = want.find(name);
     if (it == want.end())
-      return siteOf(name).ok()
-                 ? makeError("parameter \"" + name +
-                             "\": beyond the model's layers")
-                 : siteOf(name).error();
+      return siteOf(name).ok() ? makeError("parameter \"" + name +
+                                           "\": beyond the model's layers")
+                               : siteOf(name).error();
     if (it->second != shape)
       return makeError("parameter \"" + name + "\" has shape " + text(shape) +
-                       ", but a Llama 3 model of dim " +
-                       std::to_string(c.dim) + " needs " + text(it->second));
+                       ", but a Llama 3 model of dim " + std::to_string(c.dim) +
+                       " needs " + text(it->second));
   }
   for (const auto &[name, shape] : want)
     if (!shapes.count(name))
@@ -178,8 +177,7 @@ static Result<void> checkTensorParallel(const frontend::ResolvedSpec &spec) {
   return {};
 }
 
-Result<Planned> planSpec(const TrainFlags &flags,
-                         int64_t tokensPerMicrobatch) {
+Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
   Planned out;
   auto text = plan::readTextFile(flags.spec);
   if (!text)
@@ -190,9 +188,8 @@ Result<Planned> planSpec(const TrainFlags &flags,
   std::string base = fs::path(flags.spec).parent_path().string();
   if (!flags.model.empty())
     spec->model = flags.model;
-  auto model = frontend::loadSpecModel(*spec, flags.model.empty()
-                                                  ? (base.empty() ? "." : base)
-                                                  : ".");
+  auto model = frontend::loadSpecModel(
+      *spec, flags.model.empty() ? (base.empty() ? "." : base) : ".");
   if (!model)
     return model.error().within(flags.model.empty() ? flags.spec : "--model");
   auto resolved = frontend::resolveSpec(std::move(*spec), std::move(*model));
@@ -284,8 +281,7 @@ Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank) {
   return d;
 }
 
-std::map<std::string, const plan::Buffer *>
-computeInputs(const plan::Plan &p) {
+std::map<std::string, const plan::Buffer *> computeInputs(const plan::Plan &p) {
   std::map<std::string, const plan::Buffer *> seen;
   std::map<std::string, const plan::Buffer *> byId;
   for (const plan::Buffer &b : p.buffers)
@@ -310,10 +306,10 @@ Result<TpShard> tpShardOf(const plan::Plan &p, const LlamaConfig &c) {
     return std::pair<int64_t, int64_t>{b->offset[size_t(dim)],
                                        b->localShape[size_t(dim)]};
   };
-  for (const char *t : {"tok_embeddings.weight", "output.weight",
-                        "layers.0.attention.wq.weight",
-                        "layers.0.attention.wk.weight",
-                        "layers.0.feed_forward.w1.weight"})
+  for (const char *t :
+       {"tok_embeddings.weight", "output.weight",
+        "layers.0.attention.wq.weight", "layers.0.attention.wk.weight",
+        "layers.0.feed_forward.w1.weight"})
     if (!seen.count(t))
       return makeError(std::string("no compute instruction reads ") + t);
   auto [qOff, qLen] = rows("layers.0.attention.wq.weight", 0);
@@ -388,12 +384,14 @@ float initialValue(uint64_t seed, const std::string &tensor, int64_t g,
     }
   }
   // Box-Muller on a counter-based hash, redrawn beyond two deviations.
-  uint64_t key = mix(seed ^ hashName(tensor)) ^ uint64_t(g) * 0x632BE59BD9B4E019ull;
+  uint64_t key =
+      mix(seed ^ hashName(tensor)) ^ uint64_t(g) * 0x632BE59BD9B4E019ull;
   for (uint64_t attempt = 0;; ++attempt) {
     uint64_t a = mix(key + 2 * attempt), b = mix(key + 2 * attempt + 1);
     double u1 = (double(a >> 11) + 1.0) / 9007199254740993.0;
     double u2 = double(b >> 11) / 9007199254740992.0;
-    double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+    double z =
+        std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
     if (std::fabs(z) <= 2.0)
       return static_cast<float>(z * std);
   }
@@ -411,8 +409,8 @@ void emulateCast(std::vector<float> &values, plan::DType seen,
     for (float &x : values)
       x = k::bf16ToFloat(k::floatToBf16(x));
   } else if (seen == DType::Float8E4M3 || seen == DType::Float8E5M2) {
-    k::Fp8Format f = seen == DType::Float8E4M3 ? k::Fp8Format::E4M3FN
-                                               : k::Fp8Format::E5M2;
+    k::Fp8Format f =
+        seen == DType::Float8E4M3 ? k::Fp8Format::E4M3FN : k::Fp8Format::E5M2;
     float amax = 0;
     for (float x : values)
       amax = std::max(amax, std::fabs(x));
@@ -553,11 +551,10 @@ Result<std::map<std::string, Whole>> readDump(const std::string &dir) {
           size_t g = size_t(r.global + j);
           float x = vals[size_t(r.local + j)];
           if (w.covered[g] && std::memcmp(&w.values[g], &x, 4) != 0)
-            return makeError(path + ": tensor " + name + " element " +
-                             std::to_string(g) +
-                             " differs between two replicas (" +
-                             std::to_string(w.values[g]) + " vs " +
-                             std::to_string(x) + ")");
+            return makeError(
+                path + ": tensor " + name + " element " + std::to_string(g) +
+                " differs between two replicas (" +
+                std::to_string(w.values[g]) + " vs " + std::to_string(x) + ")");
           w.values[g] = x;
           w.covered[g] = 1;
         }

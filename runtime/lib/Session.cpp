@@ -97,6 +97,16 @@ Result<SessionOptions> sessionOptionsFromEnv() {
   }
   if (const char *job = std::getenv("MESHPLAN_JOB"); job && *job)
     o.job = job;
+  if (const char *order = std::getenv("MESHPLAN_REDUCTION_ORDER");
+      order && *order) {
+    std::string v = order;
+    if (v != "key" && v != "gloo")
+      return makeError("MESHPLAN_REDUCTION_ORDER=\"" + v +
+                       "\": expected \"key\" (sums in the members' key "
+                       "order, the default) or \"gloo\" (Gloo's algorithms' "
+                       "orders)");
+    o.keyOrderReductions = v == "key";
+  }
   return o;
 }
 
@@ -862,6 +872,7 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   bo.worldSize = options.worldSize;
   bo.timeout = options.timeout;
   bo.job = options.job;
+  bo.keyOrderReductions = options.keyOrderReductions;
   auto backend = createGlooBackend(bo);
   if (!backend)
     return backend.error().within("store " + options.store.text());

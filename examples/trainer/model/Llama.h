@@ -47,8 +47,8 @@ struct LlamaConfig {
   int64_t nKvHeads = 0;
   int64_t ffnDim = 0;
   int64_t vocab = 0;
-  float normEps = 1e-5f;        ///< torchtitan's Llama 3 norm_eps
-  float ropeTheta = 500000.0f;  ///< Llama 3's rope_theta
+  float normEps = 1e-5f;       ///< torchtitan's Llama 3 norm_eps
+  float ropeTheta = 500000.0f; ///< Llama 3's rope_theta
   int64_t headDim() const { return dim / nHeads; }
 };
 
@@ -118,12 +118,12 @@ struct BlockGrads {
 
 /// This rank's share of the TP-split dimensions. With P = 1: everything.
 struct TpShard {
-  int64_t localHeads = 0;   ///< query heads [headOffset, +localHeads)
+  int64_t localHeads = 0; ///< query heads [headOffset, +localHeads)
   int64_t headOffset = 0;
   int64_t localKvHeads = 0; ///< kv heads [kvHeadOffset, +localKvHeads)
   int64_t kvHeadOffset = 0;
-  int64_t localFfn = 0;     ///< rows of w1/w3, columns of w2
-  int64_t vocabOffset = 0;  ///< rows of tok_embeddings and output
+  int64_t localFfn = 0;    ///< rows of w1/w3, columns of w2
+  int64_t vocabOffset = 0; ///< rows of tok_embeddings and output
   int64_t vocabLocal = 0;
 
   /// The whole model (P = 1).

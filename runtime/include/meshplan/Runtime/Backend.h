@@ -95,6 +95,10 @@ struct BackendOptions {
   /// Namespace of this job's keys in the store (several jobs may share a
   /// Redis server).
   std::string job = "meshplan";
+  /// Floating-point sums and products over three or more members in the
+  /// members' key order (deterministic, docs/runtime.md "Determinism"); off:
+  /// Gloo's own ring and halving-doubling orders, faster for small tensors.
+  bool keyOrderReductions = true;
   /// Address peers connect to; empty: 127.0.0.1 for a file store (one
   /// machine), the host name otherwise. MESHPLAN_HOSTNAME overrides.
   std::string hostname;

@@ -93,11 +93,14 @@ struct SessionOptions {
   std::string backend = "gloo";
   /// Namespace of this job's keys in the store.
   std::string job = "meshplan";
+  /// Reduce in the members' key order (BackendOptions::keyOrderReductions).
+  bool keyOrderReductions = true;
 };
 
 /// Options from the environment that `meshplan run`, torchrun or Slurm set:
 /// RANK, WORLD_SIZE, MESHPLAN_STORE (required), MESHPLAN_TIMEOUT (seconds,
-/// default 60), MESHPLAN_JOB. Errors name the variable.
+/// default 60), MESHPLAN_JOB, MESHPLAN_REDUCTION_ORDER ("key", the default,
+/// or "gloo"). Errors name the variable.
 Result<SessionOptions> sessionOptionsFromEnv();
 
 /// Where one step's time went, in seconds, from the executor's own clocks

@@ -199,7 +199,10 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 /// and a local reduction (bench-runtime-collectives; docs/performance.md).
 constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 
-static bool orderMatters(DType dtype, ReduceOp op, int64_t members) {
+static bool orderMatters(DType dtype, ReduceOp op, int64_t members,
+                         bool keyOrder) {
+  if (!keyOrder)
+    return false;
   bool floating = dtype == DType::Float32 || dtype == DType::BFloat16 ||
                   dtype == DType::Float16;
   return members > 2 && floating && op != ReduceOp::Max && op != ReduceOp::Min;
@@ -208,8 +211,9 @@ static bool orderMatters(DType dtype, ReduceOp op, int64_t members) {
 class GlooCommunicator final : public Communicator {
 public:
   GlooCommunicator(GroupSpec group, std::shared_ptr<gloo::Context> context,
-                   std::chrono::milliseconds timeout)
-      : spec(std::move(group)), context(std::move(context)), timeout(timeout) {}
+                   std::chrono::milliseconds timeout, bool keyOrder)
+      : spec(std::move(group)), context(std::move(context)), timeout(timeout),
+        keyOrder(keyOrder) {}
 
   const GroupSpec &group() const override { return spec; }
 
@@ -247,7 +251,7 @@ public:
       if (block)
         std::memmove(out, in, block);
     } else if (block && dtype == DType::Float32 &&
-               !orderMatters(dtype, op, n) &&
+               !orderMatters(dtype, op, n, keyOrder) &&
                block * size_t(n) <= kSmallReduceScatterBytes) {
       // Two members (or max/min): Gloo's halving-doubling, one exchange. It
       // reduces in place and leaves this rank's block at the front.
@@ -282,7 +286,7 @@ public:
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
-    if (count > 0 && orderMatters(dtype, op, size())) {
+    if (count > 0 && orderMatters(dtype, op, size(), keyOrder)) {
       // A key-order reduce-scatter, then an all-gather: 2 (n-1)/n of the
       // data per rank, as the ring sends. The first n * (count / n)
       // elements go in place; the last count % n (fewer than n) through a
@@ -416,6 +420,7 @@ private:
   std::shared_ptr<gloo::Context> context;
   std::chrono::milliseconds timeout;
   std::vector<uint8_t> scratch;
+  bool keyOrder = true;
   /// This member's block of a key-order all-reduce.
   std::vector<uint8_t> reduced;
 };
@@ -518,8 +523,8 @@ public:
                        "\" (color " + std::to_string(group.color) + ", " +
                        std::to_string(group.ranks.size()) +
                        " members) failed: " + ok.error().message);
-    return std::unique_ptr<Communicator>(
-        std::make_unique<GlooCommunicator>(group, context, options.timeout));
+    return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+        group, context, options.timeout, options.keyOrderReductions));
   }
 
 private:

@@ -32,7 +32,8 @@ void parallelFor(int64_t n, const Threading &threading,
     return;
   }
   // hardware_concurrency() reads /sys on every call (glibc): once is enough.
-  static const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  static const int64_t cores =
+      std::max(1u, std::thread::hardware_concurrency());
   int64_t maxThreads = threading.maxThreads > 0 ? threading.maxThreads : cores;
   int64_t threads = std::clamp<int64_t>(n / perThread, 1, maxThreads);
   if (threads == 1) {
