@@ -286,15 +286,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
                      group.member(t));
       check(run.setData(tokens, targets));
       check(run.forwardEmbedding(w("tok_embeddings.weight")));
-      auto block = [&](int64_t l) {
-        std::string p = "layers." + std::to_string(l) + ".";
-        return BlockWeights{
-            w(p + "attention_norm.weight"),  w(p + "attention.wq.weight"),
-            w(p + "attention.wk.weight"),    w(p + "attention.wv.weight"),
-            w(p + "attention.wo.weight"),    w(p + "ffn_norm.weight"),
-            w(p + "feed_forward.w1.weight"), w(p + "feed_forward.w3.weight"),
-            w(p + "feed_forward.w2.weight")};
-      };
+      auto block = [&](int64_t l) { return blockWeights(l, w); };
       for (int64_t l = 0; l < c.nLayers; ++l)
         check(run.forwardBlock(l, block(l)));
       check(run.forwardFinalNorm(w("norm.weight")));
@@ -308,14 +300,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
                                gr("output.weight")));
       check(run.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
       for (int64_t l = c.nLayers - 1; l >= 0; --l) {
-        std::string p = "layers." + std::to_string(l) + ".";
-        BlockGrads bg{
-            gr(p + "attention_norm.weight"),  gr(p + "attention.wq.weight"),
-            gr(p + "attention.wk.weight"),    gr(p + "attention.wv.weight"),
-            gr(p + "attention.wo.weight"),    gr(p + "ffn_norm.weight"),
-            gr(p + "feed_forward.w1.weight"), gr(p + "feed_forward.w3.weight"),
-            gr(p + "feed_forward.w2.weight")};
-        check(run.backwardBlock(l, block(l), bg));
+        check(run.backwardBlock(l, block(l), blockGrads(l, gr)));
       }
       check(run.backwardEmbedding(gr("tok_embeddings.weight")));
     };

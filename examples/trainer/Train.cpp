@@ -328,14 +328,7 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
   if (u->embedding)
     MESHPLAN_TRY(mb->forwardEmbedding(w("tok_embeddings.weight")));
   for (const auto &[layer, leaves] : u->blocks) {
-    std::string pre = "layers." + std::to_string(layer) + ".";
-    BlockWeights bw{
-        w(pre + "attention_norm.weight"),  w(pre + "attention.wq.weight"),
-        w(pre + "attention.wk.weight"),    w(pre + "attention.wv.weight"),
-        w(pre + "attention.wo.weight"),    w(pre + "ffn_norm.weight"),
-        w(pre + "feed_forward.w1.weight"), w(pre + "feed_forward.w3.weight"),
-        w(pre + "feed_forward.w2.weight")};
-    MESHPLAN_TRY(mb->forwardBlock(layer, bw));
+    MESHPLAN_TRY(mb->forwardBlock(layer, blockWeights(layer, w)));
   }
   if (u->finalNorm)
     MESHPLAN_TRY(mb->forwardFinalNorm(w("norm.weight")));
@@ -413,22 +406,8 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     if (u->finalNorm)
       MESHPLAN_TRY(mb.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
     for (auto l = u->blocks.rbegin(); l != u->blocks.rend(); ++l) {
-      std::string pre = "layers." + std::to_string(l->first) + ".";
-      BlockWeights bw{
-          w(pre + "attention_norm.weight"),  w(pre + "attention.wq.weight"),
-          w(pre + "attention.wk.weight"),    w(pre + "attention.wv.weight"),
-          w(pre + "attention.wo.weight"),    w(pre + "ffn_norm.weight"),
-          w(pre + "feed_forward.w1.weight"), w(pre + "feed_forward.w3.weight"),
-          w(pre + "feed_forward.w2.weight")};
-      BlockGrads bg{gr(pre + "attention_norm.weight"),
-                    gr(pre + "attention.wq.weight"),
-                    gr(pre + "attention.wk.weight"),
-                    gr(pre + "attention.wv.weight"),
-                    gr(pre + "attention.wo.weight"),
-                    gr(pre + "ffn_norm.weight"),
-                    gr(pre + "feed_forward.w1.weight"),
-                    gr(pre + "feed_forward.w3.weight"),
-                    gr(pre + "feed_forward.w2.weight")};
+      BlockWeights bw = blockWeights(l->first, w);
+      BlockGrads bg = blockGrads(l->first, gr);
       for (float *p : {bg.attentionNorm, bg.wq, bg.wk, bg.wv, bg.wo, bg.ffnNorm,
                        bg.w1, bg.w3, bg.w2})
         if (!p)

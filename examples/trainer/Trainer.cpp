@@ -74,6 +74,28 @@ Result<ParamSite> siteOf(const std::string &tensor) {
                    "implements (frontend/Presets.h names its parameters)");
 }
 
+template <typename Block, typename Ptr, typename Get>
+static Block blockOf(int64_t layer, const Get &get) {
+  std::string p = "layers." + std::to_string(layer) + ".";
+  return Block{
+      get(p + "attention_norm.weight"),  get(p + "attention.wq.weight"),
+      get(p + "attention.wk.weight"),    get(p + "attention.wv.weight"),
+      get(p + "attention.wo.weight"),    get(p + "ffn_norm.weight"),
+      get(p + "feed_forward.w1.weight"), get(p + "feed_forward.w3.weight"),
+      get(p + "feed_forward.w2.weight")};
+}
+
+BlockWeights
+blockWeights(int64_t layer,
+             const std::function<const float *(const std::string &)> &get) {
+  return blockOf<BlockWeights, const float *>(layer, get);
+}
+
+BlockGrads blockGrads(int64_t layer,
+                      const std::function<float *(const std::string &)> &get) {
+  return blockOf<BlockGrads, float *>(layer, get);
+}
+
 /// The configuration of a Llama 3 model, every parameter checked.
 static Result<LlamaConfig> configOf(const frontend::ResolvedSpec &spec) {
   std::map<std::string, std::vector<int64_t>> shapes;

@@ -19,6 +19,7 @@
 #include "meshplan/Plan/Template.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -106,6 +107,14 @@ struct ParamSite {
   std::string leaf; ///< in a block: "attention.wq", "ffn_norm", ...
 };
 Result<ParamSite> siteOf(const std::string &tensor);
+
+/// Layer `layer`'s nine weights (or gradients), by tensor name: `get` maps
+/// "layers.<layer>.attention.wq.weight" etc. to a buffer.
+BlockWeights
+blockWeights(int64_t layer,
+             const std::function<const float *(const std::string &)> &get);
+BlockGrads blockGrads(int64_t layer,
+                      const std::function<float *(const std::string &)> &get);
 
 /// What the compute callbacks see of a parameter whose plan casts `dtype`
 /// (bf16; float8 with the whole tensor's amax scale): values applied to a
