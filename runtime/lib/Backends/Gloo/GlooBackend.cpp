@@ -190,13 +190,12 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 /// bytes: the result is then a function of the inputs alone, not of the
 /// group's size, the message timing or Gloo's schedule, and a single process
 /// summing the same values in the same order reproduces it bit for bit
-/// (meshplan-train's reference does). Gloo's ring and halving-doubling
-/// algorithms reduce in other orders; they remain for two members (a + b is
-/// b + a in IEEE arithmetic) and for max and min, which do not depend on the
-/// order.
-/// Below this many bytes in all, a float32 reduce-scatter whose order does
-/// not matter runs Gloo's halving-doubling algorithm; above, an all-to-all
-/// and a local reduction (bench-runtime-collectives; docs/performance.md).
+/// (meshplan-train's reference does). Gloo's ring algorithm reduces in
+/// another order; it remains for all-reduces of two members (a + b is b + a
+/// in IEEE arithmetic) and for max and min, which do not depend on the order.
+/// In Gloo's orders, a float32 reduce-scatter below this many bytes in all
+/// runs Gloo's halving-doubling algorithm; above, an all-to-all and a local
+/// reduction (bench-runtime-collectives; docs/performance.md).
 constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 
 static bool orderMatters(DType dtype, ReduceOp op, int64_t members,
@@ -250,11 +249,12 @@ public:
     if (n == 1) {
       if (block)
         std::memmove(out, in, block);
-    } else if (block && dtype == DType::Float32 &&
-               !orderMatters(dtype, op, n, keyOrder) &&
+    } else if (block && dtype == DType::Float32 && !keyOrder &&
                block * size_t(n) <= kSmallReduceScatterBytes) {
-      // Two members (or max/min): Gloo's halving-doubling, one exchange. It
-      // reduces in place and leaves this rank's block at the front.
+      // Gloo's orders (MESHPLAN_REDUCTION_ORDER=gloo), small: Gloo's
+      // halving-doubling. It reduces in place and leaves this rank's block
+      // at the front. (In key order an all-to-all serves every size: for
+      // two members it is the same single exchange.)
       std::vector<float> work(static_cast<const float *>(in),
                               static_cast<const float *>(in) + count * n);
       const gloo::ReductionFunction<float> *fn =
