@@ -3,6 +3,7 @@
 #include "meshplan/Core/AxisRef.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -16,10 +17,16 @@ Result<AxisRef> makeAxisRef(const Mesh &mesh, int axis, int64_t pre,
   if (pre < 1 || size < 1)
     return makeError("sub-axis " + spelled +
                      ": pre-size and size must be >= 1");
-  if (pre > a.size || size > a.size || a.size % (pre * size) != 0)
-    return makeError("sub-axis " + spelled + ": pre-size * size (" +
-                     std::to_string(pre * size) + ") must divide the size of " +
-                     a.name + " (" + std::to_string(a.size) + ")");
+  // pre * size may overflow int64 for hostile input ((2^32)(2^63-1)); the
+  // product is only used once it is known to fit.
+  int64_t product = 0;
+  bool overflows = mulOverflows(pre, size, &product);
+  if (overflows || product > a.size || a.size % product != 0)
+    return makeError(
+        "sub-axis " + spelled + ": pre-size * size (" +
+        (overflows ? std::string("more than 2^63") : std::to_string(product)) +
+        ") must divide the size of " + a.name + " (" + std::to_string(a.size) +
+        ")");
   AxisRef ref{axis, pre, size};
   if (a.managed && !ref.isWhole(mesh) && size > 1)
     return makeError("sub-axis " + spelled + ": managed axis \"" + a.name +
@@ -42,9 +49,14 @@ std::string formatAxisRefs(const Mesh &mesh, const AxisRefList &refs) {
 }
 
 int64_t refsSize(const AxisRefList &refs) {
+  // Validated refs are disjoint parts of a mesh of at most kMaxMeshDevices,
+  // but callers also size lists that are not validated yet (a ref repeated
+  // in a hostile layout); saturate instead of overflowing so that the
+  // validation that follows sees a too-large size, not a wrapped one.
   int64_t product = 1;
   for (const AxisRef &ref : refs)
-    product *= ref.size;
+    if (mulOverflows(product, ref.size, &product))
+      return std::numeric_limits<int64_t>::max();
   return product;
 }
 

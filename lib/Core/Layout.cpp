@@ -421,6 +421,10 @@ std::string formatLayout(const Mesh &mesh, const Layout &layout) {
 }
 
 Result<void> checkShape(const std::vector<int64_t> &shape) {
+  if (static_cast<int64_t>(shape.size()) > kMaxTensorRank)
+    return makeError("shape has " + std::to_string(shape.size()) +
+                     " dims; tensors have at most " +
+                     std::to_string(kMaxTensorRank) + " (docs/limits.md)");
   int64_t elements = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0)
@@ -430,7 +434,8 @@ Result<void> checkShape(const std::vector<int64_t> &shape) {
         (shape[i] > 0 && elements > kMaxTensorElements / shape[i]))
       return makeError("shape dim " + std::to_string(i) + " (" +
                        std::to_string(shape[i]) +
-                       ") makes the tensor larger than 2^50 elements");
+                       ") makes the tensor larger than " +
+                       kMaxTensorElementsText + " elements (docs/limits.md)");
     elements *= shape[i] > 0 ? shape[i] : 1;
   }
   return {};

@@ -26,6 +26,10 @@ Result<Mesh> Mesh::create(std::vector<MeshAxis> axes,
                           std::optional<std::vector<int64_t>> deviceOrder) {
   if (axes.empty())
     return makeError("a mesh needs at least one axis");
+  if (static_cast<int64_t>(axes.size()) > kMaxMeshAxes)
+    return makeError("mesh has " + std::to_string(axes.size()) +
+                     " axes; meshes have at most " +
+                     std::to_string(kMaxMeshAxes) + " (docs/limits.md)");
   Mesh mesh;
   std::set<std::string> seen;
   int64_t product = 1;
@@ -38,10 +42,16 @@ Result<Mesh> Mesh::create(std::vector<MeshAxis> axes,
     if (axis.size < 1)
       return makeError("axis \"" + axis.name + "\" has size " +
                        std::to_string(axis.size) + "; sizes must be >= 1");
-    if (product > kMaxMeshDevices / axis.size)
-      return makeError("mesh has more than 2^40 devices at axis \"" +
-                       axis.name + "\"");
-    product *= axis.size;
+    // Checked before any allocation that depends on the size (listing
+    // ranks, device orders): see docs/limits.md.
+    if (axis.size > kMaxMeshDevices)
+      return makeError("axis \"" + axis.name + "\" has size " +
+                       std::to_string(axis.size) + "; meshes have at most " +
+                       kMaxMeshDevicesText + " ranks (docs/limits.md)");
+    if (mulOverflows(product, axis.size, &product) || product > kMaxMeshDevices)
+      return makeError("mesh has more than " +
+                       std::string(kMaxMeshDevicesText) + " ranks at axis \"" +
+                       axis.name + "\" (docs/limits.md)");
   }
   mesh.axes = std::move(axes);
   mesh.numDevices = product;

@@ -4,6 +4,7 @@
 #include "meshplan/Core/Text.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 namespace meshplan {
@@ -129,15 +130,28 @@ Result<std::vector<int64_t>> groupOf(const Mesh &mesh, const AxisRefList &refs,
   auto index = groupIndexAt(mesh, refs, *position, live);
   if (!index)
     return index.error();
+  // Listing costs memory and time linear in the group size; refuse before
+  // allocating (a mesh axis of 2^31 would otherwise take 16 GiB per group).
+  int64_t members = groupSizeOf(mesh, refs, live);
+  if (members > kMaxGroupMembers)
+    return makeError("the group over [" + formatAxisRefs(mesh, refs) +
+                     "] has " + std::to_string(members) +
+                     " members; groups that are listed member by member have "
+                     "at most " +
+                     kMaxGroupMembersText + " (docs/limits.md)");
   return groupAtBase(mesh, refs, groupBase(mesh, refs, *position), live);
 }
 
 int64_t groupSizeOf(const Mesh &mesh, const AxisRefList &refs,
                     const LiveMembers *live) {
+  // Saturates rather than wraps for ref lists that are not validated yet.
   int64_t size = 1;
   for (const AxisRef &ref : refs) {
     const auto *digits = liveDigits(ref, live);
-    size *= digits ? static_cast<int64_t>(digits->size()) : ref.size;
+    if (mulOverflows(size,
+                     digits ? static_cast<int64_t>(digits->size()) : ref.size,
+                     &size))
+      return std::numeric_limits<int64_t>::max();
   }
   (void)mesh;
   return size;

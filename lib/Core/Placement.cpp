@@ -323,14 +323,33 @@ firstMismatch(int64_t n, const std::vector<DimSplit> &splits,
 static Result<std::vector<int>>
 chooseNesting(const View &view, int dim, int64_t n,
               const std::vector<DimSplit> &splits) {
-  int64_t combos = 1;
-  for (const DimSplit &s : splits)
-    combos *= s.size;
-  constexpr int64_t kMaxCombos = int64_t(1) << 22;
-  if (combos > kMaxCombos)
+  // Checking is exhaustive: every combination of coordinates, each costing
+  // one more piece per unit of split factor (dtensorIndices). Bound that work,
+  // with overflow-safe products, before doing any of it.
+  int64_t combos = 1, pieces = 1;
+  bool overflows = false;
+  for (const DimSplit &s : splits) {
+    overflows |= mulOverflows(combos, s.size, &combos);
+    overflows |= __builtin_add_overflow(pieces, s.splitFactor - 1, &pieces);
+  }
+  if (overflows || combos > kMaxPlacementChecks)
+    return makeError(
+        "dim " + std::to_string(dim) + " is split " +
+        (overflows ? std::string("more than 2^63") : std::to_string(combos)) +
+        " ways by placements; too many to check exactly (at most " +
+        kMaxPlacementChecksText + ", docs/limits.md)");
+  int64_t work = 0;
+  if (mulOverflows(combos, pieces, &work) || work > kMaxPlacementChecks) {
+    int64_t largest = 1;
+    for (const DimSplit &s : splits)
+      largest = std::max(largest, s.splitFactor);
     return makeError("dim " + std::to_string(dim) + " is split " +
-                     std::to_string(combos) +
-                     " ways by placements; too many to check exactly");
+                     std::to_string(combos) + " ways with a split factor of " +
+                     std::to_string(largest) +
+                     " by placements; too many pieces to check exactly (at "
+                     "most " +
+                     kMaxPlacementChecksText + ", docs/limits.md)");
+  }
   std::string dimDesc =
       "dim " + std::to_string(dim) + " (size " + std::to_string(n) + ")";
   // No nesting can reproduce a rank that holds several pieces.

@@ -223,8 +223,8 @@ static Result<Parameter> parseParameter(const Json &value,
   MESHPLAN_TRY(shape);
   if (shape->empty())
     return errorAt(shapePtr, "expected at least one dim");
-  if (!checkShape(*shape))
-    return errorAt(shapePtr, "more than 2^50 elements");
+  if (auto ok = checkShape(*shape); !ok)
+    return errorAt(shapePtr, ok.error().message);
   param.shape = *shape;
   if (const Json *dtype = member(value, "dtype"))
     param.dtype = *parseDType(dtype->get_ref<const std::string &>());

@@ -77,7 +77,9 @@ static Result<MeshSpec> parseMesh(const Json &value) {
     auto size = readInt(*member(axes[i], "size"), sizePtr, 1, kMaxMeshDevices);
     MESHPLAN_TRY(size);
     if (product > kMaxMeshDevices / *size)
-      return errorAt(sizePtr, "the mesh would have more than 2^40 devices");
+      return errorAt(sizePtr, "the mesh would have more than " +
+                                  std::string(kMaxMeshDevicesText) +
+                                  " ranks (docs/limits.md)");
     product *= *size;
     mesh.axes.push_back({name, *size, false});
   }

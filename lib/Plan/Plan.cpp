@@ -92,8 +92,18 @@ static std::string ints(const std::vector<int64_t> &v) {
   return "[" + joinInts(v) + "]";
 }
 
+/// A rank list for a one-line message: "[0,1,...,4095] (4096 ranks)" when
+/// long, since a group may have up to kMaxGroupMembers members.
+static std::string rankListText(const std::vector<int64_t> &v) {
+  if (v.size() <= 16)
+    return ints(v);
+  std::vector<int64_t> head(v.begin(), v.begin() + 8);
+  return "[" + joinInts(head) + ",...," + std::to_string(v.back()) + "] (" +
+         std::to_string(v.size()) + " ranks)";
+}
+
 Result<std::string> readTextFile(const std::string &path) {
-  return readFile(path, int64_t(1) << 30);
+  return readFile(path, kMaxPlanFileBytes);
 }
 
 //===----------------------------------------------------------------------===//
@@ -102,7 +112,7 @@ Result<std::string> readTextFile(const std::string &path) {
 
 namespace {
 /// Plans are machine-written and shallow; anything deeper is not a plan.
-constexpr int kMaxPlanDepth = 32;
+constexpr int kMaxPlanDepth = kMaxPlanJsonDepth;
 
 using T = JsonType;
 const SectionRule kRootRule = {
@@ -296,6 +306,14 @@ Result<Communicator> readCommunicator(const Json &v, const std::string &ptr) {
   MESHPLAN_TRY(checkObject(v, ptr, kCommunicatorRule));
   Communicator c;
   MP_ASSIGN(c.id, readString(v["id"], childPointer(ptr, "id")));
+  // A listed group is bounded like every other (docs/limits.md).
+  if (v["ranks"].is_array() &&
+      static_cast<int64_t>(v["ranks"].size()) > kMaxGroupMembers)
+    return errorAt(childPointer(ptr, "ranks"),
+                   "lists " + std::to_string(v["ranks"].size()) +
+                       " members; groups that are listed member by member "
+                       "have at most " +
+                       kMaxGroupMembersText + " (docs/limits.md)");
   MP_ASSIGN(c.ranks, readIntArray(v["ranks"], childPointer(ptr, "ranks"), 0));
   MP_ASSIGN(c.color, readInt(v["color"], childPointer(ptr, "color"), 0));
   MP_ASSIGN(c.key, readInt(v["key"], childPointer(ptr, "key"), 0));
@@ -785,16 +803,16 @@ Result<void> validatePlan(const Plan &plan) {
         return errorAt(childPointer(p, "axes"), g.error().message);
       if (g->ranks != c.ranks)
         return errorAt(
-            childPointer(p, "ranks"), ints(c.ranks) + " but axes [" +
-                                          [&] {
-                                            std::string s;
-                                            for (const std::string &a : c.axes)
-                                              s += (s.empty() ? "" : ",") + a;
-                                            return s;
-                                          }() +
-                                          "] give rank " +
-                                          std::to_string(plan.rank) +
-                                          " the group " + ints(g->ranks));
+            childPointer(p, "ranks"),
+            rankListText(c.ranks) + " but axes [" +
+                [&] {
+                  std::string s;
+                  for (const std::string &a : c.axes)
+                    s += (s.empty() ? "" : ",") + a;
+                  return s;
+                }() +
+                "] give rank " + std::to_string(plan.rank) + " the group " +
+                rankListText(g->ranks));
       if (g->color != c.color)
         return errorAt(childPointer(p, "color"),
                        "color " + std::to_string(c.color) +

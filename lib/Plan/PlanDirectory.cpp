@@ -165,6 +165,17 @@ Result<void> writePlanDirectory(
     return makeError(quote(dir) + ": no plan source");
 
   MESHPLAN_TRY(checkReplaceable(target, dir));
+  // Users expect `-o a/b/plans` to create a/b, as `mkdir -p` would. Only the
+  // parents are created here, after every check on the input; the plan
+  // directory itself still appears atomically below.
+  if (target.has_parent_path()) {
+    std::error_code parentEc;
+    fs::create_directories(target.parent_path(), parentEc);
+    if (parentEc)
+      return makeError(quote(dir) + ": cannot create the parent directory " +
+                       quote(target.parent_path().string()) + ": " +
+                       parentEc.message());
+  }
 
   Result<fs::path> tmpOr = makeTempDir(target.string() + ".tmp-");
   if (!tmpOr)

@@ -824,6 +824,10 @@ static Result<std::vector<int64_t>> readIndex(const std::string &path) {
   auto ranks = doc.find("ranks");
   if (ranks == doc.end() || !ranks->is_array() || ranks->empty())
     return fail("/ranks: expected a non-empty array of ranks");
+  if (static_cast<int64_t>(ranks->size()) > kMaxPlanDirectoryRanks)
+    return fail("/ranks: lists " + std::to_string(ranks->size()) +
+                " ranks; a plan directory holds at most " +
+                kMaxPlanDirectoryRanksText + " (docs/limits.md)");
   std::vector<int64_t> out;
   for (size_t i = 0; i < ranks->size(); ++i) {
     const Json &r = (*ranks)[i];
@@ -870,6 +874,11 @@ Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
               rankOfFileName(it->path().filename().string()))
         found.push_back(*r);
     }
+    // verify holds every plan in memory at once; refuse before reading.
+    if (static_cast<int64_t>(found.size()) > kMaxPlanDirectoryRanks)
+      return makeError("\"" + dir + "\" holds " + std::to_string(found.size()) +
+                       " plan files; a plan directory holds at most " +
+                       kMaxPlanDirectoryRanksText + " (docs/limits.md)");
     std::sort(found.begin(), found.end());
     if (ranks.empty()) {
       if (found.empty())

@@ -25,3 +25,14 @@ func.func @f(%a: tensor<8xf32>) {
   %0 = dist.annotate %b : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
   return
 }
+
+// -----
+
+// A group of 2^31 members would take 16 GiB to list (issue 12): refused
+// before anything is allocated, at the op that needs it.
+dist.mesh @m ["dp" = 2147483648]
+func.func @f(%a: tensor<8xf32, #dist.layout<@m, [{"dp"}]>>) {
+  // expected-error @+1 {{'dist.all_gather' op the group over [dp] has 2147483648 members; groups that are listed member by member have at most 2^20 (docs/limits.md)}}
+  %0 = dist.all_gather %a dim 0 over {"dp"} : tensor<8xf32, #dist.layout<@m, [{"dp"}]>> -> tensor<8xf32, #dist.layout<@m, [{}]>>
+  return
+}

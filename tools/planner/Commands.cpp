@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <limits>
 #include <sstream>
 
 namespace meshplan::cli {
@@ -17,6 +18,28 @@ using Json = nlohmann::ordered_json;
 
 static std::string ints(const std::vector<int64_t> &v) {
   return "[" + joinInts(v) + "]";
+}
+
+/// Refuses a listing of `ranks` ranks of `perRank` numbers each (plus
+/// `extra`) that would print more than kMaxListedIntegers: listing every
+/// rank's groups grows with world x group size, so the output is bounded,
+/// not the mesh. Checked before anything is allocated or computed.
+static void checkListingSize(const std::string &command, const Mesh &mesh,
+                             std::optional<int64_t> rank, int64_t perRank,
+                             int64_t extra, const std::string &what) {
+  int64_t ranks = rank ? 1 : mesh.size();
+  int64_t total = 0;
+  bool overflows = mulOverflows(ranks, perRank, &total) ||
+                   __builtin_add_overflow(total, extra, &total);
+  if (!overflows && total <= kMaxListedIntegers)
+    return;
+  std::string whose = rank ? "of rank " + std::to_string(*rank)
+                           : "of all " + std::to_string(ranks) + " ranks";
+  throw CliError(
+      command + ": listing " + what + " " + whose + " would print " +
+      (overflows ? std::string("more than 2^63") : std::to_string(total)) +
+      " numbers; a listing prints at most " + kMaxListedIntegersText +
+      " (docs/limits.md)" + (rank ? "" : "; ask for one rank with --rank"));
 }
 
 /// The ranks a listing covers: --rank alone, or the whole mesh.
@@ -70,6 +93,19 @@ std::string runMeshCommand(const MeshOptions &options) {
   const Mesh &mesh = *setup.mesh;
   const View &view = *setup.view;
   const LiveMembers *live = setup.hasLive ? &setup.live : nullptr;
+  {
+    // Per rank: the rank, both coordinates, and per view axis its group and
+    // split; --groups adds every rank once per view axis.
+    int64_t perRank = 1 + mesh.numAxes() + 3 * int64_t(view.numAxes());
+    for (int a = 0; a < view.numAxes(); ++a)
+      if (__builtin_add_overflow(
+              perRank, groupSizeOf(mesh, view.refsOf({a}), live), &perRank))
+        perRank = std::numeric_limits<int64_t>::max();
+    int64_t extra = 0;
+    if (options.listGroups && mulOverflows(mesh.size(), view.numAxes(), &extra))
+      extra = std::numeric_limits<int64_t>::max();
+    checkListingSize("mesh", mesh, options.rank, perRank, extra, "the groups");
+  }
   std::vector<int64_t> ranks = listedRanks(mesh, options.rank);
 
   if (options.json) {
@@ -177,6 +213,10 @@ std::string runLayoutCommand(const LayoutOptions &options) {
           ? resolveLayout(setup, options.placements, shape, "--placements")
           : resolveLayout(setup, options.layout, shape, "--layout");
   auto placements = placementsFromLayout(view, layout, shape);
+  // Per rank: the rank, its coordinate, offset, local and padded shapes.
+  checkListingSize("layout", mesh, options.rank,
+                   1 + view.numAxes() + 3 * int64_t(shape.size()), 0,
+                   "the shards");
   std::vector<int64_t> ranks = listedRanks(mesh, options.rank);
 
   if (options.json) {

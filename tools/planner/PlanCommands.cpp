@@ -216,6 +216,12 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
         throw CliError(ok.error().message);
     }
   }
+  // --all materializes one plan per rank (and verification holds them all);
+  // refuse before listing the ranks. One rank is O(axes) at any mesh size.
+  if (options.all && world > kMaxPlanDirectoryRanks)
+    throw CliError("--all: the mesh has " + std::to_string(world) +
+                   " ranks; --all plans at most " + kMaxPlanDirectoryRanksText +
+                   " (docs/limits.md); plan one rank at a time with --rank");
   bool showProgress =
       options.progress == "always" || (options.progress == "auto" && isatty(2));
   std::vector<int64_t> ranks =

@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <climits>
+
 using namespace meshplan;
 using bf::Ints;
 
@@ -46,7 +48,20 @@ TEST(Errors, MeshCreation) {
   expectError(mesh({{"1dp", 2}}), "name starting with a digit", "1dp");
   expectError(mesh({{"d-p", 2}}), "name with a dash", "d-p");
   expectError(mesh({{"a", int64_t(1) << 30}, {"b", int64_t(1) << 30}}),
-              "more than 2^40 devices");
+              "more than 2^31 ranks at axis \"b\"");
+  // One axis beyond the limit is named with its size (issue 12).
+  expectError(mesh({{"a", int64_t(1) << 32}}),
+              "axis \"a\" has size 4294967296; meshes have at most 2^31 ranks "
+              "(docs/limits.md)");
+  EXPECT_TRUE(mesh({{"a", int64_t(1) << 31}}).ok())
+      << "2^31 ranks is the limit";
+  // Products that overflow int64 are caught, not wrapped.
+  expectError(mesh({{"a", int64_t(1) << 31},
+                    {"b", int64_t(1) << 31},
+                    {"c", int64_t(1) << 31}}),
+              "more than 2^31 ranks");
+  expectError(mesh(std::vector<MeshAxis>(65, MeshAxis{"x", 1})),
+              "meshes have at most 64");
   expectError(mesh({{"dp", 2}, {"tp", 2}}, Ints{0, 1, 2}), "short order");
   expectError(mesh({{"dp", 2}}, Ints{1, 1}), "rank twice", "1");
   expectError(mesh({{"dp", 2}}, Ints{0, -1}), "negative rank", "-1");
@@ -318,6 +333,61 @@ TEST(Errors, Redistribute) {
   for (const RedistributeStep &s : plan->steps)
     if (s.kind != StepKind::Permute)
       expectError(permutePeers(*m, s, 0), "permutePeers on a non-permute");
+}
+
+// Hostile sizes (issue 12): every product of sizes is overflow-checked and
+// every size is bounded (Limits.h) before anything is allocated.
+TEST(Errors, Limits) {
+  // A sub-axis whose pre-size * size overflows int64 ((2^32)(2^63-1) wraps to
+  // -2^32) used to pass validation and crash every later query.
+  auto m3 = testutil::makeMesh({3}, {"pp"});
+  expectError(makeAxisRef(*m3, 0, int64_t(1) << 32, INT64_MAX),
+              "overflowing sub-axis", "pre-size * size (more than 2^63)");
+  expectError(makeAxisRef(*m3, 0, INT64_MAX, INT64_MAX), "overflowing sub-axis",
+              "more than 2^63");
+  View root3 = View::root(m3);
+  AxisNamespace ns3(m3);
+  expectError(
+      parseLayout(root3, ns3, "[{\"pp\":(4294967296)9223372036854775807}]"),
+      "layout with an overflowing sub-axis", "must divide the size of pp");
+  auto to = parseLayout(root3, ns3, "[{}]");
+  ASSERT_TRUE(to.ok());
+  // Saturating sizes: a list that is not validated yet never wraps.
+  EXPECT_EQ(refsSize({AxisRef{0, 1, int64_t(1) << 40},
+                      AxisRef{0, 1, int64_t(1) << 40}}),
+            INT64_MAX);
+
+  // Groups listed member by member are bounded: refused before allocating.
+  auto huge = testutil::makeMesh({int64_t(1) << 31}, {"dp"});
+  AxisRefList dp{AxisRef{0, 1, int64_t(1) << 31}};
+  expectError(groupOf(*huge, dp, 1), "group of 2^31 members",
+              "the group over [dp] has 2147483648 members; groups that are "
+              "listed member by member have at most 2^20 (docs/limits.md)");
+  EXPECT_EQ(groupSizeOf(*huge, dp), int64_t(1) << 31) << "sizes stay O(axes)";
+  auto index = groupIndexOf(*huge, dp, (int64_t(1) << 31) - 1);
+  ASSERT_TRUE(index.ok());
+  EXPECT_EQ(*index, (int64_t(1) << 31) - 1);
+  auto limit = testutil::makeMesh({kMaxGroupMembers, 2}, {"dp", "tp"});
+  auto atLimit = groupOf(*limit, {AxisRef{0, 1, kMaxGroupMembers}}, 1);
+  ASSERT_TRUE(atLimit.ok()) << atLimit.error().message;
+  EXPECT_EQ(static_cast<int64_t>(atLimit->size()), kMaxGroupMembers);
+
+  // Tensor rank is bounded.
+  std::string dims = "1";
+  for (int i = 0; i < kMaxTensorRank; ++i)
+    dims += ",1";
+  expectError(parseShape(dims), "65 dims", "tensors have at most 64");
+
+  // Exhaustive placement checks are bounded, including the pieces a large
+  // _StridedShard split factor makes (this ran for minutes).
+  auto m2 = testutil::makeMesh({2}, {"dp"});
+  expectError(layoutFromPlacements(View::root(m2),
+                                   {Placement::strided(0, int64_t(1) << 31)},
+                                   {int64_t(1) << 31}),
+              "split factor 2^31", "too many pieces to check exactly");
+  expectError(layoutFromPlacements(View::root(huge), {Placement::shard(0)},
+                                   {int64_t(1) << 31}),
+              "2^31-way split", "too many to check exactly");
 }
 
 TEST(Errors, ViewCreate) {

@@ -253,7 +253,8 @@ TEST(ModelErrors, EachMutationIsLocated) {
       {"/modules/0/parameters/0/shape", "[]",
        "/modules/0/parameters/0/shape: expected at least one dim"},
       {"/modules/0/parameters/0/shape", "[1048576, 1048576, 1048576]",
-       "/modules/0/parameters/0/shape: more than 2^50 elements"},
+       "/modules/0/parameters/0/shape: shape dim 2 (1048576) makes the tensor "
+       "larger than 2^50 elements (docs/limits.md)"},
       {"/modules/0/parameters/0/dtype", "\"fp32\"",
        "/modules/0/parameters/0/dtype: unknown dtype \"fp32\"; expected one "
        "of float32, bfloat16, float16"},

@@ -327,7 +327,7 @@ TEST(SpecErrors, MutationTable) {
       {{set("/mesh/axes/1/size", "2.5")},
        "/mesh/axes/1/size: expected an integer, got number 2.5"},
       {{set("/mesh/axes/1/size", "0")},
-       "/mesh/axes/1/size: expected an integer in [1, 1099511627776], got 0"},
+       "/mesh/axes/1/size: expected an integer in [1, 2147483648], got 0"},
       {{set("/float8/all_gather", "\"yes\"")},
        "/float8/all_gather: expected a boolean, got string \"yes\""},
       {{set("/optimizer/weight_decay", "null")},
@@ -358,7 +358,8 @@ TEST(SpecErrors, MutationTable) {
        "/mesh/axes/1/name: invalid axis name \"f-sdp\""},
       {{set("/mesh/axes/0/size", "2097152"),
         set("/mesh/axes/1/size", "2097152")},
-       "/mesh/axes/1/size: the mesh would have more than 2^40 devices"},
+       "/mesh/axes/1/size: the mesh would have more than 2^31 ranks "
+       "(docs/limits.md)"},
       {{set("/mesh/device_order", "[0, 1, 2]")},
        "/mesh/device_order: expected 16 rank ids (one per mesh position), got "
        "3"},

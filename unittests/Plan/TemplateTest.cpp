@@ -1422,17 +1422,32 @@ TEST_F(PlanDirectoryTest, FailureLeavesNothingBehind) {
   EXPECT_EQ(slurp(fs::path(dir) / "rank1.json"), before);
   EXPECT_EQ(siblings(), std::vector<std::string>{"plans"});
 
-  // Bad rank lists, and a missing parent directory.
+  // Bad rank lists create nothing.
   EXPECT_FALSE(writePlanDirectory(dir, 4, source(), {}).ok());
   EXPECT_FALSE(writePlanDirectory(dir, 4, source(), {1, 1}).ok());
   EXPECT_FALSE(writePlanDirectory(dir, 4, source(), {-1}).ok());
   EXPECT_FALSE(writePlanDirectory(dir, 1, source(), {0, 1}).ok());
-  r = writePlanDirectory((base / "missing" / "plans").string(), 4, source(),
-                         {0});
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("missing/plans"), std::string::npos)
-      << r.error().message;
+  EXPECT_FALSE(writePlanDirectory((base / "missing" / "plans").string(), 4,
+                                  source(), {1, 1})
+                   .ok());
   EXPECT_EQ(siblings(), std::vector<std::string>{"plans"});
+
+  // Missing parents are created, as `mkdir -p` would (issue 12).
+  r = writePlanDirectory((base / "missing" / "deeper" / "plans").string(), 4,
+                         source(), {0});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(fs::exists(base / "missing" / "deeper" / "plans" / "rank0.json"));
+  // A parent that is a file cannot be created; the error names the path.
+  { std::ofstream(base / "afile") << "x"; }
+  r = writePlanDirectory((base / "afile" / "plans").string(), 4, source(), {0});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("afile/plans"), std::string::npos)
+      << r.error().message;
+  r = writePlanDirectory((base / "afile" / "sub" / "plans").string(), 4,
+                         source(), {0});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("afile/sub/plans"), std::string::npos)
+      << r.error().message;
 }
 
 } // namespace

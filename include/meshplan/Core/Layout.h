@@ -119,11 +119,8 @@ Result<Layout> parseLayout(const View &view, const AxisNamespace &ns,
 /// printed as `(a,b)`).
 std::string formatLayout(const Mesh &mesh, const Layout &layout);
 
-/// Largest number of elements a tensor may have; keeps byte counts and chunk
-/// arithmetic far from int64 overflow.
-constexpr int64_t kMaxTensorElements = int64_t(1) << 50;
-
-/// Checks every dim is >= 0 and the element count is <= kMaxTensorElements.
+/// Checks every dim is >= 0, the rank is <= kMaxTensorRank and the element
+/// count is <= kMaxTensorElements (Limits.h).
 Result<void> checkShape(const std::vector<int64_t> &shape);
 
 /// Parses "15,5" into a shape (see checkShape).

@@ -17,6 +17,7 @@
 #ifndef MESHPLAN_CORE_MESH_H
 #define MESHPLAN_CORE_MESH_H
 
+#include "meshplan/Core/Limits.h"
 #include "meshplan/Core/Result.h"
 
 #include <cstdint>
@@ -34,15 +35,11 @@ struct MeshAxis {
   bool managed = false;
 };
 
-/// Largest number of devices a mesh may have; keeps every product of axis
-/// sizes (and rank ids) far from int64 overflow.
-constexpr int64_t kMaxMeshDevices = int64_t(1) << 40;
-
 class Mesh {
 public:
   /// Validates and builds a mesh: names non-empty, identifier-like and unique,
-  /// sizes >= 1, product <= kMaxMeshDevices, device order (if given) of the
-  /// right length with distinct non-negative ids.
+  /// sizes >= 1, at most kMaxMeshAxes axes, product <= kMaxMeshDevices, device
+  /// order (if given) of the right length with distinct non-negative ids.
   static Result<Mesh>
   create(std::vector<MeshAxis> axes,
          std::optional<std::vector<int64_t>> deviceOrder = std::nullopt);

@@ -73,6 +73,7 @@ Result<int64_t> groupIndexOf(const Mesh &mesh, const AxisRefList &refs,
 /// Ordered ranks of the group over `refs` that contains `rank`. With live
 /// members, dead coordinates of managed axes are skipped, and a dead rank
 /// (one whose coordinate on some managed axis is not live) has no group.
+/// Groups of more than kMaxGroupMembers are refused before allocating.
 Result<std::vector<int64_t>> groupOf(const Mesh &mesh, const AxisRefList &refs,
                                      int64_t rank,
                                      const LiveMembers *live = nullptr);
@@ -86,7 +87,8 @@ Result<SplitKey> splitKeyOf(const Mesh &mesh, const AxisRefList &refs,
 /// equal for any two expressions of the same partition.
 std::string partitionKeyOf(const Mesh &mesh, const AxisRefList &refs);
 /// Every group over `refs` with live members, ordered by color. Enumerates
-/// the world: only for listings.
+/// the world: only for listings, whose callers bound the output by
+/// kMaxListedIntegers first.
 std::vector<std::vector<int64_t>>
 listGroupsOf(const Mesh &mesh, const AxisRefList &refs,
              const LiveMembers *live = nullptr);

@@ -17,6 +17,7 @@
 #ifndef MESHPLAN_SUPPORT_JSON_H
 #define MESHPLAN_SUPPORT_JSON_H
 
+#include "meshplan/Core/Limits.h"
 #include "meshplan/Core/Result.h"
 
 #include <nlohmann/json.hpp>
@@ -34,11 +35,11 @@ namespace meshplan::json {
 /// one the user wrote.
 using Json = nlohmann::ordered_json;
 
-/// Default largest nesting depth accepted; deeper documents are refused
-/// before any recursive code sees them.
-constexpr int kMaxJsonDepth = 64;
-/// Default largest file readFile accepts.
-constexpr int64_t kMaxFileBytes = int64_t(64) << 20;
+/// Default largest nesting depth accepted (deeper documents are refused
+/// before any recursive code sees them) and largest file readFile accepts;
+/// both live with every other limit in Core/Limits.h.
+using meshplan::kMaxFileBytes;
+using meshplan::kMaxJsonDepth;
 
 /// Parses a whole document. Malformed JSON gives "line L, column C: ...";
 /// a duplicate key gives "<pointer>: duplicate key"; nesting deeper than
