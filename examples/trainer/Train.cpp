@@ -47,6 +47,7 @@ const char *kUsage =
     "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"
     "                      [--batch B] [--seq-len T] [--seed S] [--data PATH]\n"
     "                      [--save-params DIR] [--resume-after K]\n"
+    "                      [--load-checkpoint DIR] [--save-checkpoint DIR]\n"
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
     "                      [--reference | --plain-reference]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
@@ -604,9 +605,24 @@ Result<void> RankTrainer::run() {
     std::fflush(stdout);
   }
 
+  int64_t first = 1;
+  if (!flags.loadCheckpoint.empty()) {
+    auto state = session->loadCheckpoint(flags.loadCheckpoint);
+    if (!state)
+      return state.error().within("--load-checkpoint");
+    if (state->step >= flags.steps)
+      return makeError("--load-checkpoint: the checkpoint is at step " +
+                       std::to_string(state->step) + ", not below --steps " +
+                       std::to_string(flags.steps));
+    MESHPLAN_TRY(session->resumeAfter(state->step));
+    first = state->step + 1;
+    if (printer)
+      std::printf("loaded %s: continuing at step %lld\n",
+                  flags.loadCheckpoint.c_str(), (long long)first);
+  }
   std::vector<double> losses, walls, computes, comms, exposeds, overheads,
       callbackComputes, planExposed;
-  for (int64_t step = 1; step <= flags.steps; ++step) {
+  for (int64_t step = first; step <= flags.steps; ++step) {
     if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
       // Keep every persistent shard in memory, end this session, and go on
       // in a fresh one from those bytes.
@@ -669,6 +685,22 @@ Result<void> RankTrainer::run() {
   }
   if (!flags.saveParams.empty())
     MESHPLAN_TRY(saveParams());
+  if (!flags.saveCheckpoint.empty()) {
+    ckpt::CheckpointInfo info;
+    info.model = {planned.spec.model->name, ""};
+    auto specText = plan::readTextFile(flags.spec);
+    info.spec = {flags.spec,
+                 specText ? ckpt::fingerprintOf(*specText) : std::string()};
+    if (const auto &o = session->plan().optimizer) {
+      info.training.seed = int64_t(o->seed);
+      info.training.stochasticRounding = o->stochasticRounding;
+    }
+    info.generator = "meshplan-train";
+    MESHPLAN_TRY(session->saveCheckpoint(flags.saveCheckpoint, info));
+    if (printer)
+      std::printf("saved checkpoint %s at step %lld\n",
+                  flags.saveCheckpoint.c_str(), (long long)session->stepsDone());
+  }
   MESHPLAN_TRY(session->close());
   if (printer && !losses.empty()) {
     size_t n = std::min<size_t>(10, losses.size());
@@ -730,6 +762,10 @@ int main(int argc, char **argv) {
       flags.resumeAfter = parseCount(a, next(), 0, INT64_MAX);
     else if (a == "--save-params")
       flags.saveParams = next();
+    else if (a == "--load-checkpoint")
+      flags.loadCheckpoint = next();
+    else if (a == "--save-checkpoint")
+      flags.saveCheckpoint = next();
     else if (a == "--synthetic-grads")
       flags.syntheticGrads = true;
     else if (a == "--cost-model")

@@ -47,6 +47,11 @@ struct TrainFlags {
   /// session (-1: no).
   int64_t resumeAfter = -1;
   std::string saveParams; ///< directory for the final parameters
+  /// A checkpoint to start from (any layout of the same model): the run
+  /// continues at its step + 1.
+  std::string loadCheckpoint;
+  /// Where to save a checkpoint after the last step.
+  std::string saveCheckpoint;
   int64_t logEvery = 1;
   /// Measure this machine's collective latency and bandwidth at start and
   /// print the plan's cost model with them beside the measured step.

@@ -24,6 +24,8 @@
 #include "meshplan/Plan/Template.h"
 #include "meshplan/Runtime/Kernels.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -221,6 +223,7 @@ struct Session::Impl {
   ComputeCallback fallback;
   std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
   int64_t steps = 0;
+  int64_t checkpointsSaved = 0; ///< numbers the store keys of each save
   StepProfile profile;
   bool broken = false;
   bool closed = false;
@@ -1182,6 +1185,211 @@ std::vector<std::string> Session::createdCommunicators() const {
     if (impl->comms[i])
       out.push_back(impl->plan.communicators[i].id);
   return out;
+}
+
+
+//===----------------------------------------------------------------------===//
+// Checkpoints
+//===----------------------------------------------------------------------===//
+
+namespace {
+using nlohmann::json;
+
+std::vector<char> recordsToBytes(const ckpt::RankRecords &r) {
+  json chunks = json::array();
+  for (const ckpt::ChunkRecord &c : r.chunks) {
+    json j{{"tensor", c.tensor},
+           {"kind", std::string(ckpt::tensorKindName(c.kind))},
+           {"dtype", std::string(plan::dtypeName(c.dtype))},
+           {"global_shape", c.globalShape},
+           {"layout", c.layout},
+           {"declaration_only", c.declarationOnly},
+           {"offset", c.chunk.box.offset},
+           {"shape", c.chunk.box.shape},
+           {"file", c.chunk.file},
+           {"byte_offset", c.chunk.byteOffset},
+           {"length", c.chunk.length},
+           {"crc32c", c.chunk.crc32c}};
+    if (c.tensorId)
+      j["tensor_id"] = *c.tensorId;
+    chunks.push_back(std::move(j));
+  }
+  json j{{"rank", r.rank},
+         {"file", r.file},
+         {"file_bytes", r.fileBytes},
+         {"block_bytes", r.blockBytes},
+         {"chunks", std::move(chunks)}};
+  std::string text = "ok" + j.dump();
+  return {text.begin(), text.end()};
+}
+
+/// The records a rank put in the store, or the error it put there instead.
+/// The values come from this job's own ranks; a malformed one is still an
+/// error, not a crash.
+Result<ckpt::RankRecords> recordsFromBytes(const std::vector<char> &bytes,
+                                           int64_t rank) {
+  std::string text(bytes.begin(), bytes.end());
+  std::string who = "rank " + std::to_string(rank) + ": ";
+  if (!text.starts_with("ok"))
+    return makeError(who + text);
+  json j = json::parse(text.begin() + 2, text.end(), nullptr, false);
+  auto bad = [&] {
+    return makeError(who + "malformed checkpoint records in the store");
+  };
+  if (j.is_discarded() || !j.is_object())
+    return bad();
+  ckpt::RankRecords r;
+  try {
+    r.rank = j.at("rank").get<int64_t>();
+    r.file = j.at("file").get<std::string>();
+    r.fileBytes = j.at("file_bytes").get<int64_t>();
+    r.blockBytes = j.at("block_bytes").get<int64_t>();
+    for (const json &c : j.at("chunks")) {
+      ckpt::ChunkRecord rec;
+      rec.tensor = c.at("tensor").get<std::string>();
+      std::string kind = c.at("kind").get<std::string>();
+      rec.kind = kind == ckpt::tensorKindName(ckpt::TensorKind::Parameter)
+                     ? ckpt::TensorKind::Parameter
+                     : ckpt::TensorKind::OptimizerState;
+      auto dtype = plan::parseDType(c.at("dtype").get<std::string>());
+      if (!dtype)
+        return bad();
+      rec.dtype = *dtype;
+      rec.globalShape = c.at("global_shape").get<std::vector<int64_t>>();
+      rec.layout = c.at("layout").get<std::string>();
+      rec.declarationOnly = c.at("declaration_only").get<bool>();
+      if (c.contains("tensor_id"))
+        rec.tensorId = c.at("tensor_id").get<int64_t>();
+      rec.chunk.box.offset = c.at("offset").get<std::vector<int64_t>>();
+      rec.chunk.box.shape = c.at("shape").get<std::vector<int64_t>>();
+      rec.chunk.file = c.at("file").get<std::string>();
+      rec.chunk.byteOffset = c.at("byte_offset").get<int64_t>();
+      rec.chunk.length = c.at("length").get<int64_t>();
+      rec.chunk.crc32c = c.at("crc32c").get<std::vector<uint32_t>>();
+      r.chunks.push_back(std::move(rec));
+    }
+  } catch (const std::exception &) {
+    return bad();
+  }
+  return r;
+}
+
+std::vector<char> statusBytes(const Result<void> &ok) {
+  std::string text = ok ? "ok" : "error: " + ok.error().message;
+  return {text.begin(), text.end()};
+}
+
+Result<void> statusFrom(const std::vector<char> &bytes) {
+  std::string text(bytes.begin(), bytes.end());
+  if (text == "ok")
+    return {};
+  return makeError(text.starts_with("error: ") ? text.substr(7) : text);
+}
+} // namespace
+
+Result<void> Session::saveCheckpoint(const std::string &dir,
+                                     ckpt::CheckpointInfo info) {
+  Impl &m = *impl;
+  if (m.broken)
+    return makeError("an earlier step failed; this session cannot save");
+  auto boxes = ckpt::persistentBoxesOf(m.plan);
+  if (!boxes)
+    return boxes.error();
+  if (info.training.step == 0)
+    info.training.step = m.steps;
+  if (info.mesh.empty() && m.mesh)
+    info.mesh = m.mesh->str();
+  int64_t rank = m.plan.rank, world = m.options.worldSize;
+  std::string base = "ckpt/" + std::to_string(m.checkpointsSaved++) + "/";
+  Backend &store = *m.backend;
+  // 1. Rank 0 makes a fresh staging directory; the others wait for it.
+  if (rank == 0) {
+    Result<void> begun = ckpt::beginCheckpoint(dir);
+    MESHPLAN_TRY(store.storeSet(base + "begin", statusBytes(begun)));
+    MESHPLAN_TRY(begun);
+  } else {
+    auto begun = store.storeGet(base + "begin");
+    if (!begun)
+      return begun.error();
+    MESHPLAN_TRY(statusFrom(*begun));
+  }
+  // 2. Every rank writes what it owns, in parallel, and posts its records.
+  std::vector<ckpt::SaveBox> save;
+  for (const ckpt::PersistentBox &b : *boxes) {
+    auto it = m.bufferIds.find(b.bufferId);
+    if (it == m.bufferIds.end())
+      return makeError("checkpoint: no buffer \"" + b.bufferId + "\"");
+    const BufferState &s = m.buffers[size_t(it->second)];
+    save.push_back({&b, std::span<const std::byte>(s.data)});
+  }
+  auto records = ckpt::writeRankData(dir, rank, save);
+  MESHPLAN_TRY(store.storeSet(
+      base + "rank" + std::to_string(rank),
+      records ? recordsToBytes(*records)
+              : statusBytes(records.error().within("rank " +
+                                                   std::to_string(rank)))));
+  if (!records)
+    return records.error();
+  // 3. Rank 0 gathers every rank's records (the metadata lists them all)
+  // and commits; everyone returns what the commit did.
+  if (rank == 0) {
+    std::vector<ckpt::RankRecords> all;
+    Result<void> committed;
+    for (int64_t r = 0; r < world && committed; ++r) {
+      auto bytes = store.storeGet(base + "rank" + std::to_string(r));
+      if (!bytes) {
+        committed = bytes.error();
+        break;
+      }
+      auto rec = recordsFromBytes(*bytes, r);
+      if (!rec)
+        committed = rec.error();
+      else
+        all.push_back(std::move(*rec));
+    }
+    if (committed) {
+      auto meta = ckpt::commitCheckpoint(dir, info, all);
+      if (!meta)
+        committed = meta.error();
+    }
+    MESHPLAN_TRY(store.storeSet(base + "done", statusBytes(committed)));
+    return committed;
+  }
+  auto done = store.storeGet(base + "done");
+  if (!done)
+    return done.error();
+  return statusFrom(*done);
+}
+
+Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
+  Impl &m = *impl;
+  auto meta = ckpt::readCheckpointMetadata(dir);
+  if (!meta)
+    return meta.error();
+  auto boxes = ckpt::persistentBoxesOf(m.plan);
+  if (!boxes)
+    return boxes.error();
+  MESHPLAN_TRY(ckpt::checkLoadable(*meta, *boxes));
+  // Everything into fresh buffers first: a failure changes nothing.
+  std::vector<std::pair<int, std::vector<std::byte>>> loaded;
+  for (const ckpt::PersistentBox &b : *boxes) {
+    auto it = m.bufferIds.find(b.bufferId);
+    if (it == m.bufferIds.end())
+      return makeError("checkpoint: no buffer \"" + b.bufferId + "\"");
+    auto bytes =
+        ckpt::loadBox(*meta, b.tensor, b.globalShape, b.box, b.dtype);
+    if (!bytes)
+      return bytes.error();
+    if (bytes->size() != m.buffers[size_t(it->second)].data.size())
+      return makeError("checkpoint: " + b.tensor + " loads " +
+                       std::to_string(bytes->size()) + " bytes into buffer \"" +
+                       b.bufferId + "\" of " +
+                       std::to_string(m.buffers[size_t(it->second)].data.size()));
+    loaded.emplace_back(it->second, std::move(*bytes));
+  }
+  for (auto &[index, bytes] : loaded)
+    m.buffers[size_t(index)].data = std::move(bytes);
+  return meta->training;
 }
 
 } // namespace meshplan::runtime

@@ -113,6 +113,14 @@ public:
   /// with the group, never with the world). Every member must call it.
   virtual Result<std::unique_ptr<Communicator>>
   createCommunicator(const GroupSpec &group) = 0;
+
+  /// The job's rendezvous store, for small out-of-band exchanges that need
+  /// no communicator (a checkpoint's chunk records go to one rank through
+  /// it). Keys are namespaced by the job; a key is written once.
+  virtual Result<void> storeSet(const std::string &key,
+                                const std::vector<char> &value) = 0;
+  /// Waits up to the timeout for `key`, then returns its value.
+  virtual Result<std::vector<char>> storeGet(const std::string &key) = 0;
 };
 
 /// The Gloo backend (TCP transport; FileStore or RedisStore rendezvous).

@@ -22,6 +22,7 @@
 #ifndef MESHPLAN_RUNTIME_SESSION_H
 #define MESHPLAN_RUNTIME_SESSION_H
 
+#include "meshplan/Checkpoint/Checkpoint.h"
 #include "meshplan/Core/Result.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Runtime/Backend.h"
@@ -175,6 +176,23 @@ public:
   /// after a failed step: peers may be gone. Idempotent; the destructor
   /// calls it.
   Result<void> close();
+
+  /// Saves every parameter shard and optimizer state as a checkpoint at
+  /// `dir` (docs/checkpoint-format.md). Collective: every rank calls it at
+  /// the same point. Each rank writes the boxes it owns into its own data
+  /// file in parallel; rank 0 gathers the chunk records through the store
+  /// and commits, so the directory appears atomically, complete or not at
+  /// all (a previous checkpoint at `dir` stays loadable until then). Every
+  /// rank returns the same outcome. `info` records the model, the spec and
+  /// the training state (its step is this session's steps done when 0).
+  Result<void> saveCheckpoint(const std::string &dir,
+                              ckpt::CheckpointInfo info);
+  /// Loads this rank's box of every parameter and optimizer state from a
+  /// checkpoint written under any layout of the same model: it reads only
+  /// the checksum blocks its boxes intersect and verifies them; nothing is
+  /// changed unless every box loads. Returns the recorded training state
+  /// (resumeAfter(state.step) continues the run). Not collective.
+  Result<ckpt::TrainingState> loadCheckpoint(const std::string &dir);
 
   /// Persistent buffers (parameter shards, optimizer state) by id.
   Result<TensorView> tensor(const std::string &id);

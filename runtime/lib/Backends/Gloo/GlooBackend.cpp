@@ -527,6 +527,21 @@ public:
         group, context, options.timeout, options.keyOrderReductions));
   }
 
+  Result<void> storeSet(const std::string &key,
+                        const std::vector<char> &value) override {
+    return guarded([&] { store->set(options.job + "/kv/" + key, value); });
+  }
+
+  Result<std::vector<char>> storeGet(const std::string &key) override {
+    std::vector<char> value;
+    std::string full = options.job + "/kv/" + key;
+    MESHPLAN_TRY(guarded([&] {
+      store->wait({full}, options.timeout);
+      value = store->get(full);
+    }));
+    return value;
+  }
+
 private:
   explicit GlooBackend(BackendOptions o) : options(std::move(o)) {}
   BackendOptions options;
