@@ -26,6 +26,7 @@
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -472,6 +473,15 @@ private:
 class GlooBackend final : public Backend {
 public:
   static Result<std::unique_ptr<Backend>> create(const BackendOptions &o) {
+    // A peer that dies mid-collective closes its sockets, and writing to one
+    // raises SIGPIPE, whose default action kills this process without a word
+    // before Gloo can report the broken connection (the error would name the
+    // communicator and the instruction). Ignore it, unless the program chose
+    // its own handler (CPython, which loads the C API, ignores it already).
+    struct sigaction current {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+        current.sa_handler == SIG_DFL)
+      signal(SIGPIPE, SIG_IGN);
     auto backend = std::unique_ptr<GlooBackend>(new GlooBackend(o));
     std::string host = o.hostname;
     if (const char *env = std::getenv("MESHPLAN_HOSTNAME"); env && *env)
