@@ -32,7 +32,7 @@ elapsed=$(( $(date +%s) - start ))
 for r in 0 2; do
   rc=$(cat "$work/rc$r")
   [[ $rc != 0 && $rc != 124 ]] || fail "rank $r: exit $rc (expected an error exit, not 0 or a hang)"
-  grep -q 'on communicator "comm_mesh_fsdp"' "$work/err$r" || fail "rank $r: error does not name the communicator: $(cat "$work/err$r")"
+  grep -q 'on communicator "comm_mesh_fsdp"' "$work/err$r" || fail "rank $r (exit $rc): error does not name the communicator: $(cat "$work/err$r")"
   grep -q 'collective #[0-9]* of step 2' "$work/err$r" || fail "rank $r: error does not number the collective: $(cat "$work/err$r")"
   grep -q 'instruction "i[0-9]*" (' "$work/err$r" || fail "rank $r: error does not name the instruction: $(cat "$work/err$r")"
   echo "survivor rank $r: $(cat "$work/err$r")"
