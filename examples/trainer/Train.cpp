@@ -699,7 +699,8 @@ Result<void> RankTrainer::run() {
     MESHPLAN_TRY(session->saveCheckpoint(flags.saveCheckpoint, info));
     if (printer)
       std::printf("saved checkpoint %s at step %lld\n",
-                  flags.saveCheckpoint.c_str(), (long long)session->stepsDone());
+                  flags.saveCheckpoint.c_str(),
+                  (long long)session->stepsDone());
   }
   MESHPLAN_TRY(session->close());
   if (printer && !losses.empty()) {
