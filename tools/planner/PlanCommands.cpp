@@ -125,6 +125,31 @@ static std::string meshText(const Mesh &mesh) {
   return out;
 }
 
+PlannedRanks meshplan::cli::planEveryRank(
+    const SpecFlags &flags,
+    const std::function<void(const plan::Plan &)> &perRank) {
+  Planned p = planOrThrow(flags, std::nullopt);
+  const plan::PreparedTemplate &prepared = *p.prepared;
+  PlannedRanks out;
+  out.modelName = p.spec.model->name;
+  out.mesh = prepared.mesh().str();
+  out.worldSize = prepared.mesh().size();
+  // Same bound as plan --all: every rank is instantiated.
+  if (out.worldSize > kMaxPlanDirectoryRanks)
+    throw CliError("--spec: the mesh has " + std::to_string(out.worldSize) +
+                   " ranks; checkpoint commands plan at most " +
+                   kMaxPlanDirectoryRanksText + " (docs/limits.md)");
+  if (auto text = plan::readTextFile(flags.spec))
+    out.specText = std::move(*text);
+  for (int64_t rank : prepared.ranks()) {
+    auto plan = prepared.instantiate(rank, /*withEstimates=*/false);
+    if (!plan)
+      throw std::runtime_error("internal error: " + plan.error().message);
+    perRank(*plan);
+  }
+  return out;
+}
+
 //===----------------------------------------------------------------------===//
 // plan
 //===----------------------------------------------------------------------===//

@@ -11,8 +11,13 @@
 #define MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+
+namespace meshplan::plan {
+struct Plan;
+} // namespace meshplan::plan
 
 namespace meshplan::cli {
 
@@ -60,6 +65,19 @@ struct TraceOptions {
   std::string output;
 };
 std::string runTraceCommand(const TraceOptions &options);
+
+/// What the checkpoint commands (`ckpt reshard`, `ckpt import`) need of a
+/// spec: plans it as `plan --all` does (same loading, flags and errors) and
+/// hands every rank's plan to `perRank`, one at a time, in rank order.
+struct PlannedRanks {
+  std::string modelName;
+  std::string mesh; ///< Mesh::str()
+  int64_t worldSize = 0;
+  std::string specText; ///< the spec file's bytes, for its fingerprint
+};
+PlannedRanks
+planEveryRank(const SpecFlags &flags,
+              const std::function<void(const plan::Plan &)> &perRank);
 
 } // namespace meshplan::cli
 

@@ -1,13 +1,15 @@
 //===- main.cpp - The meshplan command-line tool --------------------------===//
 //
 // Subcommands: plan, explain, trace, verify, mesh, layout, redistribute, run
-// (the launcher; its exit codes are the job's: docs/runtime.md). Every
+// (the launcher; its exit codes are the job's: docs/runtime.md), ckpt
+// (offline checkpoint commands: docs/checkpoint-format.md). Every
 // user error prints one line "meshplan: error: <flag>: <what is wrong>" on
 // stderr, exits with code 2 and prints nothing on stdout. `verify` exits with 1
 // (report on stderr) when a well-formed plan set fails verification.
 //
 //===----------------------------------------------------------------------===//
 
+#include "CkptCommands.h"
 #include "Commands.h"
 #include "PlanCommands.h"
 #include "RunCommand.h"
@@ -190,6 +192,60 @@ int main(int argc, char **argv) {
                    "Seconds between SIGTERM and SIGKILL when stopping the "
                    "ranks (default 5)")
       ->type_name("SECONDS");
+  CLI::App *ckptCmd = app.add_subcommand(
+      "ckpt", "Offline checkpoint commands: inspect, verify, reshard, "
+              "export, import (docs/checkpoint-format.md)");
+  ckptCmd->require_subcommand(1);
+  CkptInspectOptions ckptInspectOptions;
+  CLI::App *ckptInspectCmd = ckptCmd->add_subcommand(
+      "inspect", "Show a checkpoint's tensors, chunks, sizes and what wrote "
+                 "it");
+  ckptInspectCmd->add_option("dir", ckptInspectOptions.dir, "Checkpoint")
+      ->required();
+  ckptInspectCmd->add_flag("--chunks", ckptInspectOptions.chunks,
+                           "List every chunk under its tensor");
+  ckptInspectCmd->add_flag("--json", ckptInspectOptions.json, "Print JSON");
+  CkptVerifyOptions ckptVerifyOptions;
+  CLI::App *ckptVerifyCmd = ckptCmd->add_subcommand(
+      "verify", "Check every checksum and that the chunks tile every tensor "
+                "exactly once (exit 0: ok, 1: a checksum fails, 2: bad "
+                "input)");
+  ckptVerifyCmd->add_option("dir", ckptVerifyOptions.dir, "Checkpoint")
+      ->required();
+  CkptReshardOptions ckptReshardOptions;
+  CLI::App *ckptReshardCmd = ckptCmd->add_subcommand(
+      "reshard", "Rewrite a checkpoint for the layout of another spec, "
+                 "without a trainer");
+  ckptReshardCmd->add_option("dir", ckptReshardOptions.dir, "Checkpoint")
+      ->required();
+  addSpecFlags(ckptReshardCmd, ckptReshardOptions.spec);
+  ckptReshardCmd
+      ->add_option("-o,--output", ckptReshardOptions.out,
+                   "Output checkpoint (new, or an existing checkpoint, "
+                   "replaced atomically)")
+      ->required();
+  CkptExportOptions ckptExportOptions;
+  CLI::App *ckptExportCmd = ckptCmd->add_subcommand(
+      "export", "Write a checkpoint's whole parameters as a safetensors file");
+  ckptExportCmd->add_option("dir", ckptExportOptions.dir, "Checkpoint")
+      ->required();
+  ckptExportCmd
+      ->add_option("-o,--output", ckptExportOptions.out, "safetensors file")
+      ->required();
+  CkptImportOptions ckptImportOptions;
+  CLI::App *ckptImportCmd = ckptCmd->add_subcommand(
+      "import", "Make a checkpoint for a spec's layout from a safetensors "
+                "file of its model's parameters (optimizer state zero, "
+                "step 0)");
+  ckptImportCmd->add_option("file", ckptImportOptions.file, "safetensors file")
+      ->required();
+  addSpecFlags(ckptImportCmd, ckptImportOptions.spec);
+  ckptImportCmd
+      ->add_option("-o,--output", ckptImportOptions.out,
+                   "Output checkpoint (new, or an existing checkpoint, "
+                   "replaced atomically)")
+      ->required();
+
   // PROGRAM and its arguments never reach CLI11, so their flags stay theirs.
   std::vector<char *> cliArgs =
       splitRunCommandLine(*runCmd, argc, argv, runOptions.program);
@@ -202,7 +258,7 @@ int main(int argc, char **argv) {
     std::cerr << "meshplan: error: " << e.what();
     if (app.get_subcommands().empty())
       std::cerr << " (subcommands: plan, explain, trace, verify, mesh, "
-                   "layout, redistribute, run; see "
+                   "layout, redistribute, run, ckpt; see "
                    "'meshplan --help')";
     std::cerr << "\n";
     return 2;
@@ -217,6 +273,17 @@ int main(int argc, char **argv) {
       std::cout << v.out;
       std::cerr << v.err;
       return v.exitCode;
+    }
+    if (ckptCmd->parsed()) {
+      CommandOutput c =
+          ckptInspectCmd->parsed()   ? runCkptInspectCommand(ckptInspectOptions)
+          : ckptVerifyCmd->parsed()  ? runCkptVerifyCommand(ckptVerifyOptions)
+          : ckptReshardCmd->parsed() ? runCkptReshardCommand(ckptReshardOptions)
+          : ckptExportCmd->parsed()  ? runCkptExportCommand(ckptExportOptions)
+                                     : runCkptImportCommand(ckptImportOptions);
+      std::cout << c.out;
+      std::cerr << c.err;
+      return c.exitCode;
     }
     if (planCmd->parsed()) {
       CommandOutput p = runPlanCommand(planOptions);
