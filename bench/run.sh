@@ -32,6 +32,12 @@ if [[ -x "$program" ]]; then
   echo "== $program"
   "$program" || status=$?
 fi
+# Forks its own 4 ranks; writes about 2 GiB under /tmp (deleted after).
+program="$build_dir/bin/bench-checkpoint"
+if [[ -x "$program" ]]; then
+  echo "== $program"
+  "$program" || status=$?
+fi
 # Starts meshplan-train on 8 processes itself (build/bin/meshplan-train).
 program="$build_dir/bin/bench-trainer"
 if [[ -x "$program" ]]; then

@@ -290,4 +290,66 @@ int mp_find_tensor(mp_session *s, const char *id, mp_tensor *out) {
   }
 }
 
+int mp_session_save_checkpoint(mp_session *s, const char *dir,
+                               const char *model_name, const char *spec_name,
+                               int64_t seed) {
+  try {
+    if (!s || !dir)
+      return fail(MP_ERROR_INVALID,
+                  "mp_session_save_checkpoint: NULL session or dir");
+    if (!*dir)
+      return fail(MP_ERROR_INVALID, "mp_session_save_checkpoint: empty dir");
+    if (seed < -1)
+      return fail(MP_ERROR_INVALID, "mp_session_save_checkpoint: seed " +
+                                        std::to_string(seed) +
+                                        " (>= 0, or -1 for the plan's)");
+    ckpt::CheckpointInfo info;
+    info.model = {model_name ? model_name : "", ""};
+    info.spec = {spec_name ? spec_name : "", ""};
+    const auto &opt = s->session->plan().optimizer;
+    info.training.seed = seed >= 0 ? seed : opt ? int64_t(opt->seed) : 0;
+    info.training.stochasticRounding = opt && opt->stochasticRounding;
+    info.generator = "meshplan C API";
+    auto r = s->session->saveCheckpoint(dir, std::move(info));
+    if (!r)
+      return fail(MP_ERROR_RUNTIME, r.error().message);
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
+int mp_session_load_checkpoint(mp_session *s, const char *dir,
+                               int64_t *step_out) {
+  try {
+    if (!s || !dir)
+      return fail(MP_ERROR_INVALID,
+                  "mp_session_load_checkpoint: NULL session or dir");
+    auto state = s->session->loadCheckpoint(dir);
+    if (!state)
+      return fail(MP_ERROR_RUNTIME, state.error().message);
+    if (step_out)
+      *step_out = state->step;
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
+int mp_resume_after(mp_session *s, int64_t steps) {
+  try {
+    if (!s)
+      return fail(MP_ERROR_INVALID, "mp_resume_after: NULL session");
+    if (steps < 0)
+      return fail(MP_ERROR_INVALID,
+                  "mp_resume_after: steps " + std::to_string(steps) + " < 0");
+    auto r = s->session->resumeAfter(steps);
+    if (!r)
+      return fail(MP_ERROR_RUNTIME, r.error().message);
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
 } // extern "C"

@@ -1187,7 +1187,6 @@ std::vector<std::string> Session::createdCommunicators() const {
   return out;
 }
 
-
 //===----------------------------------------------------------------------===//
 // Checkpoints
 //===----------------------------------------------------------------------===//
@@ -1279,6 +1278,20 @@ std::vector<char> statusBytes(const Result<void> &ok) {
   return {text.begin(), text.end()};
 }
 
+/// Test hook (test/trainer/checkpoint-kill.sh):
+/// MESHPLAN_TEST_SLOW_CHECKPOINT_MS = N makes saveCheckpoint sleep N ms at each
+/// of its phase boundaries (after the staging directory is made, after a rank's
+/// data file is written, after the staged metadata and after the rename), so
+/// that a test can kill -9 a rank at a chosen point. Not for production use.
+void slowCheckpointForTests() {
+  static const int64_t ms = [] {
+    const char *v = std::getenv("MESHPLAN_TEST_SLOW_CHECKPOINT_MS");
+    return v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(0);
+  }();
+  if (ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 Result<void> statusFrom(const std::vector<char> &bytes) {
   std::string text(bytes.begin(), bytes.end());
   if (text == "ok")
@@ -1305,6 +1318,7 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   // 1. Rank 0 makes a fresh staging directory; the others wait for it.
   if (rank == 0) {
     Result<void> begun = ckpt::beginCheckpoint(dir);
+    slowCheckpointForTests();
     MESHPLAN_TRY(store.storeSet(base + "begin", statusBytes(begun)));
     MESHPLAN_TRY(begun);
   } else {
@@ -1323,11 +1337,11 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
     save.push_back({&b, std::span<const std::byte>(s.data)});
   }
   auto records = ckpt::writeRankData(dir, rank, save);
-  MESHPLAN_TRY(store.storeSet(
-      base + "rank" + std::to_string(rank),
-      records ? recordsToBytes(*records)
-              : statusBytes(records.error().within("rank " +
-                                                   std::to_string(rank)))));
+  slowCheckpointForTests();
+  MESHPLAN_TRY(store.storeSet(base + "rank" + std::to_string(rank),
+                              records ? recordsToBytes(*records)
+                                      : statusBytes(records.error().within(
+                                            "rank " + std::to_string(rank)))));
   if (!records)
     return records.error();
   // 3. Rank 0 gathers every rank's records (the metadata lists them all)
@@ -1348,9 +1362,18 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
         all.push_back(std::move(*rec));
     }
     if (committed) {
-      auto meta = ckpt::commitCheckpoint(dir, info, all);
+      // ckpt::commitCheckpoint, in its steps (the test hook goes between).
+      auto meta = ckpt::assembleMetadata(info, all);
       if (!meta)
         committed = meta.error();
+      else
+        committed = ckpt::writeStagedMetadata(dir, *meta);
+      if (committed) {
+        slowCheckpointForTests();
+        committed = ckpt::publishCheckpoint(dir);
+      }
+      if (committed)
+        slowCheckpointForTests();
     }
     MESHPLAN_TRY(store.storeSet(base + "done", statusBytes(committed)));
     return committed;
@@ -1370,25 +1393,36 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   if (!boxes)
     return boxes.error();
   MESHPLAN_TRY(ckpt::checkLoadable(*meta, *boxes));
-  // Everything into fresh buffers first: a failure changes nothing.
-  std::vector<std::pair<int, std::vector<std::byte>>> loaded;
+  // Everything into fresh memory first (not zero-filled: every byte is
+  // overwritten): a failure changes nothing.
+  struct Loaded {
+    int index;
+    std::unique_ptr<std::byte[]> bytes;
+    size_t size;
+  };
+  std::vector<Loaded> loaded;
   for (const ckpt::PersistentBox &b : *boxes) {
     auto it = m.bufferIds.find(b.bufferId);
     if (it == m.bufferIds.end())
       return makeError("checkpoint: no buffer \"" + b.bufferId + "\"");
-    auto bytes =
-        ckpt::loadBox(*meta, b.tensor, b.globalShape, b.box, b.dtype);
-    if (!bytes)
-      return bytes.error();
-    if (bytes->size() != m.buffers[size_t(it->second)].data.size())
+    size_t size = m.buffers[size_t(it->second)].data.size();
+    int64_t want = b.box.numElements() * plan::dtypeBytes(b.dtype);
+    if (want < 0 || size_t(want) != size)
       return makeError("checkpoint: " + b.tensor + " loads " +
-                       std::to_string(bytes->size()) + " bytes into buffer \"" +
-                       b.bufferId + "\" of " +
-                       std::to_string(m.buffers[size_t(it->second)].data.size()));
-    loaded.emplace_back(it->second, std::move(*bytes));
+                       std::to_string(want) + " bytes into buffer \"" +
+                       b.bufferId + "\" of " + std::to_string(size));
+    auto bytes = std::make_unique_for_overwrite<std::byte[]>(size);
+    MESHPLAN_TRY(ckpt::loadBoxInto(*meta, b.tensor, b.globalShape, b.box,
+                                   b.dtype, {bytes.get(), size}));
+    loaded.push_back({it->second, std::move(bytes), size});
   }
-  for (auto &[index, bytes] : loaded)
-    m.buffers[size_t(index)].data = std::move(bytes);
+  // Copied into the existing buffers (same sizes, checked above), so that
+  // the data pointers handed out earlier (TensorView, the C API's
+  // mp_tensor) stay valid.
+  for (Loaded &l : loaded)
+    if (l.size)
+      std::memcpy(m.buffers[size_t(l.index)].data.data(), l.bytes.get(),
+                  l.size);
   return meta->training;
 }
 

@@ -3,7 +3,11 @@
 # (both ranks), then runs 2 steps of each rank's plan under `meshplan run`
 # through the C API (libmeshplan_runtime.so) from Python ctypes, each rank
 # checking its shards against a pure-Python AdamW reference
-# (test/runtime/capi_test.py).
+# (test/runtime/capi_test.py). The same run then saves a checkpoint
+# (mp_session_save_checkpoint), checks a refused save, and loads it back into
+# its own session byte-exact (mp_session_load_checkpoint); a second job on 3
+# ranks (FSDP 3: uneven shards, another layout) loads it, continues with
+# mp_resume_after and checks step 3 against the reference.
 #
 #   capi.sh BIN_DIR LIB_DIR
 set -euo pipefail
@@ -14,4 +18,19 @@ trap 'rm -rf "$plans"' EXIT
 "$bin/meshplan" plan --spec "$here/specs/fsdp2-fp32.json" --model tiny --all \
   -o "$plans/plans" >/dev/null
 "$bin/meshplan" run -n 2 --timeout 30 -- \
-  python3 "$here/capi_test.py" "$plans/plans" "$lib/libmeshplan_runtime.so"
+  python3 "$here/capi_test.py" "$plans/plans" "$lib/libmeshplan_runtime.so" \
+  --save "$plans/ckpt"
+# The same model and optimizer on FSDP 3.
+python3 - "$here/specs/fsdp2-fp32.json" "$plans/fsdp3-fp32.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["description"] = "runtime.capi: fsdp2-fp32.json on FSDP 3"
+spec["world_size"] = 3
+spec["mesh"]["axes"][0]["size"] = 3
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+"$bin/meshplan" plan --spec "$plans/fsdp3-fp32.json" --model tiny --all \
+  -o "$plans/plans3" >/dev/null
+"$bin/meshplan" run -n 3 --timeout 30 -- \
+  python3 "$here/capi_test.py" "$plans/plans3" "$lib/libmeshplan_runtime.so" \
+  --resume "$plans/ckpt"

@@ -10,7 +10,21 @@ single-process reference on whole tensors (every float operation rounded to
 fp32 in the order of kernels::adamwFp32). Forward calls check that the
 gathered parameters equal the reference's. Tolerance: 1e-5 relative.
 
-Usage: capi_test.py PLAN_DIR LIBMESHPLAN_RUNTIME_SO
+With --save CKPT (after the checks above): saves a checkpoint at CKPT
+(mp_session_save_checkpoint, collective), checks that a save under a missing
+parent directory fails on every rank with a message, overwrites every
+parameter shard and optimizer state with garbage, loads CKPT back into the
+same session (mp_session_load_checkpoint) and checks the bytes equal the
+saved ones and the recorded step is 2; a load from a missing directory fails
+with a message and changes nothing; mp_resume_after after a step is refused.
+
+With --resume CKPT (another job, any plan of the tiny model): loads CKPT
+before any step, checks the loaded shards against the reference after 2
+steps, continues with mp_resume_after and runs step 3, checked against the
+reference after 3 steps (the reference assumes every step has as many
+microbatches as step 3).
+
+Usage: capi_test.py PLAN_DIR LIBMESHPLAN_RUNTIME_SO [--save CKPT | --resume CKPT]
 """
 import ctypes as C
 import json
@@ -22,7 +36,7 @@ import threading
 
 STEPS = 2
 RTOL = 1e-5
-MP_OK, MP_ERROR_NOT_FOUND = 0, 3
+MP_OK, MP_ERROR_INVALID, MP_ERROR_RUNTIME, MP_ERROR_NOT_FOUND = 0, 1, 2, 3
 MP_TENSORS_PARAMETERS, MP_TENSORS_OPTIMIZER_STATE = 0, 1
 MP_DTYPE_FLOAT32 = 0
 
@@ -85,6 +99,11 @@ def load(path):
         "mp_tensor_count": (C.c_int64, [C.c_void_p, C.c_int]),
         "mp_get_tensor": (C.c_int, [C.c_void_p, C.c_int, C.c_int64, C.POINTER(Tensor)]),
         "mp_find_tensor": (C.c_int, [C.c_void_p, C.c_char_p, C.POINTER(Tensor)]),
+        "mp_session_save_checkpoint": (C.c_int, [C.c_void_p, C.c_char_p, C.c_char_p,
+                                                 C.c_char_p, C.c_int64]),
+        "mp_session_load_checkpoint": (C.c_int, [C.c_void_p, C.c_char_p,
+                                                 C.POINTER(C.c_int64)]),
+        "mp_resume_after": (C.c_int, [C.c_void_p, C.c_int64]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -172,10 +191,76 @@ def close(a, b):
     return abs(a - b) <= RTOL * max(abs(a), abs(b)) + 1e-30
 
 
+def all_tensors(lib, s):
+    """Every persistent tensor (parameters, then optimizer state) as Tensor."""
+    out = []
+    for kind in (MP_TENSORS_PARAMETERS, MP_TENSORS_OPTIMIZER_STATE):
+        for i in range(lib.mp_tensor_count(s, kind)):
+            t = Tensor()
+            if lib.mp_get_tensor(s, kind, i, C.byref(t)) != MP_OK:
+                fail("mp_get_tensor: " + lib.mp_last_error().decode())
+            out.append(t)
+    return out
+
+
+def snapshot(tensors):
+    return {t.id.decode(): C.string_at(t.data, t.nbytes) for t in tensors}
+
+
+def check_checkpoint(lib, s, rank, ckpt):
+    """--save: save, a refused save, scribble, load back into the session."""
+    err = lambda: lib.mp_last_error().decode()
+    tensors = all_tensors(lib, s)
+    saved = snapshot(tensors)
+    if lib.mp_session_save_checkpoint(s, ckpt.encode(), b"tiny", b"fsdp2-fp32", -1) != MP_OK:
+        fail("mp_session_save_checkpoint: " + err())
+    meta = os.path.join(ckpt, "checkpoint.json")
+    if not os.path.isfile(meta):
+        fail("no %s after the save" % meta)
+    # A missing parent directory: every rank gets the error (collective).
+    bad = os.path.join(ckpt + ".missing-parent", "sub", "ckpt")
+    rc = lib.mp_session_save_checkpoint(s, bad.encode(), b"tiny", None, -1)
+    if rc != MP_ERROR_RUNTIME or not err():
+        fail("a save under a missing directory returned %d (%r)" % (rc, err()))
+    bad_save_message = err()
+    # Garbage into every persistent tensor, then load the checkpoint back.
+    for t in tensors:
+        C.memset(t.data, 0x7f, t.nbytes)
+    step = C.c_int64(-1)
+    if lib.mp_session_load_checkpoint(s, ckpt.encode(), C.byref(step)) != MP_OK:
+        fail("mp_session_load_checkpoint: " + err())
+    if step.value != STEPS:
+        fail("the checkpoint records step %d, expected %d" % (step.value, STEPS))
+    # The same mp_tensor data pointers see the loaded bytes.
+    if snapshot(tensors) != saved:
+        fail("rank %d: the loaded tensors differ from the saved ones" % rank)
+    # Refused: a missing directory (nothing changes), a NULL dir, a resume
+    # after steps have run.
+    rc = lib.mp_session_load_checkpoint(s, (ckpt + ".nope").encode(), C.byref(step))
+    if rc != MP_ERROR_RUNTIME or not err():
+        fail("a load from a missing directory returned %d (%r)" % (rc, err()))
+    bad_load_message = err()
+    if snapshot(tensors) != saved:
+        fail("a failed load changed the tensors")
+    if lib.mp_session_load_checkpoint(s, None, None) != MP_ERROR_INVALID:
+        fail("mp_session_load_checkpoint(NULL dir) did not return MP_ERROR_INVALID")
+    if lib.mp_resume_after(s, STEPS) != MP_ERROR_RUNTIME:
+        fail("mp_resume_after after a step did not fail")
+    print("capi_test: rank %d: saved %s at step %d, loaded back byte-exact (%d tensors, "
+          "%d bytes); refused: save: %s | load: %s"
+          % (rank, ckpt, STEPS, len(saved), sum(len(b) for b in saved.values()),
+             bad_save_message, bad_load_message))
+
+
 def main():
-    if len(sys.argv) != 3:
-        fail("usage: capi_test.py PLAN_DIR LIBMESHPLAN_RUNTIME_SO")
-    plan_path, lib_path = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    mode = ckpt = None
+    if len(args) == 4 and args[2] in ("--save", "--resume"):
+        mode, ckpt = args[2], args[3]
+        args = args[:2]
+    if len(args) != 2:
+        fail("usage: capi_test.py PLAN_DIR LIBMESHPLAN_RUNTIME_SO [--save CKPT | --resume CKPT]")
+    plan_path, lib_path = args
     lib = load(lib_path)
     err = lambda: lib.mp_last_error().decode()
 
@@ -216,6 +301,9 @@ def main():
     microbatches = {}  # (tensor, step) -> backward calls
     calls = {"forward": 0, "backward": 0}
     problems = []
+    # --resume: the forward of step 3 sees the loaded parameters, which the
+    # reference only knows after the step; checked after it instead.
+    check_forward = mode != "--resume"
 
     def on_compute(cp, _user):
         try:
@@ -223,7 +311,7 @@ def main():
             phase, step = c.phase.decode(), c.step
             with lock:
                 calls[phase] = calls.get(phase, 0) + 1
-            if phase == "forward":
+            if phase == "forward" and check_forward:
                 for i in range(c.num_params):
                     t = c.params[i]
                     w = ref.w[t.tensor.decode()]
@@ -251,21 +339,8 @@ def main():
     if lib.mp_set_compute_callback(s, compute_cb, None) != MP_OK:
         fail("mp_set_compute_callback: " + err())
 
-    for step in range(1, STEPS + 1):
-        if lib.mp_step(s) != MP_OK:
-            fail("mp_step %d: %s" % (step, err()))
-        if problems:
-            fail(problems[0])
-        ref.step(step, microbatches)
-    if lib.mp_steps_done(s) != STEPS:
-        fail("mp_steps_done = %d, expected %d" % (lib.mp_steps_done(s), STEPS))
-    if calls["backward"] == 0:
-        fail("no backward compute call")
-
-    # Parameter shards and optimizer state against the reference.
     checked = elements = 0
     worst = 0.0
-    t = Tensor()
 
     def compare(t, want, what):
         nonlocal elements, worst
@@ -278,34 +353,93 @@ def main():
                 worst = max(worst, abs(a - b) / abs(b))
             elements += 1
 
-    n = lib.mp_tensor_count(s, MP_TENSORS_PARAMETERS)
-    if n <= 0:
-        fail("mp_tensor_count(parameters) = %d: %s" % (n, err()))
-    for i in range(n):
-        if lib.mp_get_tensor(s, MP_TENSORS_PARAMETERS, i, C.byref(t)) != MP_OK:
-            fail("mp_get_tensor: " + err())
-        name = t.tensor.decode()
-        compare(t, ref.w[name], "parameter")
-        for suffix, want in ((".exp_avg", ref.m[name]), (".exp_avg_sq", ref.v[name])):
-            st = Tensor()
-            if lib.mp_find_tensor(s, (t.id.decode() + suffix).encode(), C.byref(st)) != MP_OK:
-                fail("mp_find_tensor: " + err())
-            compare(st, want, "state")
-        checked += 1
-    if lib.mp_tensor_count(s, MP_TENSORS_OPTIMIZER_STATE) != 2 * n:
-        fail("expected 2 optimizer states per parameter")
+    def compare_all():
+        """Parameter shards and optimizer state against the reference."""
+        nonlocal checked
+        n = lib.mp_tensor_count(s, MP_TENSORS_PARAMETERS)
+        if n <= 0:
+            fail("mp_tensor_count(parameters) = %d: %s" % (n, err()))
+        t = Tensor()
+        for i in range(n):
+            if lib.mp_get_tensor(s, MP_TENSORS_PARAMETERS, i, C.byref(t)) != MP_OK:
+                fail("mp_get_tensor: " + err())
+            name = t.tensor.decode()
+            compare(t, ref.w[name], "parameter")
+            for suffix, want in ((".exp_avg", ref.m[name]), (".exp_avg_sq", ref.v[name])):
+                st = Tensor()
+                if lib.mp_find_tensor(s, (t.id.decode() + suffix).encode(), C.byref(st)) != MP_OK:
+                    fail("mp_find_tensor: " + err())
+                compare(st, want, "state")
+            checked += 1
+        if lib.mp_tensor_count(s, MP_TENSORS_OPTIMIZER_STATE) != 2 * n:
+            fail("expected 2 optimizer states per parameter")
+        return n
+
+    if mode == "--resume":
+        step = C.c_int64(-1)
+        if lib.mp_session_load_checkpoint(s, ckpt.encode(), C.byref(step)) != MP_OK:
+            fail("mp_session_load_checkpoint: " + err())
+        if step.value != STEPS:
+            fail("the checkpoint records step %d, expected %d" % (step.value, STEPS))
+        if lib.mp_resume_after(s, step.value) != MP_OK:
+            fail("mp_resume_after: " + err())
+        loaded = snapshot(all_tensors(lib, s))
+        if lib.mp_step(s) != MP_OK:
+            fail("mp_step %d: %s" % (STEPS + 1, err()))
+        if problems:
+            fail(problems[0])
+        if lib.mp_steps_done(s) != STEPS + 1:
+            fail("mp_steps_done = %d, expected %d" % (lib.mp_steps_done(s), STEPS + 1))
+        for (name, st), count in list(microbatches.items()):
+            for k in range(1, STEPS + 1):
+                microbatches[(name, k)] = count
+        for k in range(1, STEPS + 1):
+            ref.step(k, microbatches)
+        # The loaded bytes against the reference after STEPS steps.
+        after = snapshot(all_tensors(lib, s))
+        for t in all_tensors(lib, s):
+            C.memmove(t.data, loaded[t.id.decode()], t.nbytes)
+        compare_all()
+        for t in all_tensors(lib, s):
+            C.memmove(t.data, after[t.id.decode()], t.nbytes)
+        ref.step(STEPS + 1, microbatches)
+        n = compare_all()
+        world = lib.mp_session_world_size(s)
+        lib.mp_session_close(s)
+        print("capi_test: rank %d of %d: loaded %s (step %d) into this layout, matches the "
+              "reference; step %d after mp_resume_after matches it too (%d parameter shards, "
+              "%d elements, max rel err %.3g)"
+              % (rank, world, ckpt, STEPS, STEPS + 1, n, elements, worst))
+        return
+
+    for step in range(1, STEPS + 1):
+        if lib.mp_step(s) != MP_OK:
+            fail("mp_step %d: %s" % (step, err()))
+        if problems:
+            fail(problems[0])
+        ref.step(step, microbatches)
+    if lib.mp_steps_done(s) != STEPS:
+        fail("mp_steps_done = %d, expected %d" % (lib.mp_steps_done(s), STEPS))
+    if calls["backward"] == 0:
+        fail("no backward compute call")
+
+    n = compare_all()
 
     # Error paths: status + message, no exception.
+    t = Tensor()
     if lib.mp_find_tensor(s, b"no.such.tensor", C.byref(t)) != MP_ERROR_NOT_FOUND or not err():
         fail("mp_find_tensor of a missing id did not fail with a message")
     if lib.mp_get_tensor(s, MP_TENSORS_PARAMETERS, n, C.byref(t)) == MP_OK:
         fail("mp_get_tensor out of range succeeded")
 
+    if mode == "--save":
+        check_checkpoint(lib, s, rank, ckpt)
+
     world = lib.mp_session_world_size(s)
     lib.mp_session_close(s)
     print("capi_test: rank %d of %d: %d steps, %d parameter shards and their AdamW "
           "state (%d elements) match the reference (max rel err %.3g), %d forward "
-          "+ %d backward calls" % (rank, world, STEPS, checked, elements, worst,
+          "+ %d backward calls" % (rank, world, STEPS, n, elements, worst,
                                    calls["forward"], calls["backward"]))
 
 

@@ -143,6 +143,45 @@ int mp_get_tensor(mp_session *s, int kind, int64_t index, mp_tensor *out);
 /* A persistent tensor by buffer id (MP_ERROR_NOT_FOUND if there is none). */
 int mp_find_tensor(mp_session *s, const char *id, mp_tensor *out);
 
+/* Checkpoints (docs/checkpoint-format.md; docs/runtime.md "Checkpoints").
+
+   Saves every parameter shard and optimizer state of the job as a checkpoint
+   directory `dir` (its parent must exist). Collective: every rank calls it at
+   the same point, after the same number of steps; each rank writes the boxes
+   it owns into its own data file, rank 0 gathers the chunk records through
+   the job's store and commits. The directory appears complete or not at all:
+   it is written as `.<name>.partial` next to `dir`, fsynced and renamed, so a
+   previous checkpoint at `dir` stays loadable until the rename (a crash or
+   kill -9 at any point leaves it intact); an existing `dir` that is not a
+   checkpoint is refused. Every rank returns the same status (MP_ERROR_RUNTIME
+   with the message of the rank that failed).
+
+   Recorded: `model_name` and `spec_name` (NULL for ""; names only, loading
+   does not require the same spec), the step (mp_steps_done), the plan's
+   stochastic-rounding flag, and `seed`: the stochastic-rounding seed, or -1
+   for the plan optimizer's own seed (0 without an optimizer). */
+int mp_session_save_checkpoint(mp_session *s, const char *dir,
+                               const char *model_name, const char *spec_name,
+                               int64_t seed);
+
+/* Loads this rank's box of every parameter shard and optimizer state from the
+   checkpoint at `dir`, written under any plan of the same model (any mesh,
+   world size or layout). Not collective. It reads only the checksum blocks
+   its boxes intersect and verifies them; a missing tensor, a shape or dtype
+   mismatch, a checksum failure (naming the tensor, file and byte offset) or
+   malformed metadata is MP_ERROR_RUNTIME and changes nothing. The data
+   pointers of earlier mp_tensor results stay valid (the bytes are copied into
+   them). On success *step_out (if not NULL) is the step the checkpoint was
+   saved at; the step counter is not changed: call mp_resume_after(s,
+   *step_out) before the first mp_step to continue the run. */
+int mp_session_load_checkpoint(mp_session *s, const char *dir,
+                               int64_t *step_out);
+
+/* Before the first mp_step of a session: the next mp_step is step
+   `steps` + 1 (AdamW's bias correction and stochastic rounding continue).
+   MP_ERROR_RUNTIME once a step has run, MP_ERROR_INVALID for steps < 0. */
+int mp_resume_after(mp_session *s, int64_t steps);
+
 #ifdef __cplusplus
 }
 #endif

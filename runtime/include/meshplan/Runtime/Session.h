@@ -185,6 +185,8 @@ public:
   /// all (a previous checkpoint at `dir` stays loadable until then). Every
   /// rank returns the same outcome. `info` records the model, the spec and
   /// the training state (its step is this session's steps done when 0).
+  /// Test hook: MESHPLAN_TEST_SLOW_CHECKPOINT_MS=N sleeps N ms at each phase
+  /// boundary (test/trainer/checkpoint-kill.sh kills ranks in between).
   Result<void> saveCheckpoint(const std::string &dir,
                               ckpt::CheckpointInfo info);
   /// Loads this rank's box of every parameter and optimizer state from a
