@@ -44,71 +44,170 @@ std::string baseName(std::string path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-/// Largest number of bytes a reader holds from one chunk at a time.
-constexpr int64_t kWindowBytes = int64_t(64) << 20;
+/// Bytes one pread brings in (and the most a reader holds from a chunk):
+/// a few MiB, so that each block is checksummed and copied out while it is
+/// still in cache (the window holds at least one block).
+constexpr int64_t kWindowBytes = int64_t(4) << 20;
 
-/// Reads blocks of one chunk in windows and verifies each block's CRC32C
-/// before handing out its bytes.
+/// How far ahead of its reads a reader asks the kernel to read
+/// (POSIX_FADV_WILLNEED), within the blocks it is going to read anyway.
+constexpr int64_t kReadAheadBytes = int64_t(16) << 20;
+
+/// The read buffer of one load, shared by its chunks: allocated on first
+/// use, grown only for a larger window, never zero-filled (every byte used
+/// is read into it first).
+class WindowBuffer {
+public:
+  std::byte *get(size_t n) {
+    if (n > capacity) {
+      data.reset();
+      data.reset(new std::byte[n]);
+      capacity = n;
+    }
+    return data.get();
+  }
+
+private:
+  std::unique_ptr<std::byte[]> data;
+  size_t capacity = 0;
+};
+
+/// Reads blocks [firstBlock, endBlock) of one chunk, in increasing order,
+/// either into a window of the shared buffer or straight into the
+/// destination, and verifies each block's CRC32C exactly once before
+/// handing out a byte of it. Every block read is verified, used or not.
 class ChunkReader {
 public:
   ChunkReader(const CheckpointMetadata &meta, const TensorEntry &tensor,
-              const Chunk &chunk)
-      : meta(meta), tensor(tensor), chunk(chunk),
+              const Chunk &chunk, WindowBuffer &buffer)
+      : meta(meta), tensor(tensor), chunk(chunk), buffer(buffer),
         path(io::joinPath(meta.directory, chunk.file)) {
     int64_t b = meta.blockBytes;
     windowBlocks = std::max<int64_t>(1, kWindowBytes / b);
   }
 
-  Result<void> open() {
+  /// Opens the chunk's file for reading blocks [firstBlock, endBlock).
+  Result<void> open(int64_t firstBlock, int64_t endBlock) {
     fd = std::make_unique<io::Fd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd->ok())
       return makeError(path + ": cannot open: " + io::errnoText(errno));
+    rangeEnd = blockEnd(endBlock);
+    advisedEnd = firstBlock * meta.blockBytes;
+    // Advice only: its failure changes nothing but speed.
+    (void)::posix_fadvise(fd->get(), chunk.byteOffset + advisedEnd,
+                          rangeEnd - advisedEnd, POSIX_FADV_SEQUENTIAL);
     return {};
   }
 
   /// Makes chunk byte `pos` available; returns a pointer to it and the
-  /// number of bytes available from it within the current window, never
-  /// beyond block `endBlock`.
+  /// number of verified bytes available from it (to the end of its block).
+  /// `pos` never decreases from one call to the next; blocks are read from
+  /// the one holding `pos`, never beyond block `endBlock`.
   Result<std::pair<const std::byte *, int64_t>> at(int64_t pos,
                                                    int64_t endBlock) {
+    const int64_t b = meta.blockBytes;
     if (pos < winBegin || pos >= winEnd) {
-      int64_t b = meta.blockBytes;
+      MESHPLAN_TRY(retire());
       int64_t first = pos / b;
       int64_t last = std::min(endBlock, first + windowBlocks);
       winBegin = first * b;
-      winEnd = std::min(last * b, chunk.length);
-      buffer.resize(size_t(winEnd - winBegin));
-      MESHPLAN_TRY(io::preadAll(fd->get(), buffer.data(), buffer.size(),
-                                chunk.byteOffset + winBegin, path));
-      for (int64_t k = first; k < last; ++k) {
-        int64_t lo = k * b - winBegin;
-        int64_t n = std::min(b, chunk.length - k * b);
-        uint32_t crc = crc32c(buffer.data() + lo, size_t(n));
-        if (crc != chunk.crc32c[size_t(k)])
-          return makeError(
-              "tensor \"" + tensor.name + "\": checksum mismatch in " + path +
-              " at byte " + std::to_string(chunk.byteOffset + k * b) + " (" +
-              std::to_string(n) + "-byte block " + std::to_string(k) +
-              " of the chunk " + formatBox(chunk.box) + "): stored " +
-              hex8(chunk.crc32c[size_t(k)]) + ", computed " + hex8(crc));
-      }
-      bytesRead += winEnd - winBegin;
+      winEnd = blockEnd(last);
+      window = buffer.get(size_t(winEnd - winBegin));
+      MESHPLAN_TRY(readRaw(window, winBegin, winEnd));
+      verified = winBegin;
     }
-    return std::pair<const std::byte *, int64_t>{
-        buffer.data() + (pos - winBegin), winEnd - pos};
+    // Verify up to the end of pos's block (and any block skipped before it).
+    int64_t end = blockEnd(pos / b + 1);
+    while (verified < end) {
+      int64_t k = verified / b;
+      MESHPLAN_TRY(check(k, window + (verified - winBegin)));
+      verified = blockEnd(k + 1);
+    }
+    return std::pair<const std::byte *, int64_t>{window + (pos - winBegin),
+                                                 end - pos};
   }
+
+  /// Reads blocks [first, last) (after anything read before) straight into
+  /// `dst`, verifying each while it is in cache.
+  Result<void> readInto(std::byte *dst, int64_t first, int64_t last) {
+    MESHPLAN_TRY(retire());
+    const int64_t b = meta.blockBytes;
+    for (int64_t k = first; k < last;) {
+      int64_t next = std::min(last, k + windowBlocks);
+      int64_t lo = k * b, hi = blockEnd(next);
+      MESHPLAN_TRY(readRaw(dst, lo, hi));
+      for (; k < next; ++k)
+        MESHPLAN_TRY(check(k, dst + (k * b - lo)));
+      dst += hi - lo;
+    }
+    return {};
+  }
+
+  /// Verifies what the window holds beyond the last byte handed out.
+  Result<void> retire() {
+    const int64_t b = meta.blockBytes;
+    while (verified < winEnd) {
+      int64_t k = verified / b;
+      MESHPLAN_TRY(check(k, window + (verified - winBegin)));
+      verified = blockEnd(k + 1);
+    }
+    winBegin = winEnd = verified = 0;
+    return {};
+  }
+
+  /// Whether chunk byte `pos` is in the current window.
+  bool holds(int64_t pos) const { return pos >= winBegin && pos < winEnd; }
 
   int64_t bytesRead = 0;
 
 private:
+  /// Chunk byte where block `k` ends (the last block is shorter).
+  int64_t blockEnd(int64_t k) const {
+    return std::min(k * meta.blockBytes, chunk.length);
+  }
+
+  /// Reads chunk bytes [lo, hi) into `dst`, asking the kernel for what
+  /// follows.
+  Result<void> readRaw(std::byte *dst, int64_t lo, int64_t hi) {
+    int64_t ahead = std::min(rangeEnd, hi + kReadAheadBytes);
+    if (advisedEnd < ahead) {
+      int64_t from = std::max(advisedEnd, hi);
+      if (from < ahead)
+        (void)::posix_fadvise(fd->get(), chunk.byteOffset + from, ahead - from,
+                              POSIX_FADV_WILLNEED);
+      advisedEnd = ahead;
+    }
+    MESHPLAN_TRY(io::preadAll(fd->get(), dst, size_t(hi - lo),
+                              chunk.byteOffset + lo, path));
+    bytesRead += hi - lo;
+    return {};
+  }
+
+  /// Verifies block `k`, whose bytes are at `p`.
+  Result<void> check(int64_t k, const std::byte *p) {
+    const int64_t b = meta.blockBytes;
+    int64_t n = std::min(b, chunk.length - k * b);
+    uint32_t crc = crc32c(p, size_t(n));
+    if (crc != chunk.crc32c[size_t(k)])
+      return makeError(
+          "tensor \"" + tensor.name + "\": checksum mismatch in " + path +
+          " at byte " + std::to_string(chunk.byteOffset + k * b) + " (" +
+          std::to_string(n) + "-byte block " + std::to_string(k) +
+          " of the chunk " + formatBox(chunk.box) + "): stored " +
+          hex8(chunk.crc32c[size_t(k)]) + ", computed " + hex8(crc));
+    return {};
+  }
+
   const CheckpointMetadata &meta;
   const TensorEntry &tensor;
   const Chunk &chunk;
+  WindowBuffer &buffer;
   std::string path;
   std::unique_ptr<io::Fd> fd;
   int64_t windowBlocks = 1;
-  std::vector<std::byte> buffer;
-  int64_t winBegin = 0, winEnd = 0;
+  std::byte *window = nullptr;
+  int64_t winBegin = 0, winEnd = 0, verified = 0;
+  int64_t rangeEnd = 0, advisedEnd = 0;
 };
 
 /// Row-major linear index of `coord - origin` in a box of `shape`.
@@ -123,10 +222,12 @@ int64_t linearIndex(const std::vector<int64_t> &coord,
 
 /// Copies the intersection `inter` of a chunk and a target box from the
 /// chunk's bytes into the target's, in runs as long as both layouts allow.
+/// Whole blocks inside one run are read straight into the target; the
+/// others through the window, from which every run they hold is copied.
 Result<void> copyIntersection(const CheckpointMetadata &meta,
                               const TensorEntry &tensor, const Chunk &chunk,
                               const Box &target, const Box &inter,
-                              std::span<std::byte> out) {
+                              std::span<std::byte> out, WindowBuffer &buffer) {
   const int64_t eb = plan::dtypeBytes(tensor.dtype);
   const int n = inter.rank();
   // Inner dims that are whole in the chunk and the target are contiguous in
@@ -145,21 +246,38 @@ Result<void> copyIntersection(const CheckpointMetadata &meta,
   std::vector<int64_t> last(static_cast<size_t>(n));
   for (int d = 0; d < n; ++d)
     last[d] = inter.offset[d] + inter.shape[d] - 1;
-  // Blocks are read from the one holding the first run's first byte (the
-  // window starts there) up to the one holding the last run's last byte.
+  // Blocks are read from the one holding the first run's first byte up to
+  // the one holding the last run's last byte.
   const int64_t endByte =
       (linearIndex(last, chunk.box.offset, chunk.box.shape) + 1) * eb;
   const int64_t b = meta.blockBytes;
   const int64_t endBlock = (endByte + b - 1) / b;
+  const int64_t firstBlock =
+      linearIndex(inter.offset, chunk.box.offset, chunk.box.shape) * eb / b;
+  const int64_t chunkBlocks = (chunk.length + b - 1) / b;
 
-  ChunkReader reader(meta, tensor, chunk);
-  MESHPLAN_TRY(reader.open());
+  ChunkReader reader(meta, tensor, chunk, buffer);
+  MESHPLAN_TRY(reader.open(firstBlock, endBlock));
   std::vector<int64_t> coord = inter.offset;
   const int64_t runBytes = run * eb;
   while (true) {
     int64_t src = linearIndex(coord, chunk.box.offset, chunk.box.shape) * eb;
     int64_t dst = linearIndex(coord, target.offset, target.shape) * eb;
     for (int64_t left = runBytes; left > 0;) {
+      if (src % b == 0 && !reader.holds(src)) {
+        // The whole blocks from here within the run (the chunk's last,
+        // shorter block too when the run reaches the chunk's end).
+        int64_t endWhole =
+            src + left == chunk.length ? chunkBlocks : (src + left) / b;
+        if (endWhole > src / b) {
+          MESHPLAN_TRY(reader.readInto(out.data() + dst, src / b, endWhole));
+          int64_t k = std::min(endWhole * b, chunk.length) - src;
+          src += k;
+          dst += k;
+          left -= k;
+          continue;
+        }
+      }
       auto piece = reader.at(src, endBlock);
       if (!piece)
         return piece.error();
@@ -180,7 +298,7 @@ Result<void> copyIntersection(const CheckpointMetadata &meta,
     if (d < 0)
       break;
   }
-  return {};
+  return reader.retire();
 }
 
 } // namespace
@@ -296,12 +414,13 @@ Result<void> loadBoxInto(const CheckpointMetadata &meta,
   if (bytes == 0)
     return {};
   // Chunks tile the tensor (validated on reading), so the intersections
-  // cover the target exactly once.
+  // cover the target exactly once. One read buffer serves every chunk.
+  WindowBuffer buffer;
   for (const Chunk &c : t.chunks) {
     std::optional<Box> inter = intersectBoxes(c.box, target);
     if (!inter)
       continue;
-    MESHPLAN_TRY(copyIntersection(meta, t, c, target, *inter, out));
+    MESHPLAN_TRY(copyIntersection(meta, t, c, target, *inter, out, buffer));
   }
   return {};
 }
@@ -327,13 +446,14 @@ Result<VerifyReport> verifyCheckpoint(const std::string &dir) {
   if (!meta)
     return meta.error();
   VerifyReport report;
+  WindowBuffer buffer;
   for (const TensorEntry &t : meta->tensors) {
     ++report.tensors;
     for (const Chunk &c : t.chunks) {
       ++report.chunks;
-      ChunkReader reader(*meta, t, c);
-      MESHPLAN_TRY(reader.open());
+      ChunkReader reader(*meta, t, c, buffer);
       int64_t endBlock = (c.length + meta->blockBytes - 1) / meta->blockBytes;
+      MESHPLAN_TRY(reader.open(0, endBlock));
       for (int64_t pos = 0; pos < c.length;) {
         auto piece = reader.at(pos, endBlock);
         if (!piece)
