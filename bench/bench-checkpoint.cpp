@@ -38,6 +38,8 @@
 
 #include "meshplan/Runtime/Session.h"
 
+#include "ForkedRanks.h"
+
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -354,35 +356,9 @@ int main(int argc, char **argv) {
   }
   std::string dir = name.data();
   fs::create_directory(dir + "/store");
-  std::fflush(nullptr);
-  std::vector<pid_t> children;
-  for (int r = 1; r < kRanks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = runRank(r, dir, reps);
-      } catch (const std::exception &e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    children.push_back(pid);
-  }
-  int rc = 1;
-  try {
-    rc = runRank(0, dir, reps);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "rank 0: %s\n", e.what());
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      rc = rc == 0 ? 1 : rc;
-  }
+  int rc = bench::runForkedRanks(kRanks,
+                                 [&](int r) { return runRank(r, dir, reps); });
   std::error_code ec;
   fs::remove_all(dir, ec);
-  return rc == 3 ? 1 : rc;
+  return rc;
 }

@@ -25,6 +25,8 @@
 
 #include "meshplan/Runtime/Session.h"
 
+#include "ForkedRanks.h"
+
 #include "../runtime/lib/Backends/Gloo/GlooBackend.h"
 
 #include <gloo/allgather.h>
@@ -299,33 +301,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   std::string dir = tmpl;
-  std::vector<pid_t> children;
-  for (int r = 1; r < kRanks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = runRank(r, dir, reps);
-      } catch (const std::exception &e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      _exit(rc == 3 ? 0 : rc); // rank 0 reports the verdict
-    }
-    children.push_back(pid);
-  }
-  int rc = 1;
-  try {
-    rc = runRank(0, dir, reps);
-  } catch (const std::exception &e) {
-    std::fprintf(stderr, "rank 0: %s\n", e.what());
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      rc = rc == 0 ? 1 : rc;
-  }
+  int rc = bench::runForkedRanks(kRanks,
+                                 [&](int r) { return runRank(r, dir, reps); });
   std::filesystem::remove_all(dir);
-  return rc == 3 ? 1 : rc;
+  return rc;
 }
