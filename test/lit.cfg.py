@@ -29,3 +29,9 @@ config.substitutions.append(("%meshplan", os.path.join(config.meshplan_tools_dir
 # %expect-error CMD: CMD must exit with code 2 and print nothing on stdout;
 # its stderr is passed through for FileCheck.
 config.substitutions.append(("%expect-error", "bash " + os.path.join(utils, "expect-error.sh")))
+# An address-space limit for the hostile-input tests (limits.test). Under
+# AddressSanitizer it cannot apply: the sanitizer reserves terabytes of
+# shadow address space at start; the tests' time limits still hold.
+sanitized = "sanitize=address" in getattr(config, "cxx_flags", "")
+config.substitutions.append(
+    ("%limit-address-space", "true" if sanitized else "ulimit -v 8000000"))

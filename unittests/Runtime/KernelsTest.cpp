@@ -345,8 +345,11 @@ TEST(Philox, EverySimdPathGivesTheDocumentedBits) {
     for (int64_t step : {int64_t(1), (int64_t(1) << 33) + 7}) {
       std::vector<uint32_t> expected(kSuperblock * count);
       for (int64_t j = 0; j < kSuperblock * count; ++j)
-        expected[j] = stochasticRoundingBits({seed, step, tensorId},
-                                             int64_t(first) * kSuperblock + j);
+        // The element index wraps like the kernel's uint64 counters (the
+        // last case's index exceeds 2^63); signed arithmetic would overflow.
+        expected[j] = stochasticRoundingBits(
+            {seed, step, tensorId},
+            static_cast<int64_t>(first * uint64_t(kSuperblock) + uint64_t(j)));
       for (PhiloxPath path : philoxPaths()) {
         std::vector<uint32_t> got(kSuperblock * count, 0xDEADBEEF);
         philoxSuperblocks(first, count, schedule, uint64_t(step), got.data(),
