@@ -370,13 +370,10 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
       if (call.microbatch != 0)
         continue;
       std::vector<float> &out = grads[g.tensor()];
-      int64_t paramRank =
-          int64_t(weights.count(g.tensor()) ? g.globalShape().size() : 0);
       bool stacked = false;
       for (const TensorView &v : call.params)
         if (v.tensor() == g.tensor())
           stacked = g.globalShape().size() == v.globalShape().size() + 1;
-      (void)paramRank;
       int64_t rowSize = 1;
       for (size_t d = stacked ? 1 : 0; d < g.globalShape().size(); ++d)
         rowSize *= g.globalShape()[d];

@@ -628,11 +628,9 @@ int compareDumps(const std::string &a, const std::string &b, double rtol) {
       if (!(rel <= tensorWorst))
         tensorWorst = std::isnan(rel) ? INFINITY : rel;
     }
-    if (tensorWorst > worst || worstAt.empty()) {
-      if (tensorWorst >= worst) {
-        worst = tensorWorst;
-        worstAt = name;
-      }
+    if (worstAt.empty() || tensorWorst > worst) {
+      worst = tensorWorst;
+      worstAt = name;
     }
   }
   for (const auto &[name, wb] : *B)
