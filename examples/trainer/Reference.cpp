@@ -5,8 +5,9 @@
 // data-parallel slice of every microbatch through the same model code, the
 // parameters cast as the plan casts them (bf16; float8 with the whole
 // tensor's amax scale, which is what the plan's all-reduced amax gives), the
-// gradients combined in the plan's order (sum over microbatches, average over
-// extra axes, then over shard axes, then over replicas; docs/semantics.md),
+// gradients combined in the plan's order (average over extra axes; sum over
+// microbatches before the average over shard axes, or after it when every
+// microbatch is reduced; then the average over replicas; docs/semantics.md),
 // and the same AdamW kernels. A distributed run that agrees with it has
 // trained the model a plan promises.
 //
@@ -228,6 +229,11 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   }
   const AxisRoles &r = planned.roles;
   int64_t M = planned.microbatches;
+  // docs/semantics.md, "Gradient accumulation": the order of the sums
+  // depends on when the plan reduces.
+  bool reduceEveryMicrobatch =
+      M > 1 && planned.spec.spec.accumulationReduce ==
+                   frontend::AccumulationReduce::EveryMicrobatch;
   int64_t tokensPerStep = r.dataParallel() * M * flags.batch * flags.seqLen;
   std::printf("meshplan-train --reference: model %s in one process; %lld "
               "data-parallel slices x %lld microbatches x %lld sequences of "
@@ -349,39 +355,62 @@ int runReference(const TrainFlags &flags, const Planned &planned,
     std::map<std::string, std::vector<float>> replicaSum;
     for (auto &[name, t] : tensors)
       replicaSum[name] = zeros(name);
-    for (int64_t rep = 0; rep < r.replicas; ++rep) {
-      std::map<std::string, std::vector<float>> shardSum;
+    // One data-parallel slice's gradient of one microbatch, averaged over
+    // the extra axes (as the backward callbacks do).
+    auto sliceGradient = [&](int64_t rep, int64_t sh, int64_t mb) {
+      std::map<std::string, std::vector<float>> extraSum;
       for (auto &[name, t] : tensors)
-        shardSum[name] = zeros(name);
-      for (int64_t sh = 0; sh < r.shards; ++sh) {
-        std::map<std::string, std::vector<float>> acc;
+        extraSum[name] = zeros(name);
+      for (int64_t e = 0; e < r.extras; ++e) {
+        int64_t d = (rep * r.shards + sh) * r.extras + e;
+        std::map<std::string, std::vector<float>> g;
         for (auto &[name, t] : tensors)
-          acc[name] = zeros(name);
+          g[name] = zeros(name);
+        lossSum += runSlice(step, mb, d, g);
+        for (auto &[name, v] : g)
+          addInto(extraSum[name], v);
+      }
+      for (auto &[name, v] : extraSum)
+        scale(v, r.extras);
+      return extraSum;
+    };
+    for (int64_t rep = 0; rep < r.replicas; ++rep) {
+      std::map<std::string, std::vector<float>> replicaGrad;
+      for (auto &[name, t] : tensors)
+        replicaGrad[name] = zeros(name);
+      if (reduceEveryMicrobatch) {
+        // Each microbatch averaged over the shards (its reduce-scatter),
+        // then added into the accumulated shard.
         for (int64_t mb = 0; mb < M; ++mb) {
-          std::map<std::string, std::vector<float>> extraSum;
+          std::map<std::string, std::vector<float>> shardSum;
           for (auto &[name, t] : tensors)
-            extraSum[name] = zeros(name);
-          for (int64_t e = 0; e < r.extras; ++e) {
-            int64_t d = (rep * r.shards + sh) * r.extras + e;
-            std::map<std::string, std::vector<float>> g;
-            for (auto &[name, t] : tensors)
-              g[name] = zeros(name);
-            lossSum += runSlice(step, mb, d, g);
-            for (auto &[name, v] : g)
-              addInto(extraSum[name], v);
-          }
-          for (auto &[name, v] : extraSum) {
-            scale(v, r.extras);
-            addInto(acc[name], v);
+            shardSum[name] = zeros(name);
+          for (int64_t sh = 0; sh < r.shards; ++sh)
+            for (auto &[name, v] : sliceGradient(rep, sh, mb))
+              addInto(shardSum[name], v);
+          for (auto &[name, v] : shardSum) {
+            scale(v, r.shards);
+            addInto(replicaGrad[name], v);
           }
         }
-        for (auto &[name, v] : acc)
-          addInto(shardSum[name], v);
+      } else {
+        // Each slice's microbatches summed locally (the unsharded
+        // gradient), then averaged over the shards once.
+        for (int64_t sh = 0; sh < r.shards; ++sh) {
+          std::map<std::string, std::vector<float>> acc;
+          for (auto &[name, t] : tensors)
+            acc[name] = zeros(name);
+          for (int64_t mb = 0; mb < M; ++mb)
+            for (auto &[name, v] : sliceGradient(rep, sh, mb))
+              addInto(acc[name], v);
+          for (auto &[name, v] : acc)
+            addInto(replicaGrad[name], v);
+        }
+        for (auto &[name, v] : replicaGrad)
+          scale(v, r.shards);
       }
-      for (auto &[name, v] : shardSum) {
-        scale(v, r.shards);
+      for (auto &[name, v] : replicaGrad)
         addInto(replicaSum[name], v);
-      }
     }
     for (auto &[name, v] : replicaSum) {
       scale(v, r.replicas);

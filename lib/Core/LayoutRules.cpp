@@ -28,6 +28,32 @@ elementwiseRule(int numOperands, const std::vector<const Layout *> &operands,
   return out;
 }
 
+static bool sameLayout(const Layout &a, const Layout &b) {
+  return a.dims == b.dims && a.partial == b.partial && a.reduceOp == b.reduceOp;
+}
+
+std::optional<RuleLayouts>
+linearElementwiseRule(int numOperands,
+                      const std::vector<const Layout *> &operands,
+                      const Layout *result) {
+  bool samePending =
+      numOperands > 0 && static_cast<int>(operands.size()) == numOperands &&
+      std::all_of(operands.begin(), operands.end(), [&](const Layout *l) {
+        return l && sameLayout(*l, *operands[0]);
+      });
+  if (!samePending)
+    return elementwiseRule(numOperands, operands, result);
+  const Layout &first = *operands[0];
+  if (first.partial.empty() ||
+      (first.reduceOp != ReduceOp::Sum && first.reduceOp != ReduceOp::Avg) ||
+      (result && !sameLayout(*result, first)))
+    return elementwiseRule(numOperands, operands, result);
+  RuleLayouts out;
+  out.operands.assign(numOperands, first);
+  out.results = {first};
+  return out;
+}
+
 /// Refs of a list of levels.
 static AxisRefList refsOf(const SplitLevels &levels) {
   AxisRefList out;

@@ -22,6 +22,22 @@ std::string_view reshardPolicyName(ReshardPolicy policy) {
   return kReshardPolicyNames[static_cast<int>(policy)];
 }
 
+std::string_view accumulationReduceName(AccumulationReduce mode) {
+  return kAccumulationReduceNames[static_cast<int>(mode)];
+}
+
+std::string_view activationCheckpointingName(ActivationCheckpointing mode) {
+  return kActivationCheckpointingNames[static_cast<int>(mode)];
+}
+
+/// The index of `name` in a closed set the schema already checked.
+template <size_t N>
+static int indexOf(const std::array<std::string_view, N> &names,
+                   std::string_view name) {
+  return static_cast<int>(std::find(names.begin(), names.end(), name) -
+                          names.begin());
+}
+
 static const SectionRule &section(std::string_view name) {
   return findSection(specSections(), name);
 }
@@ -491,6 +507,27 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
     MESHPLAN_TRY(steps);
     spec.gradientAccumulationSteps = *steps;
   }
+  if (const Json *v = sectionOf(root, "gradient_accumulation")) {
+    const std::string ptr = "/gradient_accumulation";
+    MESHPLAN_TRY(checkObject(*v, ptr, section("gradient_accumulation")));
+    if (const Json *steps = member(*v, "steps")) {
+      // One spelling per spec: the short key and the object would otherwise
+      // have to agree, and a reader could not tell which one wins.
+      if (member(root, "gradient_accumulation_steps"))
+        return errorAt(childPointer(ptr, "steps"),
+                       "gradient_accumulation_steps is given as well; "
+                       "keep one of the two");
+      auto n = readInt(*steps, childPointer(ptr, "steps"), 1, 1 << 30);
+      MESHPLAN_TRY(n);
+      spec.gradientAccumulationSteps = *n;
+    }
+    if (const Json *reduce = member(*v, "reduce"))
+      spec.accumulationReduce = static_cast<AccumulationReduce>(
+          indexOf(kAccumulationReduceNames, str(*reduce)));
+  }
+  if (const Json *v = member(root, "activation_checkpointing"))
+    spec.activationCheckpointing = static_cast<ActivationCheckpointing>(
+        indexOf(kActivationCheckpointingNames, str(*v)));
 
   // Cross-section checks, in the order a reader would fix them.
   int64_t devices = 1;

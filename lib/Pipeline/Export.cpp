@@ -441,6 +441,16 @@ private:
           return opError(op, "frees a persistent buffer");
         freed.insert(index);
       }
+    } else if (isa<arith::AddFOp>(op) && op->hasAttr("dist.accumulate")) {
+      // A microbatch's reduced gradient added into the accumulated one, in
+      // place (dist-schedule frees neither the sum nor its first operand).
+      Value result = op->getResult(0), acc = op->getOperand(0);
+      bufferOf[result] = bufferOf.lookup(acc);
+      rootOf[result] = rootOf.lookup(acc);
+      in.op = pl::OpKind::Accumulate;
+      in.inputs = inputs;
+      in.outputs = {inputs[0]};
+      in.label = "accumulate " + rootOf.lookup(acc);
     } else if (auto sum = dyn_cast<dist::ReduceSumOp>(op)) {
       // The local half of a sum over a split dim (a stacked gradient's TP
       // rows); the all-reduce over the dim's axes follows.
@@ -565,7 +575,7 @@ private:
 
   static bool fusable(const pl::Instruction &last, const pl::Instruction &in) {
     bool local = in.op == pl::OpKind::Cast || in.op == pl::OpKind::Fp8Cast ||
-                 in.op == pl::OpKind::Free;
+                 in.op == pl::OpKind::Accumulate || in.op == pl::OpKind::Free;
     return local && last.op == in.op && last.stream == in.stream &&
            last.dtype == in.dtype;
   }

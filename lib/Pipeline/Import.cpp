@@ -266,6 +266,30 @@ private:
                                      reduced, b.getDenseI64ArrayAttr({0}));
   }
 
+  /// One microbatch's gradient reduced over the shard axes into the stored
+  /// layout (under its TP rows when stacked), still partial (avg) over the
+  /// replicate axes.
+  Value shardReduced(int p, Value grad) {
+    const ParamAssignment &param = spec.params[p];
+    const ParamLayouts &l = layouts[p];
+    Layout target = l.stacked ? l.stackedStored : l.stored;
+    target.partial.clear();
+    for (const std::string &name : spec.spec.dataParallel.replicateAxes) {
+      int axis = *spec.mesh->findAxis(name);
+      target.partial.push_back(AxisRef{axis, 1, spec.mesh->axis(axis).size});
+    }
+    std::sort(target.partial.begin(), target.partial.end());
+    target.reduceOp = ReduceOp::Avg;
+    target = normalizeLayout(*spec.mesh, target);
+    if (target.partial.empty())
+      target.reduceOp = ReduceOp::Sum;
+    return dist::RedistributeOp::create(
+        b, loc,
+        tensorType(param, spec.spec.mixedPrecision.reduceDtype, target,
+                   stackedRows(p)),
+        grad);
+  }
+
   void buildStep() {
     const Spec &s = spec.spec;
     SmallVector<Type> argTypes;
@@ -331,6 +355,15 @@ private:
     };
 
     int64_t microbatches = s.gradientAccumulationSteps;
+    // FSDP2's default: each microbatch's gradient is reduce-scattered right
+    // after its backward and added into the sharded gradient (in the reduce
+    // dtype); the unsharded gradient dies at once. The all-reduce over
+    // replicas is left pending (partial over the replicate axes) and runs
+    // once, after the last microbatch: it is linear, so reducing the sum
+    // equals summing the reductions, for 1/k of the replicate traffic.
+    bool reduceEveryMicrobatch =
+        microbatches > 1 &&
+        s.accumulationReduce == AccumulationReduce::EveryMicrobatch;
     std::vector<Value> grads(spec.params.size());
     for (int64_t mb = 0; mb < microbatches; ++mb) {
       for (const Unit &unit : units) {
@@ -361,8 +394,9 @@ private:
                                          s.mixedPrecision.reduceDtype,
                                          layouts[p].grad, stackedRows(p)));
         }
-        // Later microbatches accumulate into the gradients.
-        if (mb > 0)
+        // Later microbatches accumulate into the unsharded gradients when
+        // they are reduced once, after the last microbatch.
+        if (mb > 0 && !reduceEveryMicrobatch)
           for (int p : unit.params)
             inputs.push_back(grads[p]);
         auto compute =
@@ -371,8 +405,21 @@ private:
                                     b.getF64FloatAttr(2 * unit.forwardFlops));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
-        for (auto [i, p] : llvm::enumerate(unit.params))
-          grads[p] = compute.getResult(i);
+        for (auto [i, p] : llvm::enumerate(unit.params)) {
+          if (!reduceEveryMicrobatch) {
+            grads[p] = compute.getResult(i);
+            continue;
+          }
+          Value reduced = shardReduced(p, compute.getResult(i));
+          if (mb == 0) {
+            grads[p] = reduced;
+            continue;
+          }
+          auto add = arith::AddFOp::create(b, loc, grads[p], reduced);
+          // In place into the accumulated gradient (dist-schedule, export).
+          add->setAttr("dist.accumulate", b.getUnitAttr());
+          grads[p] = add;
+        }
         if (mb + 1 == microbatches)
           for (int p : unit.params)
             dist::OptimizerStepOp::create(b, loc, body->getArgument(p),

@@ -33,10 +33,10 @@ static constexpr std::array<int64_t, 10> kDTypeBytes = {4, 2, 2, 1, 1,
 static constexpr std::array<std::string_view, 6> kBufferKindNames = {
     "param_shard",     "gathered",   "gradient",
     "optimizer_state", "activation", "scratch"};
-static constexpr std::array<std::string_view, 14> kOpNames = {
-    "all_gather", "reduce_scatter",   "all_reduce", "all_to_all", "permute",
-    "broadcast",  "fp8_amax",         "fp8_cast",   "cast",       "sum",
-    "compute",    "optimizer_update", "free",       "wait"};
+static constexpr std::array<std::string_view, 15> kOpNames = {
+    "all_gather", "reduce_scatter", "all_reduce",       "all_to_all", "permute",
+    "broadcast",  "fp8_amax",       "fp8_cast",         "cast",       "sum",
+    "accumulate", "compute",        "optimizer_update", "free",       "wait"};
 
 template <typename E, size_t N>
 static std::optional<E> lookup(const std::array<std::string_view, N> &names,
@@ -708,6 +708,32 @@ checkOperands(const Plan &plan, const Instruction &in, const std::string &p,
         return errorAt(childPointer(childPointer(p, "outputs"), k),
                        "the scale of " + quote(dst.id) + " reads " +
                            quote(dst.scale->amax) + ", which is not an input");
+    }
+    return {};
+  }
+  case OpKind::Accumulate: {
+    // Per tensor: inputs (accumulator, addend), output the accumulator,
+    // added into in place: the same shard, dtype and box.
+    if (in.outputs.empty() || in.inputs.size() != 2 * in.outputs.size())
+      return errorAt(p, "accumulate needs inputs (accumulator, addend) per "
+                        "output");
+    for (size_t k = 0; k < in.outputs.size(); ++k) {
+      const Buffer &acc = buffer(in.inputs[2 * k]);
+      const Buffer &add = buffer(in.inputs[2 * k + 1]);
+      if (in.outputs[k] != acc.id)
+        return errorAt(childPointer(childPointer(p, "outputs"), k),
+                       "accumulate adds in place: output " + std::to_string(k) +
+                           " must be input " + std::to_string(2 * k));
+      if (add.localShape != acc.localShape || add.offset != acc.offset ||
+          add.dtype != acc.dtype)
+        return errorAt(childPointer(childPointer(p, "inputs"), 2 * k + 1),
+                       quote(add.id) + " is not the same shard and dtype as " +
+                           quote(acc.id));
+      if (acc.dtype != DType::Float32 && acc.dtype != DType::BFloat16)
+        return errorAt(childPointer(childPointer(p, "inputs"), 2 * k),
+                       quote(acc.id) + " is " +
+                           std::string(dtypeName(acc.dtype)) +
+                           "; accumulate adds float32 or bfloat16");
     }
     return {};
   }

@@ -793,6 +793,33 @@ Result<void> Session::Impl::execute(Bound &b) {
           d[j] += s[r * dst.numel + j];
     }
     return {};
+  case OpKind::Accumulate:
+    // Per tensor: inputs (accumulator, addend), added in place (the reader
+    // checked shapes and dtypes). bfloat16 adds in float32 and rounds to
+    // nearest even, once per addition.
+    for (size_t i = 0; i < b.outputs.size(); ++i) {
+      BufferState &acc = buffers[b.inputs[2 * i]];
+      const BufferState &add = buffers[b.inputs[2 * i + 1]];
+      if (acc.numel != add.numel || acc.meta->dtype != add.meta->dtype)
+        return makeError("cannot add \"" + add.meta->id + "\" into \"" +
+                         acc.meta->id + "\"");
+      if (acc.meta->dtype == DType::Float32) {
+        auto *d = reinterpret_cast<float *>(acc.data.data());
+        auto *s = reinterpret_cast<const float *>(add.data.data());
+        for (int64_t j = 0; j < acc.numel; ++j)
+          d[j] += s[j];
+      } else if (acc.meta->dtype == DType::BFloat16) {
+        auto *d = reinterpret_cast<uint16_t *>(acc.data.data());
+        auto *s = reinterpret_cast<const uint16_t *>(add.data.data());
+        for (int64_t j = 0; j < acc.numel; ++j)
+          d[j] = k::floatToBf16(k::bf16ToFloat(d[j]) + k::bf16ToFloat(s[j]));
+      } else {
+        return makeError("cannot accumulate a " +
+                         std::string(plan::dtypeName(acc.meta->dtype)) +
+                         " buffer");
+      }
+    }
+    return {};
   case OpKind::Fp8Amax: {
     if (b.outputs.size() != 1)
       return makeError("fp8_amax needs one output");

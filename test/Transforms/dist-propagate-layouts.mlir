@@ -145,3 +145,24 @@ func.func @reshape_minor_split(%x: tensor<8x4xf32> {dist.layout = #dist.layout<@
   %0 = dist.reshape %x : tensor<8x4xf32> -> tensor<32xf32>
   return %0 : tensor<32xf32>
 }
+
+// -----
+
+// Addition is linear: two partial sums with the same splits add to a partial
+// sum (and two partial averages to a partial average) with no reduction
+// first; a product of partial sums is not the partial sum of products, so
+// mulf reduces first.
+dist.mesh @m ["tp" = 2]
+// CHECK-LABEL: func.func @linear
+// CHECK: %[[A:.*]] = arith.addf %{{.*}}, %{{.*}} : tensor<4x8xf32, #dist.layout<@m, [{}, {}], partial(sum) = {"tp"}>>
+// CHECK-NOT: dist.redistribute %[[A]]
+// CHECK: %[[S:.*]] = arith.subf %[[A]], %{{.*}} : tensor<4x8xf32, #dist.layout<@m, [{}, {}], partial(sum) = {"tp"}>>
+// CHECK: %[[R:.*]] = dist.redistribute %[[S]] : {{.*}} partial(sum) = {"tp"}>> -> tensor<4x8xf32, #dist.layout<@m, [{}, {}]>>
+// CHECK: arith.mulf %[[R]], %[[R]]
+func.func @linear(%x: tensor<4x8xf32> {dist.layout = #dist.layout<@m, [{}, {}], partial(sum) = {"tp"}>},
+                  %y: tensor<4x8xf32> {dist.layout = #dist.layout<@m, [{}, {}], partial(sum) = {"tp"}>}) -> tensor<4x8xf32> {
+  %a = arith.addf %x, %y : tensor<4x8xf32>
+  %s = arith.subf %a, %y : tensor<4x8xf32>
+  %m = arith.mulf %s, %s : tensor<4x8xf32>
+  return %m : tensor<4x8xf32>
+}

@@ -487,3 +487,49 @@ func.func @not_a_step(%w: !s) {
   dist.compute forward "a" (%g) : !g
   return
 }
+
+// -----
+
+// "reduce": "every_microbatch": each microbatch's reduce_scatter follows its
+// backward on comm.rs, and the in-place accumulation into microbatch 0's
+// reduced shard (arith.addf {dist.accumulate}) joins it there, so the next
+// forward never waits for a reduction. The accumulator (the addf's first
+// operand) is never freed: its buffer is the sum's; the addend is.
+!s = tensor<64x32xf32, #dist.layout<@m, [{"dp"}, {}]>>
+!g = tensor<64x32xf32, #dist.layout<@m, [{}, {}]>>
+!d = tensor<64x32xf32, #dist.layout<@m, [{}, {}], partial(avg) = {"dp"}>>
+dist.mesh @m ["dp" = 2]
+dist.comm @comm_m_dp on @m axes {"dp"}
+// CHECK-LABEL: func.func @accumulate
+// CHECK:      %[[D0:.*]] = dist.compute backward "u"(%{{.*}}) {dist.id = 2 : i64, dist.microbatch = 0 : i64, dist.stream = "compute"}
+// CHECK-NEXT: %[[R0:.*]] = dist.reduce_scatter %[[D0]] {{.*}}dist.stream = "comm.rs"
+// CHECK-NEXT: dist.free %[[D0]] {dist.after = array<i64: 3>
+// CHECK:      %[[D1:.*]] = dist.compute backward "u"(%{{.*}}) {dist.id = 6 : i64, dist.microbatch = 1 : i64
+// CHECK-NEXT: %[[R1:.*]] = dist.reduce_scatter %[[D1]] {{.*}}dist.stream = "comm.rs"
+// CHECK-NEXT: dist.free %[[D1]]
+// CHECK-NEXT: %[[A1:.*]] = arith.addf %[[R0]], %[[R1]] {dist.accumulate, dist.id = 9 : i64, dist.stream = "comm.rs"}
+// CHECK-NEXT: dist.free %[[R1]] {dist.after = array<i64: 9>
+// CHECK-NOT:  dist.free %[[R0]]
+// CHECK:      %[[R2:.*]] = dist.reduce_scatter
+// CHECK-NOT:  dist.free %[[A1]]
+// CHECK:      %[[A2:.*]] = arith.addf %[[A1]], %[[R2]] {dist.accumulate, dist.id = 16 : i64, dist.stream = "comm.rs"}
+// CHECK-NEXT: dist.free %[[R2]]
+// CHECK-NEXT: %[[S:.*]] = arith.addf %[[A2]], %arg0 {dist.id = 18 : i64, dist.stream = "compute"}
+// CHECK-NEXT: dist.free %[[A2]]
+func.func @accumulate(%w: !s {dist.param = "w"}) -> !s
+    attributes {dist.train_step, dist.reshard_after_forward = false} {
+  %g = dist.all_gather %w dim 0 over {"dp"} comm = @comm_m_dp : !s -> !g
+  dist.compute forward "u" (%g) {dist.microbatch = 0 : i64} : !g
+  %d0 = dist.compute backward "u" (%g) {dist.microbatch = 0 : i64} : !g -> !d
+  %r0 = dist.reduce_scatter %d0 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !s
+  dist.compute forward "u" (%g) {dist.microbatch = 1 : i64} : !g
+  %d1 = dist.compute backward "u" (%g) {dist.microbatch = 1 : i64} : !g -> !d
+  %r1 = dist.reduce_scatter %d1 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !s
+  %a1 = arith.addf %r0, %r1 {dist.accumulate} : !s
+  dist.compute forward "u" (%g) {dist.microbatch = 2 : i64} : !g
+  %d2 = dist.compute backward "u" (%g) {dist.microbatch = 2 : i64} : !g -> !d
+  %r2 = dist.reduce_scatter %d2 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !s
+  %a2 = arith.addf %a1, %r2 {dist.accumulate} : !s
+  %sum = arith.addf %a2, %w : !s
+  return %sum : !s
+}

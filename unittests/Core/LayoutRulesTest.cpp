@@ -228,4 +228,50 @@ TEST(LayoutRules, ElementwiseSharesOneLayoutWithoutPendingReductions) {
   EXPECT_FALSE(elementwiseRule(2, {nullptr, nullptr}, nullptr).has_value());
 }
 
+// Every pair of layouts on a 2x2 mesh with every pending reduction: an
+// addition keeps a pending sum or avg exactly when both operands have the
+// same layout (the sum of two partial sums is the partial sum of the
+// sums), and otherwise behaves as any elementwise op.
+TEST(LayoutRules, AdditionKeepsASharedPendingSumOrAverage) {
+  auto meshPtr = mesh2x2();
+  View view = View::root(meshPtr);
+  std::vector<Layout> all;
+  for (const Layout &l : layouts(view, 1))
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max})
+      for (int axis = 0; axis < 2; ++axis) {
+        Layout x = l;
+        x.partial = view.axes()[axis].refs;
+        x.reduceOp = op;
+        if (verifyLayout(view, x))
+          all.push_back(x);
+      }
+  int kept = 0;
+  for (const Layout &a : all)
+    for (const Layout &b : all) {
+      auto linear = linearElementwiseRule(2, {&a, &b}, nullptr);
+      auto plain = elementwiseRule(2, {&a, &b}, nullptr);
+      ASSERT_TRUE(linear && plain);
+      bool same = a.dims == b.dims && a.partial == b.partial &&
+                  a.reduceOp == b.reduceOp;
+      if (same && a.reduceOp != ReduceOp::Max) {
+        ++kept;
+        EXPECT_EQ(linear->results[0].partial, a.partial);
+        EXPECT_EQ(linear->results[0].reduceOp, a.reduceOp);
+        EXPECT_EQ(linear->operands[1].dims, a.dims);
+      } else {
+        EXPECT_EQ(linear->results[0].partial, plain->results[0].partial);
+        EXPECT_EQ(linear->results[0].dims, plain->results[0].dims);
+        EXPECT_TRUE(linear->results[0].partial.empty());
+      }
+    }
+  EXPECT_GT(kept, 0);
+  // A stated result without the pending reduction wins, as elsewhere.
+  Layout p = replicatedLayout(1);
+  p.partial = view.axes()[0].refs;
+  Layout r = replicatedLayout(1);
+  auto stated = linearElementwiseRule(2, {&p, &p}, &r);
+  ASSERT_TRUE(stated);
+  EXPECT_TRUE(stated->results[0].partial.empty());
+}
+
 } // namespace

@@ -193,6 +193,31 @@ const char *kBase = R"json({
   "gradient_accumulation_steps": 2
 })json";
 
+TEST(BaseSpec, AccumulationModesAndActivationCheckpointing) {
+  // The short key keeps FSDP2's default: reduce every microbatch.
+  auto plain = parseSpec(kBase);
+  ASSERT_TRUE(succeeds(plain));
+  EXPECT_EQ(plain->gradientAccumulationSteps, 2);
+  EXPECT_EQ(plain->accumulationReduce, AccumulationReduce::EveryMicrobatch);
+  EXPECT_EQ(plain->activationCheckpointing, ActivationCheckpointing::None);
+  Json doc = Json::parse(kBase);
+  doc.erase("gradient_accumulation_steps");
+  doc["gradient_accumulation"] = {{"steps", 3}, {"reduce", "last_microbatch"}};
+  doc["activation_checkpointing"] = "selective";
+  auto spec = parseSpec(doc.dump());
+  ASSERT_TRUE(succeeds(spec));
+  EXPECT_EQ(spec->gradientAccumulationSteps, 3);
+  EXPECT_EQ(spec->accumulationReduce, AccumulationReduce::LastMicrobatch);
+  EXPECT_EQ(spec->activationCheckpointing, ActivationCheckpointing::Selective);
+  // "reduce" alone keeps the step count of the short key.
+  doc = Json::parse(kBase);
+  doc["gradient_accumulation"] = {{"reduce", "last_microbatch"}};
+  spec = parseSpec(doc.dump());
+  ASSERT_TRUE(succeeds(spec));
+  EXPECT_EQ(spec->gradientAccumulationSteps, 2);
+  EXPECT_EQ(spec->accumulationReduce, AccumulationReduce::LastMicrobatch);
+}
+
 TEST(BaseSpec, IsValid) {
   auto r = loadSpec(kBase, "");
   ASSERT_TRUE(succeeds(r));
@@ -306,8 +331,9 @@ TEST(SpecErrors, MutationTable) {
       {{rename("/mixed_precision", "mixed_precison")},
        "/mixed_precison: unknown key; expected one of $schema, description, "
        "model, world_size, mesh, data_parallel, tensor_parallel, extra_axes, "
-       "mixed_precision, float8, optimizer, gradient_accumulation_steps (did "
-       "you mean \"mixed_precision\"?)"},
+       "mixed_precision, float8, optimizer, gradient_accumulation_steps, "
+       "gradient_accumulation, activation_checkpointing (did you mean "
+       "\"mixed_precision\"?)"},
       {{set("/a~1b", "1")}, "/a~1b: unknown key; expected one of"},
       {{set(plan + "/0/extra", "1")},
        "/tensor_parallel/plan/0/extra: unknown key; expected one of pattern, "
@@ -392,6 +418,26 @@ TEST(SpecErrors, MutationTable) {
       {{set("/gradient_accumulation_steps", "0")},
        "/gradient_accumulation_steps: expected an integer in [1, 1073741824], "
        "got 0"},
+      {{set("/gradient_accumulation", R"({"steps": 4})")},
+       "/gradient_accumulation/steps: gradient_accumulation_steps is given as "
+       "well; keep one of the two"},
+      {{remove("/gradient_accumulation_steps"),
+        set("/gradient_accumulation", R"({"steps": 0})")},
+       "/gradient_accumulation/steps: expected an integer in [1, 1073741824], "
+       "got 0"},
+      {{set("/gradient_accumulation", R"({"reduce": "every_step"})")},
+       "/gradient_accumulation/reduce: unknown mode \"every_step\"; expected "
+       "one of every_microbatch, last_microbatch"},
+      {{set("/gradient_accumulation", R"({"reduce": "last"})")},
+       "/gradient_accumulation/reduce: unknown mode \"last\""},
+      {{set("/gradient_accumulation", R"({"stpes": 2})")},
+       "/gradient_accumulation/stpes: unknown key; expected one of steps, "
+       "reduce (did you mean \"steps\"?)"},
+      {{set("/activation_checkpointing", R"("partial")")},
+       "/activation_checkpointing: unknown policy \"partial\"; expected one "
+       "of none, full, selective"},
+      {{set("/activation_checkpointing", "true")},
+       "/activation_checkpointing: expected a string"},
       {{set(plan, "[]")}, "/tensor_parallel/plan: expected at least one rule"},
       {{set(plan + "/0/pattern", "\"tok-embeddings\"")},
        "/tensor_parallel/plan/0/pattern: invalid character '-' in pattern"},

@@ -101,6 +101,14 @@ struct Config {
   bool stochasticRounding = false;
   bool reshard = true;
   int64_t ga = 1;
+  /// "gradient_accumulation.reduce"; "" writes the short key
+  /// gradient_accumulation_steps (default mode, every_microbatch).
+  std::string gaReduce;
+  /// Gradients reduce-scattered after each microbatch and accumulated into
+  /// the shard (docs/semantics.md, "Gradient accumulation").
+  bool everyMicrobatch() const {
+    return ga > 1 && gaReduce != "last_microbatch";
+  }
 };
 
 std::ostream &operator<<(std::ostream &os, const Config &c) {
@@ -268,7 +276,10 @@ std::string specText(const Config &c) {
                     {"param_dtype", c.optDtype},
                     {"stochastic_rounding", c.stochasticRounding},
                     {"seed", 7}};
-  s["gradient_accumulation_steps"] = c.ga;
+  if (c.gaReduce.empty())
+    s["gradient_accumulation_steps"] = c.ga;
+  else
+    s["gradient_accumulation"] = {{"steps", c.ga}, {"reduce", c.gaReduce}};
   return s.dump(1);
 }
 
@@ -337,6 +348,10 @@ std::vector<Config> configs() {
     c.reshard = false;
     c.ga = 2;
     add(c);
+    // The same, reducing once after the last microbatch.
+    c.name = "odd_fsdp8_noreshard_ga2_last";
+    c.gaReduce = "last_microbatch";
+    add(c);
   }
   {
     Config c{.name = "odd_fsdp_2x3_flattened"};
@@ -375,6 +390,10 @@ std::vector<Config> configs() {
     c.ga = 2;
     c.paramDtype = "bfloat16";
     add(c);
+    c.name = "odd_hsdp_managed_3x4_shuffled_ga3_last";
+    c.ga = 3;
+    c.gaReduce = "last_microbatch";
+    add(c);
   }
   {
     Config c{.name = "tiny_fsdp2_tp2_fp8"};
@@ -405,14 +424,16 @@ std::vector<Config> configs() {
     add(c);
   }
   {
-    Config c{.name = "odd_fsdp3_tp4_ga2"};
+    Config c{.name = "odd_fsdp3_tp4_ga3_every_bf16reduce"};
     c.odd = true;
     c.axes = {{"s", 3}, {"tp", 4}};
     c.shard = {"s"};
     c.tpAxis = "tp";
     c.tpPlan = oddFullPlan();
     c.paramDtype = "bfloat16";
-    c.ga = 2;
+    c.reduceDtype = "bfloat16";
+    c.ga = 3;
+    c.gaReduce = "every_microbatch";
     add(c);
   }
   {
@@ -1535,6 +1556,12 @@ private:
     if (ref.shardSize > 1)
       out.push_back("reduce_scatter(avg) over " +
                     join(ref.nontrivial(c.shard)));
+    // "every_microbatch": microbatch 0's reduced shard is the accumulator,
+    // each later microbatch's reduced shard is added into it; the replicate
+    // all-reduce runs once, on the sum.
+    if (c.everyMicrobatch())
+      for (int64_t mb = 1; mb < c.ga; ++mb)
+        out.push_back("accumulate");
     if (!ref.nontrivial(c.replicate).empty())
       out.push_back("all_reduce(avg) over " +
                     join(sorted(ref.nontrivial(c.replicate))));
@@ -1547,6 +1574,60 @@ private:
     if (ref.reduceDtype != pl::DType::Float32)
       out.push_back("cast");
     return out;
+  }
+
+  /// Microbatches whose reduced shard was added into an accumulator, per
+  /// parameter (each of 1..ga-1 exactly once).
+  mutable std::map<std::string, std::multiset<int64_t>> addedMicrobatches;
+
+  /// One accumulate's addend: written by a reduce-scatter over the shard
+  /// axes (or, without sharding, by backward itself) of a backward of `rp`'s
+  /// unit for a later microbatch.
+  bool checkAddend(const pl::Plan &p, size_t at, const std::string &id,
+                   const RefParam &rp, std::string &error) const {
+    std::string current = id;
+    for (size_t reader = at;;) {
+      size_t w = reader;
+      for (size_t i = 0; i < reader; ++i) {
+        const pl::Instruction &x = p.program[i];
+        if (x.op != pl::OpKind::Free &&
+            std::find(x.outputs.begin(), x.outputs.end(), current) !=
+                x.outputs.end())
+          w = i;
+      }
+      if (w == reader) {
+        error = "nothing writes the addend " + current;
+        return false;
+      }
+      const pl::Instruction &in = p.program[w];
+      if (in.op == pl::OpKind::Compute) {
+        std::string prefix = "backward " + rp.unit + " (microbatch ";
+        if (in.label.rfind(prefix, 0) != 0) {
+          error = describe(in) + " writes the addend " + current;
+          return false;
+        }
+        int64_t mb = std::stoll(in.label.substr(prefix.size()));
+        addedMicrobatches[rp.name].insert(mb);
+        if (ref.shardSize > 1 && current == id) {
+          error = "the addend " + id + " is not reduce-scattered";
+          return false;
+        }
+        return true;
+      }
+      std::string expected =
+          "reduce_scatter(avg) over " + join(ref.nontrivial(c.shard));
+      if (current != id || step(p, in) != expected) {
+        error = "the addend " + id + " is made by " + step(p, in) +
+                ", expected " + expected + " of one backward";
+        return false;
+      }
+      std::string next;
+      for (size_t k = 0; k < in.outputs.size(); ++k)
+        if (in.outputs[k] == current && k < in.inputs.size())
+          next = in.inputs[k];
+      current = next;
+      reader = w;
+    }
   }
 
   /// The path of the gradient `id` of `rp` that instruction `at` reads:
@@ -1572,9 +1653,12 @@ private:
       }
       const pl::Instruction &in = p.program[w];
       if (in.op == pl::OpKind::Compute) {
+        // The accumulator comes from microbatch 0 when every microbatch is
+        // reduced, else the last backward holds the accumulated gradient.
         std::string expected = "backward " + rp.unit;
         if (c.ga > 1)
-          expected += " (microbatch " + std::to_string(c.ga - 1) + ")";
+          expected += " (microbatch " +
+                      std::to_string(c.everyMicrobatch() ? 0 : c.ga - 1) + ")";
         if (in.label != expected) {
           error = describe(in) + " writes " + id + ", expected " + expected;
           return {};
@@ -1584,6 +1668,27 @@ private:
       }
       path.push_back(step(p, in));
       std::string next;
+      if (in.op == pl::OpKind::Accumulate) {
+        // Output k is input 2k (in place); input 2k + 1 is one later
+        // microbatch's reduced shard: reduced from backward as microbatch 0's
+        // was, by a reduce-scatter over exactly the shard axes.
+        for (size_t k = 0; k < in.outputs.size(); ++k)
+          if (in.outputs[k] == id && 2 * k + 1 < in.inputs.size() &&
+              ref.rootOf(in.inputs[2 * k]) == &rp) {
+            next = in.inputs[2 * k];
+            std::string addend = in.inputs[2 * k + 1];
+            if (!checkAddend(p, w, addend, rp, error))
+              return {};
+          }
+        if (next.empty()) {
+          error = describe(in) + " accumulates into " + id +
+                  " from no gradient of " + rp.name;
+          return {};
+        }
+        id = next;
+        at = w;
+        continue;
+      }
       for (size_t k = 0; k < in.outputs.size(); ++k)
         if (in.outputs[k] == id && k < in.inputs.size() &&
             ref.rootOf(in.inputs[k]) == &rp)
@@ -1739,7 +1844,9 @@ private:
         fail("grads", p.rank,
              rp.name + " is updated " + std::to_string(updates[rp.name]) +
                  " times");
-      if (scatters[rp.name] != (shards ? 1 : 0))
+      // Once per microbatch with "every_microbatch", else once per step.
+      int64_t scattersPerStep = c.everyMicrobatch() ? c.ga : 1;
+      if (scatters[rp.name] != (shards ? scattersPerStep : 0))
         fail("grads", p.rank,
              rp.name + "'s gradient is reduce-scattered " +
                  std::to_string(scatters[rp.name]) + " times");
@@ -1752,6 +1859,19 @@ private:
              rp.name + "'s gradient rows are summed " +
                  std::to_string(sums[rp.name]) + " times" +
                  (rp.stacked ? "" : " (it is not stacked)"));
+      if (c.everyMicrobatch()) {
+        std::multiset<int64_t> expected;
+        for (int64_t mb = 1; mb < c.ga; ++mb)
+          expected.insert(mb);
+        if (addedMicrobatches[rp.name] != expected)
+          fail("grads", p.rank,
+               rp.name + "'s accumulator adds " +
+                   std::to_string(addedMicrobatches[rp.name].size()) +
+                   " microbatches' reduced shards, expected microbatches "
+                   "1.." +
+                   std::to_string(c.ga - 1) + " once each");
+        addedMicrobatches[rp.name].clear();
+      }
       if (tpReduces[rp.name] != (rp.stacked ? 1 : 0))
         fail("grads", p.rank,
              rp.name + "'s summed gradient is all-reduced over tp " +
@@ -1941,8 +2061,11 @@ private:
                describe(in) + " reads " + id + " of kind " +
                    std::string(pl::bufferKindName(b->kind)));
       }
-      bool later =
-          c.ga > 1 && in.label.find("(microbatch 0)") == std::string::npos;
+      // With "last_microbatch", later backwards add into the unsharded
+      // gradients of the one before; with "every_microbatch" each writes
+      // fresh ones (the accumulation happens on the reduced shards).
+      bool later = c.ga > 1 && !c.everyMicrobatch() &&
+                   in.label.find("(microbatch 0)") == std::string::npos;
       for (const RefParam &rp : ref.params) {
         if (rp.unit != unit)
           continue;
@@ -1992,8 +2115,8 @@ private:
   //------------------------------------------------------------------
 
   /// What an op does to its buffers (docs/plan-format.md's op table):
-  /// collectives and local ops (fp8_amax, fp8_cast, cast, sum, compute,
-  /// optimizer_update) read their inputs and write their outputs; free
+  /// collectives and local ops (fp8_amax, fp8_cast, cast, sum, accumulate,
+  /// compute, optimizer_update) read their inputs and write their outputs; free
   /// releases its inputs; wait touches none. Every op is listed, so a new
   /// one needs a decision here.
   enum class Access { ReadsWrites, Frees, Nothing };
@@ -2009,6 +2132,7 @@ private:
     case pl::OpKind::Fp8Cast:
     case pl::OpKind::Cast:
     case pl::OpKind::Sum:
+    case pl::OpKind::Accumulate:
     case pl::OpKind::Compute:
     case pl::OpKind::OptimizerUpdate:
       return Access::ReadsWrites;
@@ -2313,7 +2437,8 @@ TEST(PipelineSweepCoverage, CoversTheRoles) {
   bool ddpOnly = false, fsdp1 = false, fsdp2 = false, hsdp = false,
        managed = false, tp2 = false, tp4 = false, extra = false, fp8On = false,
        fp8Off = false, sr = false, reshardTrue = false, reshardFalse = false,
-       ga1 = false, ga2 = false, shuffled = false, odd = false;
+       ga1 = false, ga2 = false, gaEvery = false, gaLast = false,
+       gaEveryHsdp = false, gaLastHsdp = false, shuffled = false, odd = false;
   // Stacked (sequence-parallel) gradients under FSDP x TP, under HSDP x TP
   // (the replicate all-reduce of stacked rows, uneven on the odd model),
   // without data parallelism, and a TP axis of size 1 (nothing stacked).
@@ -2350,12 +2475,17 @@ TEST(PipelineSweepCoverage, CoversTheRoles) {
     reshardFalse |= !c.shard.empty() && !c.reshard;
     ga1 |= c.ga == 1;
     ga2 |= c.ga == 2;
+    gaEvery |= c.everyMicrobatch() && c.ga > 2;
+    gaLast |= c.ga > 1 && !c.everyMicrobatch();
+    gaEveryHsdp |= c.everyMicrobatch() && !c.replicate.empty();
+    gaLastHsdp |= c.ga > 1 && !c.everyMicrobatch() && !c.replicate.empty();
     shuffled |= c.shuffle;
     odd |= c.odd;
   }
   EXPECT_TRUE(ddpOnly && fsdp1 && fsdp2 && hsdp && managed && tp2 && tp4 &&
               extra && fp8On && fp8Off && sr && reshardTrue && reshardFalse &&
-              ga1 && ga2 && shuffled && odd);
+              ga1 && ga2 && gaEvery && gaLast && gaEveryHsdp && gaLastHsdp &&
+              shuffled && odd);
   EXPECT_TRUE(stackedFsdp && stackedHsdpOdd && stackedNoDp &&
               sequenceParallelTp1);
 }

@@ -210,6 +210,7 @@ int main(int argc, char **argv) {
   // Reference tensors from the plan's parameter buffers.
   std::map<std::string, RefTensor> ref;
   int64_t microbatches = 1;
+  bool reducesEveryMicrobatch = false;
   for (const plan::Buffer &b : p.buffers) {
     if (b.kind != plan::BufferKind::ParamShard)
       continue;
@@ -230,9 +231,14 @@ int main(int argc, char **argv) {
     if (b.kind == plan::BufferKind::Gradient && ref.count(b.tensor) &&
         b.globalShape.size() == ref[b.tensor].shape.size() + 1)
       ref[b.tensor].stackRows = b.globalShape[0];
-  for (const plan::Instruction &in : p.program)
+  for (const plan::Instruction &in : p.program) {
     if (in.op == plan::OpKind::Compute)
       microbatches = std::max(microbatches, in.microbatch + 1);
+    // "every_microbatch" accumulates reduced shards; "last_microbatch"
+    // accumulates in backward and has no accumulate instruction.
+    if (in.op == plan::OpKind::Accumulate)
+      reducesEveryMicrobatch = true;
+  }
 
   auto init = s.initParameters([&](TensorView &v) -> Result<void> {
     RefTensor &t = ref.at(v.tensor());
@@ -394,13 +400,29 @@ int main(int argc, char **argv) {
         seenW[g] = x;
       }
       // The plan's order: per TP row of a stacked gradient, the sum over
-      // microbatches, the mean over shards, the mean over replicas; then the
-      // sum of the rows.
+      // microbatches, the mean over shards (with "every_microbatch": the
+      // mean over shards of each microbatch, then their sum), the mean over
+      // replicas; then the sum of the rows.
       std::vector<float> acc(t.w.size(), 0.0f);
       for (int64_t row = 0; row < t.stackRows; ++row) {
         std::vector<float> replicaSum(t.w.size(), 0.0f);
         for (int64_t r = 0; r < replicas; ++r) {
           std::vector<float> shardSum(t.w.size(), 0.0f);
+          if (reducesEveryMicrobatch) {
+            // Each microbatch's mean over shards, accumulated.
+            for (int64_t mb = 0; mb < microbatches; ++mb) {
+              std::vector<float> mbSum(t.w.size(), 0.0f);
+              for (int64_t sh = 0; sh < shards; ++sh)
+                for (size_t g = 0; g < t.w.size(); ++g)
+                  mbSum[g] += contribution(seenW[g], int64_t(g), step,
+                                           r * shards + sh, mb, row);
+              for (size_t g = 0; g < t.w.size(); ++g)
+                shardSum[g] += mbSum[g] / static_cast<float>(shards);
+            }
+            for (size_t g = 0; g < t.w.size(); ++g)
+              replicaSum[g] += shardSum[g];
+            continue;
+          }
           for (int64_t sh = 0; sh < shards; ++sh)
             for (size_t g = 0; g < t.w.size(); ++g) {
               float sum = 0;

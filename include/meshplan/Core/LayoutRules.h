@@ -34,6 +34,16 @@ std::optional<RuleLayouts>
 elementwiseRule(int numOperands, const std::vector<const Layout *> &operands,
                 const Layout *result);
 
+/// Addition and subtraction are linear: when every operand is known and all
+/// are pending the same reduction (sum or avg over the same refs) with the
+/// same splits, the result is pending it too (sum_r a_r + sum_r b_r =
+/// sum_r (a_r + b_r), and likewise for the average), so no operand needs
+/// reducing first. Anything else is elementwiseRule.
+std::optional<RuleLayouts>
+linearElementwiseRule(int numOperands,
+                      const std::vector<const Layout *> &operands,
+                      const Layout *result);
+
 /// C[M,N] = A[M,K] x B[K,N]. M follows A's dim 0, N follows B's dim 1, and
 /// when A's dim 1 and B's dim 0 are split by the same levels the product is
 /// partial(sum) over them (row-wise tensor parallel). Conflicts resolve in

@@ -140,6 +140,26 @@ struct OptimizerSpec {
   uint64_t seed = 0;
 };
 
+/// When gradient accumulation reduces the gradients
+/// ("gradient_accumulation.reduce"): FSDP2's default reduce-scatters after
+/// every microbatch's backward and accumulates into the sharded gradient;
+/// "last_microbatch" (FSDP2's set_requires_gradient_sync(False) until the
+/// last one) keeps every unsharded gradient alive across microbatches and
+/// reduces once.
+enum class AccumulationReduce { EveryMicrobatch, LastMicrobatch };
+inline constexpr std::array<std::string_view, 2> kAccumulationReduceNames = {
+    "every_microbatch", "last_microbatch"};
+std::string_view accumulationReduceName(AccumulationReduce mode);
+
+/// Activation checkpointing ("activation_checkpointing"), as torchtitan's
+/// `activation_checkpoint.mode`: it changes only the activation memory the
+/// cost model estimates (and the recomputation it charges), not the plan's
+/// collectives.
+enum class ActivationCheckpointing { None, Full, Selective };
+inline constexpr std::array<std::string_view, 3> kActivationCheckpointingNames =
+    {"none", "full", "selective"};
+std::string_view activationCheckpointingName(ActivationCheckpointing mode);
+
 struct Spec {
   std::string description;
   /// A preset name or a path to a model JSON file (relative to the spec).
@@ -153,6 +173,9 @@ struct Spec {
   std::optional<Float8Spec> float8; ///< absent: no float8
   OptimizerSpec optimizer;
   int64_t gradientAccumulationSteps = 1;
+  AccumulationReduce accumulationReduce = AccumulationReduce::EveryMicrobatch;
+  ActivationCheckpointing activationCheckpointing =
+      ActivationCheckpointing::None;
 };
 
 struct SpecOptions {

@@ -77,6 +77,7 @@ enum class OpKind {
   Fp8Cast,
   Cast,
   Sum,
+  Accumulate,
   Compute,
   OptimizerUpdate,
   Free,

@@ -162,6 +162,10 @@ private:
       outs.push_back(layoutOf(v));
     if (auto ruled = dyn_cast<LayoutRuleOpInterface>(op))
       return ruled.inferLayouts(*view, ins, outs);
+    if (isa<arith::AddFOp, arith::SubFOp>(op))
+      return linearElementwiseRule(
+          static_cast<int>(ins.size()),
+          std::vector<const Layout *>(ins.begin(), ins.end()), outs[0]);
     if (op->hasTrait<OpTrait::Elementwise>() && op->getNumResults() == 1)
       return elementwiseRule(
           static_cast<int>(ins.size()),

@@ -30,7 +30,11 @@
 // - Within a group: casts first, then the collectives bucket by bucket
 //   (same comm, op, element type, reduce op), so bucket members are adjacent
 //   on their stream.
-// - dist.free after every value's last use.
+// - dist.free after every value's last use. An accumulation
+//   (arith.addf {dist.accumulate}, one per later microbatch with "reduce":
+//   "every_microbatch") adds into its first operand in place: it joins the
+//   reductions of its backward, on their stream, and its first operand is
+//   not freed (its buffer is the sum's).
 //
 //===----------------------------------------------------------------------===//
 
@@ -64,7 +68,19 @@ static bool isChainOp(Operation *op) {
                                   arith::ExtFOp, Fp8CastOp>(op);
 }
 
+/// An in-place accumulation of a microbatch's reduced gradient (operand 1)
+/// into the gradient accumulated so far (operand 0), as import writes it
+/// for "reduce": "every_microbatch".
+static bool isAccumulate(Operation *op) {
+  return isa<arith::AddFOp>(op) && op->hasAttr("dist.accumulate");
+}
+
 static StringRef streamOf(Operation *op) {
+  // The accumulation follows the reduce-scatter on its stream (as FSDP2
+  // accumulates after its reduce-scatter), so the next backward on the
+  // compute stream never waits for a reduction.
+  if (isAccumulate(op))
+    return "comm.rs";
   if (isa<AllGatherOp, AllToAllOp, PermuteOp, BroadcastOp>(op))
     return "comm.ag";
   // A MAX all-reduce is the float8 amax reduction the gathers wait for;
@@ -375,6 +391,16 @@ void StepScheduler::buildReductionGroups() {
     while (!worklist.empty()) {
       Value value = worklist.pop_back_val();
       for (Operation *user : value.getUsers()) {
+        // The accumulation of this backward's reduced gradient joins its
+        // reductions (its other operand is an earlier microbatch's).
+        if (isAccumulate(user) && user->getBlock() == &body &&
+            user->getOperand(1) == value && inGroup(value) &&
+            !reductionGroupOf.contains(user)) {
+          reductionGroupOf[user] = i;
+          reductions[i].push_back(user);
+          worklist.push_back(user->getResult(0));
+          continue;
+        }
         // A cast of a reduced gradient (to the optimizer's float32) runs
         // with the updates, not right after backward, where the compute
         // stream would wait for the reduction.
@@ -469,6 +495,11 @@ void StepScheduler::insertFrees() {
     if (isa<AdamWOp, FreeOp>(op))
       continue;
     for (Value result : op.getResults()) {
+      // Accumulated into in place: its buffer lives on as the sum's.
+      if (llvm::any_of(result.getUses(), [](OpOperand &use) {
+            return use.getOperandNumber() == 0 && isAccumulate(use.getOwner());
+          }))
+        continue;
       Operation *last = nullptr;
       for (Operation *user : result.getUsers()) {
         Operation *inBody = body.findAncestorOpInBlock(*user);
