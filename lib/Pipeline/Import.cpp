@@ -9,6 +9,8 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace meshplan;
 using namespace meshplan::frontend;
@@ -18,10 +20,88 @@ using namespace meshplan::pipeline;
 // Units
 //===----------------------------------------------------------------------===//
 
+/// The TP axis's size, 1 without tensor parallelism.
+static int64_t tpSize(const ResolvedSpec &spec) {
+  if (!spec.spec.tensorParallel)
+    return 1;
+  return spec.mesh->axis(*spec.mesh->findAxis(spec.spec.tensorParallel->axis))
+      .size;
+}
+
+Result<std::string>
+meshplan::pipeline::contextParallelAxis(const ResolvedSpec &spec,
+                                        const ImportOptions &options) {
+  const std::vector<std::string> &extra = spec.spec.extraAxes;
+  auto isExtra = [&](const std::string &name) {
+    return std::find(extra.begin(), extra.end(), name) != extra.end();
+  };
+  if (!options.contextParallelAxis)
+    return isExtra("cp") ? std::string("cp") : std::string();
+  const std::string &name = *options.contextParallelAxis;
+  if (name.empty() || isExtra(name))
+    return name;
+  std::string list;
+  for (const std::string &e : extra)
+    list += (list.empty() ? "" : ", ") + e;
+  return makeError("\"" + name +
+                   "\" is not an extra axis of the spec (extra axes: " +
+                   (list.empty() ? std::string("none") : list) +
+                   "); context parallelism splits sequences over an extra "
+                   "axis");
+}
+
+/// The context-parallel size, 1 when there is none (or the option names no
+/// extra axis: compile reports that through estimateActivations).
+static int64_t contextSize(const ResolvedSpec &spec,
+                           const ImportOptions &options) {
+  Result<std::string> axis = contextParallelAxis(spec, options);
+  if (!axis || axis->empty())
+    return 1;
+  return spec.mesh->axis(*spec.mesh->findAxis(*axis)).size;
+}
+
+/// Tokens each rank holds per microbatch: the data-parallel rank's tokens,
+/// split by context parallelism (the largest part).
+static int64_t tokensPerRank(const ResolvedSpec &spec,
+                             const ImportOptions &options) {
+  int64_t cp = contextSize(spec, options);
+  return (options.tokensPerMicrobatch + cp - 1) / cp;
+}
+
+/// For each module (index into spec.modules), the transformer block it is
+/// in (a block module with an attention child and a feed_forward child), or
+/// -1.
+static std::vector<int> transformerBlocks(const ResolvedSpec &spec) {
+  const std::vector<ModuleEntry> &modules = spec.modules;
+  std::vector<char> isBlock(modules.size(), 0);
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (modules[i].module->kind != ModuleKind::Block)
+      continue;
+    bool attention = false, ffn = false;
+    for (const Module &child : modules[i].module->children) {
+      attention |= child.kind == ModuleKind::Attention;
+      ffn |= child.kind == ModuleKind::FeedForward;
+    }
+    isBlock[i] = attention && ffn;
+  }
+  std::vector<int> blockOf(modules.size(), -1);
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (isBlock[i]) {
+      blockOf[i] = static_cast<int>(i);
+      continue;
+    }
+    int parent = modules[i].parent;
+    if (parent >= 0)
+      blockOf[i] = blockOf[parent];
+  }
+  return blockOf;
+}
+
 /// Forward FLOPs per rank of one microbatch for a leaf module: 2 per weight
 /// element per token for matmuls (divided by the TP degree when the weight
 /// is TP-split), attention scores and values 2 * 2 * tokens * seq * dim / 2
-/// (causal), nothing for lookups and norms (negligible).
+/// (causal), nothing for lookups and norms (negligible). Tokens are this
+/// rank's: context parallelism splits them.
 static double leafFlops(const ResolvedSpec &spec, const ParamAssignment &param,
                         const Module &module, const ImportOptions &options) {
   if (module.kind != ModuleKind::Linear && module.kind != ModuleKind::Output)
@@ -29,12 +109,9 @@ static double leafFlops(const ResolvedSpec &spec, const ParamAssignment &param,
   double elements = 1;
   for (int64_t d : param.shape)
     elements *= static_cast<double>(d);
-  double tp = 1;
-  if (param.tpDim >= 0)
-    tp = static_cast<double>(
-        spec.mesh->axis(*spec.mesh->findAxis(spec.spec.tensorParallel->axis))
-            .size);
-  return 2.0 * elements * static_cast<double>(options.tokensPerMicrobatch) / tp;
+  double tp = param.tpDim >= 0 ? static_cast<double>(tpSize(spec)) : 1;
+  return 2.0 * elements * static_cast<double>(tokensPerRank(spec, options)) /
+         tp;
 }
 
 std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
@@ -43,9 +120,18 @@ std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
   std::vector<Unit> units;
   for (const UnitAssignment &assigned : spec.units)
     units.push_back(
-        {assigned.name, assigned.params, 0, assigned.reshardAfterForward});
-  double tokens = static_cast<double>(options.tokensPerMicrobatch);
+        {assigned.name, assigned.params, 0, 0, assigned.reshardAfterForward});
+  double tokens = static_cast<double>(tokensPerRank(spec, options));
   double seq = static_cast<double>(options.sequenceLength);
+  ActivationCheckpointing policy = spec.spec.activationCheckpointing;
+  std::vector<int> blockOf = transformerBlocks(spec);
+  // Which linear of its block each module is, in forward order (from 1):
+  // torchtitan's selective policy recomputes every second matmul.
+  std::vector<int> linearIndex(modules.size(), 0);
+  std::vector<int> linearsSeen(modules.size(), 0);
+  for (size_t i = 0; i < modules.size(); ++i)
+    if (blockOf[i] >= 0 && modules[i].module->kind == ModuleKind::Linear)
+      linearIndex[i] = ++linearsSeen[blockOf[i]];
   // The unit of every module that holds parameters, and of each attention
   // module (the unit of its projections).
   std::vector<int> unitOf(modules.size(), -1);
@@ -53,8 +139,15 @@ std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
     for (int p : units[u].params) {
       const ParamAssignment &param = spec.params[p];
       unitOf[param.module] = static_cast<int>(u);
-      units[u].forwardFlops +=
+      double flops =
           leafFlops(spec, param, *modules[param.module].module, options);
+      units[u].forwardFlops += flops;
+      if (blockOf[param.module] < 0)
+        continue;
+      if (policy == ActivationCheckpointing::Full ||
+          (policy == ActivationCheckpointing::Selective &&
+           linearIndex[param.module] % 2 == 0))
+        units[u].recomputeFlops += flops;
     }
   for (size_t i = 0; i < modules.size(); ++i) {
     const Module &m = *modules[i].module;
@@ -76,14 +169,157 @@ std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
         continue;
       qDim = static_cast<double>(modules[c].module->params.front().shape[0]);
       if (spec.assignments[c].tpStyle == TPStyle::Colwise)
-        tp = static_cast<double>(
-            spec.mesh
-                ->axis(*spec.mesh->findAxis(spec.spec.tensorParallel->axis))
-                .size);
+        tp = static_cast<double>(tpSize(spec));
     }
-    units[unitOf[i]].forwardFlops += 2.0 * tokens * seq * qDim / tp;
+    double flops = 2.0 * tokens * seq * qDim / tp;
+    units[unitOf[i]].forwardFlops += flops;
+    // Selective checkpointing keeps SDPA's output; full recomputes it.
+    if (blockOf[i] >= 0 && policy == ActivationCheckpointing::Full)
+      units[unitOf[i]].recomputeFlops += flops;
   }
   return units;
+}
+
+//===----------------------------------------------------------------------===//
+// Activations
+//===----------------------------------------------------------------------===//
+
+Result<ActivationEstimate>
+meshplan::pipeline::estimateActivations(const ResolvedSpec &spec,
+                                        const ImportOptions &options) {
+  const std::vector<ModuleEntry> &modules = spec.modules;
+  ActivationEstimate out;
+  auto axis = contextParallelAxis(spec, options);
+  if (!axis)
+    return axis.error();
+  out.contextAxis = *axis;
+  out.contextSize = contextSize(spec, options);
+  out.tokensPerRank = tokensPerRank(spec, options);
+  out.dtypeBytes = dtypeBytes(spec.spec.mixedPrecision.paramDtype);
+  switch (spec.spec.activationCheckpointing) {
+  case ActivationCheckpointing::None:
+    out.policy = plan::Recompute::None;
+    break;
+  case ActivationCheckpointing::Full:
+    out.policy = plan::Recompute::Full;
+    break;
+  case ActivationCheckpointing::Selective:
+    out.policy = plan::Recompute::Selective;
+    break;
+  }
+  const int64_t n = out.tokensPerRank, p = out.dtypeBytes;
+  const int64_t tp = tpSize(spec);
+  auto tpIf = [&](size_t module, TPStyle style) -> int64_t {
+    return spec.assignments[module].tpStyle == style ? tp : 1;
+  };
+
+  // The unit of a module: the unit of its first parameter in forward order
+  // (its own or a descendant's).
+  std::vector<int> unitOfParamModule(modules.size(), -1);
+  for (size_t u = 0; u < spec.units.size(); ++u)
+    for (int param : spec.units[u].params)
+      unitOfParamModule[spec.params[param].module] = static_cast<int>(u);
+  auto unitOf = [&](size_t module) -> int {
+    for (size_t i = module; i < modules.size(); ++i) {
+      // Stop at the first module outside `module`'s subtree.
+      if (i != module) {
+        int a = modules[i].parent;
+        while (a >= 0 && a != static_cast<int>(module))
+          a = modules[a].parent;
+        if (a < 0)
+          break;
+      }
+      if (unitOfParamModule[i] >= 0)
+        return unitOfParamModule[i];
+    }
+    return -1;
+  };
+  auto child = [&](size_t parent, ModuleKind kind,
+                   std::string_view preferred) -> int {
+    int first = -1;
+    for (size_t c = parent + 1; c < modules.size(); ++c) {
+      if (modules[c].parent != static_cast<int>(parent) ||
+          modules[c].module->kind != kind)
+        continue;
+      if (modules[c].module->name == preferred)
+        return static_cast<int>(c);
+      if (first < 0)
+        first = static_cast<int>(c);
+    }
+    return first;
+  };
+  auto charge = [&](int unit, int64_t saved, int64_t forwardTransient,
+                    int64_t backwardTransient) {
+    if (unit < 0)
+      return;
+    plan::UnitActivation &a = out.units[spec.units[unit].name];
+    a.saved += saved;
+    // A unit runs its blocks one at a time: the largest working set.
+    a.forwardTransient = std::max(a.forwardTransient, forwardTransient);
+    a.backwardTransient = std::max(a.backwardTransient, backwardTransient);
+  };
+
+  std::vector<int> blockOf = transformerBlocks(spec);
+  int lastNorm = -1; // the latest top-level norm: the output's final norm
+  for (size_t i = 0; i < modules.size(); ++i) {
+    const Module &m = *modules[i].module;
+    if (m.kind == ModuleKind::Norm && blockOf[i] < 0)
+      lastNorm = static_cast<int>(i);
+    if (m.kind == ModuleKind::Embedding && blockOf[i] < 0) {
+      charge(unitOf(i), plan::tokenIdBytes(n), 0, 0);
+      continue;
+    }
+    if (m.kind == ModuleKind::Output && blockOf[i] < 0 && !m.params.empty()) {
+      const Parameter *w = m.findParam("weight");
+      if (!w || w->shape.size() != 2)
+        continue;
+      plan::OutputShape o;
+      o.vocab = w->shape[0];
+      o.dim = w->shape[1];
+      o.vocabTp = tpIf(i, TPStyle::Colwise);
+      if (lastNorm >= 0)
+        o.sequenceTp = tpIf(lastNorm, TPStyle::SequenceParallel);
+      int64_t transient = plan::outputTransientBytes(o, n, p);
+      charge(unitOf(i), plan::sumTerms(plan::outputTerms(o, n, p)), transient,
+             transient);
+      continue;
+    }
+    if (blockOf[i] != static_cast<int>(i))
+      continue;
+    // A transformer block: its attention's projections and heads, its
+    // feed-forward's linears, and the norm before the attention.
+    int attention = child(i, ModuleKind::Attention, "attention");
+    int ffn = child(i, ModuleKind::FeedForward, "feed_forward");
+    int wq = child(attention, ModuleKind::Linear, "wq");
+    int w1 = child(ffn, ModuleKind::Linear, "w1");
+    int norm = child(i, ModuleKind::Norm, "attention_norm");
+    if (wq < 0 || w1 < 0)
+      continue;
+    const Parameter *q = modules[wq].module->findParam("weight");
+    const Parameter *up = modules[w1].module->findParam("weight");
+    const Module &attn = *modules[attention].module;
+    if (!q || !up || q->shape.size() != 2 || up->shape.size() != 2 ||
+        attn.nHeads < 1)
+      continue;
+    int linears = 0;
+    for (const Module &c : modules[ffn].module->children)
+      linears += c.kind == ModuleKind::Linear;
+    plan::BlockShape block;
+    block.dim = q->shape[1];
+    block.heads = attn.nHeads;
+    block.kvHeads = attn.nKvHeads > 0 ? attn.nKvHeads : attn.nHeads;
+    block.headDim = q->shape[0] / attn.nHeads;
+    block.ffnDim = up->shape[0];
+    block.gatedFfn = linears >= 3;
+    block.attentionTp = tpIf(wq, TPStyle::Colwise);
+    block.ffnTp = tpIf(w1, TPStyle::Colwise);
+    block.sequenceTp = norm >= 0 ? tpIf(norm, TPStyle::SequenceParallel) : 1;
+    ++out.blocks;
+    charge(unitOf(i),
+           plan::sumTerms(plan::savedBlockTerms(block, n, p, out.policy)), 0,
+           plan::blockBackwardTransientBytes(block, n, p, out.policy));
+  }
+  return out;
 }
 
 //===----------------------------------------------------------------------===//
@@ -399,10 +635,10 @@ private:
         if (mb > 0 && !reduceEveryMicrobatch)
           for (int p : unit.params)
             inputs.push_back(grads[p]);
-        auto compute =
-            dist::ComputeOp::create(b, loc, gradTypes, dist::Phase::Backward,
-                                    b.getStringAttr(unit.name), inputs,
-                                    b.getF64FloatAttr(2 * unit.forwardFlops));
+        auto compute = dist::ComputeOp::create(
+            b, loc, gradTypes, dist::Phase::Backward,
+            b.getStringAttr(unit.name), inputs,
+            b.getF64FloatAttr(2 * unit.forwardFlops + unit.recomputeFlops));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
         for (auto [i, p] : llvm::enumerate(unit.params)) {

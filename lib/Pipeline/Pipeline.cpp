@@ -77,6 +77,11 @@ Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,
                                              const CompileOptions &options) {
   DiagnosticCollector diagnostics(context);
   Compiled out;
+  // The trainer's activations (docs/memory.md): an input error (the
+  // context-parallel axis) is reported before anything is built.
+  auto activations = estimateActivations(spec, options.import);
+  if (!activations)
+    return activations.error();
   auto start = Clock::now();
   out.module = importTrainStep(context, spec, options.import);
   out.timings.push_back({"import", secondsSince(start)});
@@ -107,6 +112,7 @@ Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,
   if (!program)
     return Error("internal error: export: " + program.error().message);
   out.program = std::move(*program);
+  out.program.activations = std::move(activations->units);
   out.timings.push_back({"export", secondsSince(start)});
   return out;
 }

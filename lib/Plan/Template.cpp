@@ -16,6 +16,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 
@@ -269,6 +270,44 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
       p.kindsPresent.push_back(static_cast<BufferKind>(k));
   for (const CommTemplate &c : tm.comms)
     p.commBytes[c.id] = 0;
+
+  // Activations: a forward adds its unit's saved bytes for that microbatch,
+  // the matching backward releases them (only what a forward added, so a
+  // backward without its forward releases nothing).
+  for (const auto &[unit, a] : tm.activations)
+    if (a.saved < 0 || a.forwardTransient < 0 || a.backwardTransient < 0)
+      return makeError("activations of unit " + quote(unit) +
+                       ": bytes must be >= 0");
+  p.hasActivations = !tm.activations.empty();
+  if (p.hasActivations) {
+    std::map<std::pair<std::string_view, int64_t>, int64_t> pending;
+    for (size_t i = 0; i < tm.program.size(); ++i) {
+      const Instruction &in = tm.program[i];
+      if (in.op != OpKind::Compute)
+        continue;
+      auto a = tm.activations.find(in.unit);
+      if (a == tm.activations.end())
+        continue;
+      const UnitActivation &u = a->second;
+      if (in.phase == "forward") {
+        int64_t &kept = pending[{in.unit, in.microbatch}];
+        kept = saturatingAdd(kept, u.saved);
+        p.activationEvents.push_back(
+            {int32_t(i), saturatingAdd(u.saved, u.forwardTransient),
+             u.forwardTransient});
+      } else if (in.phase == "backward") {
+        int64_t released = 0;
+        if (auto it = pending.find({in.unit, in.microbatch});
+            it != pending.end()) {
+          released = it->second;
+          pending.erase(it);
+        }
+        p.activationEvents.push_back(
+            {int32_t(i), u.backwardTransient,
+             saturatingAdd(u.backwardTransient, released)});
+      }
+    }
+  }
   for (const Instruction &in : tm.program) {
     if (!isCollective(in.op))
       continue;
@@ -363,22 +402,45 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
       }
     peak = cur;
     peakTotal = total;
+    auto add = [&](size_t kind, int64_t bytes) {
+      cur[kind] = saturatingAdd(cur[kind], bytes);
+      total = saturatingAdd(total, bytes);
+      peak[kind] = std::max(peak[kind], cur[kind]);
+      peakTotal = std::max(peakTotal, total);
+    };
+    auto remove = [&](size_t kind, int64_t bytes) {
+      cur[kind] -= bytes;
+      total -= bytes;
+    };
+    // Activation events at a position apply after that position's buffer
+    // events: they sit on compute instructions, which free nothing, so the
+    // buffers a compute names are live with its activations.
+    constexpr size_t kActivation = size_t(BufferKind::Activation);
+    size_t next = 0;
+    auto activationsBefore = [&](int32_t position) {
+      for (; next < activationEvents.size() &&
+             activationEvents[next].position < position;
+           ++next) {
+        add(kActivation, activationEvents[next].enter);
+        remove(kActivation, activationEvents[next].leave);
+      }
+    };
     for (const BufferEvent &e : events) {
+      activationsBefore(e.position);
       size_t kind = size_t(tmpl.buffers[e.buffer].kind);
       int64_t bytes = bufferBytes[e.buffer];
-      if (e.birth) {
-        cur[kind] += bytes;
-        total += bytes;
-        peak[kind] = std::max(peak[kind], cur[kind]);
-        peakTotal = std::max(peakTotal, total);
-      } else {
-        cur[kind] -= bytes;
-        total -= bytes;
-      }
+      if (e.birth)
+        add(kind, bytes);
+      else
+        remove(kind, bytes);
     }
+    activationsBefore(std::numeric_limits<int32_t>::max());
     Estimates est;
     for (BufferKind k : kindsPresent)
       est.peakMemoryBytes[std::string(bufferKindName(k))] = peak[size_t(k)];
+    if (hasActivations)
+      est.peakMemoryBytes[std::string(bufferKindName(BufferKind::Activation))] =
+          peak[kActivation];
     est.peakMemoryBytes["total"] = peakTotal;
     est.bytesPerStepPerComm = commBytes;
     plan.estimates = std::move(est);

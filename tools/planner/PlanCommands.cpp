@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@ namespace {
 struct Planned {
   std::unique_ptr<mlir::MLIRContext> context;
   frontend::ResolvedSpec spec;
+  pipeline::ImportOptions import;
   pipeline::Compiled compiled;
   std::optional<plan::PreparedTemplate> prepared;
 };
@@ -89,20 +91,27 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   return std::move(*resolved);
 }
 
-/// Loads the spec, checks `rank` (when given) against its mesh before
-/// anything is compiled or written, and runs the pipeline.
+/// Loads the spec, checks `rank` (when given) and --context-parallel
+/// against it before anything is compiled or written, and runs the
+/// pipeline.
 static Planned planOrThrow(
-    const SpecFlags &flags, std::optional<int64_t> rank,
+    const SpecFlags &flags, const CostFlags &cost, std::optional<int64_t> rank,
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
         nullptr) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
   if (rank)
     checkRank(*p.spec.mesh, *rank);
+  p.import.tokensPerMicrobatch = flags.tokens;
+  p.import.sequenceLength = flags.seqLen;
+  if (cost.contextParallel)
+    p.import.contextParallelAxis =
+        *cost.contextParallel == "none" ? "" : *cost.contextParallel;
+  if (auto axis = pipeline::contextParallelAxis(p.spec, p.import); !axis)
+    throw CliError("--context-parallel: " + axis.error().message);
   p.context = pipeline::makeContext();
   pipeline::CompileOptions options;
-  options.import.tokensPerMicrobatch = flags.tokens;
-  options.import.sequenceLength = flags.seqLen;
+  options.import = p.import;
   options.afterStage = std::move(afterStage);
   auto compiled = pipeline::compile(*p.context, p.spec, options);
   if (!compiled)
@@ -128,7 +137,7 @@ static std::string meshText(const Mesh &mesh) {
 PlannedRanks meshplan::cli::planEveryRank(
     const SpecFlags &flags,
     const std::function<void(const plan::Plan &)> &perRank) {
-  Planned p = planOrThrow(flags, std::nullopt);
+  Planned p = planOrThrow(flags, CostFlags{}, std::nullopt);
   const plan::PreparedTemplate &prepared = *p.prepared;
   PlannedRanks out;
   out.modelName = p.spec.model->name;
@@ -195,6 +204,116 @@ static std::string fixed(double value, int digits) {
   return os.str();
 }
 
+static std::string bytesText(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fixed(bytes, u == 0 ? 0 : 2) + " " + units[u];
+}
+
+//===----------------------------------------------------------------------===//
+// Device capacity
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// The cost model the flags select, and whether --device-memory set its
+/// capacity.
+struct Device {
+  plan::CostModel model;
+  bool memoryFromFlag = false;
+};
+} // namespace
+
+/// --device and --device-memory, checked before anything is planned.
+static Device deviceOrThrow(const CostFlags &flags);
+
+plan::CostModel meshplan::cli::costModelOrThrow(const CostFlags &flags) {
+  return deviceOrThrow(flags).model;
+}
+
+static Device deviceOrThrow(const CostFlags &flags) {
+  Device d;
+  if (flags.device) {
+    const plan::DevicePreset *preset = plan::findDevicePreset(*flags.device);
+    if (!preset)
+      throw CliError("--device: unknown device \"" + *flags.device +
+                     "\"; expected one of " + plan::devicePresetList());
+    d.model = preset->model;
+  }
+  if (flags.deviceMemory) {
+    const std::string &text = *flags.deviceMemory;
+    int64_t bytes = 0;
+    bool ok = !text.empty() && text.size() <= 19 &&
+              text.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) {
+      for (char c : text)
+        if (__builtin_mul_overflow(bytes, int64_t(10), &bytes) ||
+            __builtin_add_overflow(bytes, int64_t(c - '0'), &bytes))
+          ok = false;
+    }
+    if (!ok || bytes < 1)
+      throw CliError("--device-memory: expected the bytes a rank may use, a "
+                     "positive integer below 2^63, not \"" +
+                     text + "\"");
+    // The flag states what the plan may use: no reserve comes off it.
+    d.model.deviceMemoryBytes = bytes;
+    d.model.reservedMemoryBytes = 0;
+    d.memoryFromFlag = true;
+  }
+  return d;
+}
+
+/// "77.65 GiB (h100-sxm-80gb: 79.65 GiB less 2.00 GiB reserved)".
+static std::string capacityText(const Device &d) {
+  const plan::CostModel &m = d.model;
+  std::string out = bytesText(double(m.memoryCapacityBytes()));
+  if (d.memoryFromFlag)
+    return out + " (--device-memory)";
+  return out + " (" + m.device + ": " + bytesText(double(m.deviceMemoryBytes)) +
+         " less " + bytesText(double(m.reservedMemoryBytes)) + " reserved)";
+}
+
+/// The kinds of a plan's peak estimate, largest first (at most `limit`):
+/// "gradient 189.98 GiB, optimizer_state 23.63 GiB".
+static std::string largestKinds(const plan::Plan &plan, size_t limit) {
+  std::vector<std::pair<int64_t, std::string>> kinds;
+  if (plan.estimates)
+    for (const auto &[kind, bytes] : plan.estimates->peakMemoryBytes)
+      if (kind != "total" && bytes > 0)
+        kinds.push_back({bytes, kind});
+  std::stable_sort(
+      kinds.begin(), kinds.end(),
+      [](const auto &a, const auto &b) { return a.first > b.first; });
+  std::string out;
+  for (size_t i = 0; i < kinds.size() && i < limit; ++i)
+    out += (out.empty() ? "" : ", ") + kinds[i].second + " " +
+           bytesText(double(kinds[i].first));
+  return out;
+}
+
+static int64_t peakTotal(const plan::Plan &plan) {
+  if (!plan.estimates)
+    return 0;
+  auto it = plan.estimates->peakMemoryBytes.find("total");
+  return it == plan.estimates->peakMemoryBytes.end() ? 0 : it->second;
+}
+
+/// Empty when `plan`'s estimated peak fits; else "rank 0's estimated peak
+/// 225.91 GiB exceeds the capacity 77.65 GiB (...) by 148.26 GiB; largest
+/// kinds: ...".
+static std::string overCapacity(const plan::Plan &plan, const Device &d) {
+  int64_t peak = peakTotal(plan), capacity = d.model.memoryCapacityBytes();
+  if (peak <= capacity)
+    return "";
+  return "rank " + std::to_string(plan.rank) + "'s estimated peak " +
+         bytesText(double(peak)) + " exceeds the capacity " + capacityText(d) +
+         " by " + bytesText(double(peak - capacity)) +
+         "; largest kinds: " + largestKinds(plan, 3);
+}
+
 CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   if (options.all == options.rank.has_value())
     throw CliError(options.all ? "--all: give --all or --rank R, not both"
@@ -205,6 +324,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       options.progress != "never")
     throw CliError("--progress: expected auto, always or never, not \"" +
                    options.progress + "\"");
+  Device device = deviceOrThrow(options.cost);
   auto start = Clock::now();
 
   // IR dumps go to a fresh directory, written only once the spec loaded.
@@ -228,7 +348,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       return {};
     };
   }
-  Planned p = planOrThrow(options.spec, options.rank, dump);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank, dump);
   auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = *p.prepared;
   int64_t world = prepared.mesh().size();
@@ -252,9 +372,31 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::vector<int64_t> ranks =
       options.all ? prepared.ranks() : std::vector<int64_t>{*options.rank};
 
+  // A plan that cannot fit the device is refused before anything is
+  // verified or written: the first rank here, every rank while writing
+  // (uneven shards make peaks differ by rank).
+  CommandOutput result;
+  auto refuse = [&](const std::string &why) {
+    result.exitCode = 1;
+    result.err = "meshplan: over capacity: " + why +
+                 "\nnothing was written to " + options.outDir +
+                 "; --allow-over-capacity writes it anyway, --device and "
+                 "--device-memory set the capacity (docs/memory.md)\n";
+    return result;
+  };
+  std::mutex overMutex;
+  std::string over; // the lowest over-capacity rank's message
+  int64_t overRank = -1;
+  // (An instantiation error is left to the writer, which names the file.)
+  if (auto first = prepared.instantiate(ranks.front())) {
+    over = overCapacity(*first, device);
+    overRank = ranks.front();
+    if (!over.empty() && !options.allowOverCapacity)
+      return refuse(over);
+  }
+
   // Verify the whole set before writing anything.
   std::string verified;
-  CommandOutput result;
   if (options.all && !options.noVerify && world <= options.verifyLimit) {
     auto verifyStart = Clock::now();
     std::vector<plan::Plan> plans;
@@ -296,13 +438,38 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   }
 
   ProgressBar bar(showProgress, "writing plans");
+  bool refused = false;
   auto written = plan::writePlanDirectory(
       options.outDir, world,
-      [&](int64_t rank) { return prepared.instantiate(rank); }, ranks,
-      [&](int64_t done, int64_t total) { bar(done, total); },
+      [&](int64_t rank) -> Result<plan::Plan> {
+        auto plan = prepared.instantiate(rank);
+        if (!plan)
+          return plan;
+        std::string why = overCapacity(*plan, device);
+        if (why.empty())
+          return plan;
+        std::lock_guard<std::mutex> lock(overMutex);
+        // The lowest rank over capacity is the one named.
+        if (over.empty() || rank < overRank) {
+          over = why;
+          overRank = rank;
+        }
+        if (options.allowOverCapacity)
+          return plan;
+        refused = true;
+        return makeError("over capacity");
+      },
+      ranks, [&](int64_t done, int64_t total) { bar(done, total); },
       options.threads ? options.threads : 2);
-  if (!written)
+  if (!written) {
+    if (refused)
+      return refuse(over);
     throw CliError("-o: " + written.error().message);
+  }
+  if (!over.empty())
+    result.err =
+        "meshplan: warning: over capacity (--allow-over-capacity): " + over +
+        " (docs/memory.md)\n";
 
   const plan::ProgramTemplate &program = prepared.get();
   std::ostringstream out;
@@ -331,16 +498,6 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
 // explain
 //===----------------------------------------------------------------------===//
 
-static std::string bytesText(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return fixed(bytes, u == 0 ? 0 : 2) + " " + units[u];
-}
-
 namespace {
 struct CollectiveSummary {
   int64_t count = 0;    ///< instructions
@@ -349,13 +506,24 @@ struct CollectiveSummary {
 };
 } // namespace
 
-std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
-  Planned p = planOrThrow(options.spec, options.rank);
-  const plan::PreparedTemplate &prepared = *p.prepared;
-  auto planned = prepared.instantiate(options.rank);
+/// The plan of one rank for explain and trace. The template is valid (it
+/// prepared), so what instantiation refuses is the input's: a limit such as
+/// a group of more than 2^20 listed members (docs/limits.md), an exit-2
+/// error as `plan` reports it, not an internal error.
+static plan::Plan instantiateOrThrow(const plan::PreparedTemplate &prepared,
+                                     int64_t rank) {
+  auto planned = prepared.instantiate(rank);
   if (!planned)
-    throw std::runtime_error("internal error: " + planned.error().message);
-  const plan::Plan &plan = *planned;
+    throw CliError("--rank: the plan of rank " + std::to_string(rank) + ": " +
+                   planned.error().message);
+  return std::move(*planned);
+}
+
+std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
+  Device device = deviceOrThrow(options.cost);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank);
+  const plan::PreparedTemplate &prepared = *p.prepared;
+  plan::Plan plan = instantiateOrThrow(prepared, options.rank);
   const frontend::Spec &spec = p.spec.spec;
   const Mesh &mesh = prepared.mesh();
 
@@ -386,7 +554,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       fp8BytesAtParamDtype += plan::bytesSent(in.op, paramDtype, in.count, n);
     }
   }
-  auto schedule = plan::simulate(plan, prepared.flops(), plan::CostModel{});
+  auto schedule = plan::simulate(plan, prepared.flops(), device.model);
 
   std::ostringstream out;
   double count = static_cast<double>(frontend::countParameters(*p.spec.model));
@@ -551,8 +719,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       mlir::MLIRContext *ctx = p.context.get();
       if (other) {
         pipeline::CompileOptions compileOptions;
-        compileOptions.import.tokensPerMicrobatch = options.spec.tokens;
-        compileOptions.import.sequenceLength = options.spec.seqLen;
+        compileOptions.import = p.import;
         auto compiled = pipeline::compile(*ctx, *other, compileOptions);
         if (compiled)
           if (auto prepared =
@@ -579,7 +746,8 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
     out << "\n\n";
   }
 
-  // Kinds first ("gathered 1.18 GiB; gradient ..."), then the total.
+  // Kinds first ("activation 2.95 GiB; gathered 1.18 GiB; ..."), then the
+  // total, which ends the line.
   out << "memory of rank " << options.rank << " (peak, by kind):";
   if (plan.estimates) {
     const auto &peak = plan.estimates->peakMemoryBytes;
@@ -590,7 +758,37 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
     if (auto total = peak.find("total"); total != peak.end())
       out << " total " << bytesText(static_cast<double>(total->second));
   }
-  out << " (activations are the trainer's and not counted)\n";
+  out << "\n";
+  auto act = pipeline::estimateActivations(p.spec, p.import);
+  if (act && !act->units.empty()) {
+    out << "  activation: the trainer's, estimated (docs/memory.md) for "
+        << act->tokensPerRank << " tokens per rank per microbatch";
+    if (act->contextSize > 1)
+      out << " (" << options.spec.tokens
+          << " per data-parallel rank, sequences split over "
+          << act->contextAxis << "=" << act->contextSize << ")";
+    out << ", " << act->blocks << " transformer block"
+        << (act->blocks == 1 ? "" : "s") << ", "
+        << frontend::dtypeName(spec.mixedPrecision.paramDtype)
+        << ", activation checkpointing "
+        << frontend::activationCheckpointingName(spec.activationCheckpointing)
+        << "\n";
+  }
+  {
+    int64_t peak = peakTotal(plan),
+            capacity = device.model.memoryCapacityBytes();
+    out << "  capacity " << capacityText(device) << ": ";
+    if (peak <= capacity)
+      out << "headroom " << bytesText(double(capacity - peak)) << " ("
+          << fixed(100.0 * double(capacity - peak) /
+                       double(std::max<int64_t>(1, capacity)),
+                   0)
+          << "%)\n";
+    else
+      out << "over by " << bytesText(double(peak - capacity))
+          << "; largest kinds: " << largestKinds(plan, 3)
+          << "; meshplan plan refuses it without --allow-over-capacity\n";
+  }
 
   if (spec.float8 && spec.float8->enabled) {
     out << "float8: ";
@@ -617,7 +815,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
            "trace): "
         << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed "
         << "communication " << fixed(schedule->exposedCommSeconds * 1e3, 1)
-        << " ms (" << options.spec.tokens
+        << " ms (" << (act ? act->tokensPerRank : options.spec.tokens)
         << " tokens per rank per microbatch)\n";
   return out.str();
 }
@@ -629,15 +827,13 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
 std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   if (options.output.empty())
     throw CliError("-o: an output file is required");
-  Planned p = planOrThrow(options.spec, options.rank);
-  auto planned = p.prepared->instantiate(options.rank);
-  if (!planned)
-    throw std::runtime_error("internal error: " + planned.error().message);
-  auto schedule =
-      plan::simulate(*planned, p.prepared->flops(), plan::CostModel{});
+  Device device = deviceOrThrow(options.cost);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank);
+  plan::Plan planned = instantiateOrThrow(*p.prepared, options.rank);
+  auto schedule = plan::simulate(planned, p.prepared->flops(), device.model);
   if (!schedule)
     throw std::runtime_error("internal error: " + schedule.error().message);
-  std::string trace = plan::chromeTrace(*planned, *schedule);
+  std::string trace = plan::chromeTrace(planned, *schedule);
   // Write beside the target and rename: never a half-written trace.
   std::string tmp = options.output + ".tmp";
   {
@@ -657,9 +853,9 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   }
   std::ostringstream out;
   out << "wrote " << options.output << ": rank " << options.rank << ", "
-      << planned->program.size() << " instructions on "
-      << planned->streams.size() << " streams; step "
-      << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed communication "
+      << planned.program.size() << " instructions on " << planned.streams.size()
+      << " streams; step " << fixed(schedule->stepSeconds * 1e3, 1)
+      << " ms, exposed communication "
       << fixed(schedule->exposedCommSeconds * 1e3, 1)
       << " ms (open in ui.perfetto.dev or chrome://tracing)\n";
   return out.str();

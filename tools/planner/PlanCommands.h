@@ -4,7 +4,9 @@
 // a parallelism spec. Bad input (flags, spec, model) is a CliError: one line
 // on stderr naming the flag or the JSON pointer, exit code 2, and nothing
 // written: `plan` builds the whole directory beside its target and renames
-// it into place only once every plan is written (and verified).
+// it into place only once every plan is written (and verified). A plan
+// whose estimated peak memory exceeds the device's capacity is refused with
+// exit code 1 (and nothing written) unless --allow-over-capacity.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
@@ -17,6 +19,7 @@
 
 namespace meshplan::plan {
 struct Plan;
+struct CostModel;
 } // namespace meshplan::plan
 
 namespace meshplan::cli {
@@ -30,8 +33,31 @@ struct SpecFlags {
   int64_t seqLen = 8192;
 };
 
+/// The machine the cost model describes and the work it charges
+/// (plan, explain, trace): docs/memory.md.
+struct CostFlags {
+  /// --device: a preset or alias (plan::devicePresets()); unset: the
+  /// default, h100-sxm-80gb.
+  std::optional<std::string> device;
+  /// --device-memory: the bytes a rank's estimated peak may use, replacing
+  /// the preset's memory less its reserve. Text, validated here: a positive
+  /// integer.
+  std::optional<std::string> deviceMemory;
+  /// --context-parallel: the extra axis that splits sequences, or "none";
+  /// unset: an extra axis named "cp".
+  std::optional<std::string> contextParallel;
+};
+
+/// The cost model --device and --device-memory select (a CliError names
+/// the bad flag).
+plan::CostModel costModelOrThrow(const CostFlags &flags);
+
 struct PlanOptions {
   SpecFlags spec;
+  CostFlags cost;
+  /// Write plans whose estimated peak exceeds the device's capacity (with a
+  /// warning) instead of refusing them with exit code 1.
+  bool allowOverCapacity = false;
   std::optional<int64_t> rank;
   bool all = false;
   std::string outDir;
@@ -54,6 +80,7 @@ CommandOutput runPlanCommand(const PlanOptions &options);
 
 struct ExplainOptions {
   SpecFlags spec;
+  CostFlags cost;
   int64_t rank = 0;
   bool json = false;
 };
@@ -61,6 +88,7 @@ std::string runExplainCommand(const ExplainOptions &options);
 
 struct TraceOptions {
   SpecFlags spec;
+  CostFlags cost;
   int64_t rank = 0;
   std::string output;
 };

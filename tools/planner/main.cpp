@@ -13,6 +13,7 @@
 #include "Commands.h"
 #include "PlanCommands.h"
 #include "RunCommand.h"
+#include "TuneCommand.h"
 
 #include <CLI/CLI.hpp>
 
@@ -47,10 +48,27 @@ static void addSpecFlags(CLI::App *cmd, SpecFlags &flags) {
   cmd->add_option("--world-size", flags.worldSize,
                   "The job's world size; the mesh must match it");
   cmd->add_option("--tokens", flags.tokens,
-                  "Tokens per rank per microbatch, for the cost model "
-                  "(default 8192)");
+                  "Tokens per data-parallel rank per microbatch (local batch "
+                  "x sequence length; context parallelism splits them), for "
+                  "the cost model (default 8192)");
   cmd->add_option("--seq-len", flags.seqLen,
                   "Sequence length, for the cost model (default 8192)");
+}
+
+static void addCostFlags(CLI::App *cmd, CostFlags &flags) {
+  cmd->add_option("--device", flags.device,
+                  "The device of every rank, for the cost model and the "
+                  "memory capacity: h100-sxm-80gb (default; h100), "
+                  "h200-141gb (h200), a100-80gb (a100)")
+      ->type_name("NAME");
+  cmd->add_option("--device-memory", flags.deviceMemory,
+                  "Bytes a rank's estimated peak may use, instead of the "
+                  "device's memory less its 2 GiB reserve (docs/memory.md)")
+      ->type_name("BYTES");
+  cmd->add_option("--context-parallel", flags.contextParallel,
+                  "The extra axis that splits each sequence (context "
+                  "parallelism), or none; default: an extra axis named cp")
+      ->type_name("AXIS");
 }
 
 int main(int argc, char **argv) {
@@ -116,7 +134,8 @@ int main(int argc, char **argv) {
   CLI::App *planCmd = app.add_subcommand(
       "plan", "Plan a training step: every rank's communicators, buffers "
               "and program, verified across ranks (exit 0: ok, 1: "
-              "verification failed, 2: bad input)");
+              "verification failed or the estimated peak memory exceeds "
+              "the device, 2: bad input)");
   addSpecFlags(planCmd, planOptions.spec);
   planCmd->add_option("--rank", planOptions.rank, "Plan only this rank");
   planCmd->add_flag("--all", planOptions.all, "Plan every rank");
@@ -139,12 +158,17 @@ int main(int argc, char **argv) {
                     "writing");
   planCmd->add_option("--threads", planOptions.threads,
                       "Threads writing plan files (default 2)");
+  addCostFlags(planCmd, planOptions.cost);
+  planCmd->add_flag("--allow-over-capacity", planOptions.allowOverCapacity,
+                    "Write plans whose estimated peak memory exceeds the "
+                    "device's capacity (refused with exit code 1 otherwise)");
 
   ExplainOptions explainOptions;
   CLI::App *explainCmd = app.add_subcommand(
       "explain", "Explain a plan: mesh and groups, collectives per step "
                  "with bytes, memory per rank, what float8 saves");
   addSpecFlags(explainCmd, explainOptions.spec);
+  addCostFlags(explainCmd, explainOptions.cost);
   explainCmd->add_option("--rank", explainOptions.rank,
                          "The rank to describe (default 0)");
 
@@ -153,6 +177,7 @@ int main(int argc, char **argv) {
       "trace", "Write a Chrome/Perfetto trace of one rank's step under the "
                "cost model");
   addSpecFlags(traceCmd, traceOptions.spec);
+  addCostFlags(traceCmd, traceOptions.cost);
   traceCmd->add_option("--rank", traceOptions.rank,
                        "The rank to trace (default 0)");
   traceCmd->add_option("-o,--output", traceOptions.output, "Trace file")
@@ -246,6 +271,37 @@ int main(int argc, char **argv) {
                    "replaced atomically)")
       ->required();
 
+  TuneOptions tuneOptions;
+  CLI::App *tuneCmd = app.add_subcommand(
+      "tune", "Search mesh factorizations and training options for the "
+              "fastest spec that fits the device (docs/tune.md; exit 0: "
+              "found, 1: nothing fits, 2: bad input)");
+  tuneCmd
+      ->add_option("--model", tuneOptions.model,
+                   "Model: a preset (tiny, llama3-8b, llama3-70b, "
+                   "llama3-405b) or a model JSON file")
+      ->required();
+  tuneCmd->add_option("--world", tuneOptions.world, "Ranks (GPUs) in the job")
+      ->required();
+  addCostFlags(tuneCmd, tuneOptions.cost);
+  tuneCmd->add_option("--tokens", tuneOptions.tokens,
+                      "Global batch in tokens per optimizer step (default: "
+                      "one sequence per rank)");
+  tuneCmd->add_option("--seq-len", tuneOptions.seqLen,
+                      "Sequence length (default 8192)");
+  tuneCmd->add_option("--max-cp", tuneOptions.maxContextParallel,
+                      "Largest context-parallel degree tried (default 8)");
+  tuneCmd->add_option("--top", tuneOptions.top,
+                      "Candidates shown in the table (default 5)");
+  tuneCmd->add_option("--confirm", tuneOptions.confirm,
+                      "Best screened candidates planned for real (default "
+                      "8; 0: all)");
+  tuneCmd->add_option("-o,--output", tuneOptions.output,
+                      "Write the winning spec here (default: print it)");
+  tuneCmd->add_option("--progress", tuneOptions.progress,
+                      "Progress bar on stderr: auto (if a terminal), "
+                      "always, never");
+
   // PROGRAM and its arguments never reach CLI11, so their flags stay theirs.
   std::vector<char *> cliArgs =
       splitRunCommandLine(*runCmd, argc, argv, runOptions.program);
@@ -258,7 +314,7 @@ int main(int argc, char **argv) {
     std::cerr << "meshplan: error: " << e.what();
     if (app.get_subcommands().empty())
       std::cerr << " (subcommands: plan, explain, trace, verify, mesh, "
-                   "layout, redistribute, run, ckpt; see "
+                   "layout, redistribute, run, ckpt, tune; see "
                    "'meshplan --help')";
     std::cerr << "\n";
     return 2;
@@ -284,6 +340,12 @@ int main(int argc, char **argv) {
       std::cout << c.out;
       std::cerr << c.err;
       return c.exitCode;
+    }
+    if (tuneCmd->parsed()) {
+      CommandOutput t = runTuneCommand(tuneOptions);
+      std::cout << t.out;
+      std::cerr << t.err;
+      return t.exitCode;
     }
     if (planCmd->parsed()) {
       CommandOutput p = runPlanCommand(planOptions);

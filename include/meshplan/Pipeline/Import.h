@@ -17,28 +17,75 @@
 
 #include "meshplan/Core/Layout.h"
 #include "meshplan/Frontend/Spec.h"
+#include "meshplan/Plan/CostModel.h"
+#include "meshplan/Plan/Template.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace meshplan::pipeline {
 
-/// The work per microbatch, for the cost model's FLOP estimates (the spec
-/// states parallelism, not the batch): tokens each data-parallel rank
-/// processes per microbatch, and the sequence length (attention's cost).
+/// The work per microbatch, for the cost model's FLOP and activation
+/// estimates (the spec states parallelism, not the batch): tokens each
+/// data-parallel rank processes per microbatch (torchtitan's local batch x
+/// sequence length; the ranks of its TP group share them, context
+/// parallelism splits them), and the sequence length (attention's cost).
 struct ImportOptions {
   int64_t tokensPerMicrobatch = 8192;
   int64_t sequenceLength = 8192;
+  /// The extra axis that splits each sequence (context parallelism): unset
+  /// picks an extra axis named "cp" (torchtitan's mesh dim name) if the
+  /// spec has one; "" means none; a name must be one of the spec's extra
+  /// axes (contextParallelAxis).
+  std::optional<std::string> contextParallelAxis;
 };
+
+/// The context-parallel axis ImportOptions::contextParallelAxis selects,
+/// "" for none; an error names the axis when it is not an extra axis.
+Result<std::string> contextParallelAxis(const frontend::ResolvedSpec &spec,
+                                        const ImportOptions &options);
+
+/// The trainer's activation memory per microbatch (plan/CostModel.h,
+/// docs/memory.md) by FSDP unit, and what it was computed from.
+struct ActivationEstimate {
+  /// Tokens on each rank: ceil(tokensPerMicrobatch / context-parallel size).
+  int64_t tokensPerRank = 0;
+  std::string contextAxis; ///< "" when there is no context parallelism
+  int64_t contextSize = 1;
+  int64_t dtypeBytes = 0; ///< the compute dtype's (mixed_precision)
+  plan::Recompute policy = plan::Recompute::None;
+  int64_t blocks = 0; ///< transformer blocks counted
+  /// By unit name, as ProgramTemplate::activations.
+  std::map<std::string, plan::UnitActivation> units;
+};
+
+/// Estimates the activations of every transformer block (a block module
+/// with an attention child and a feed_forward child), the token ids of
+/// embeddings and the final norm, output projection and loss of an output
+/// module, each charged to the FSDP unit holding the module's first
+/// parameter; other modules keep nothing. Shapes come from the parameters
+/// (h = wq's in features, d = wq's out features / n_heads, f = w1's out
+/// features; a feed_forward with three linears is gated) and TP from the
+/// spec's styles (colwise wq, colwise w1, sequence-parallel norms, colwise
+/// output). Errors: as contextParallelAxis.
+Result<ActivationEstimate>
+estimateActivations(const frontend::ResolvedSpec &spec,
+                    const ImportOptions &options = {});
 
 /// One FSDP unit: the parameters gathered together and run by one callback.
 struct Unit {
   std::string name;        ///< "tok_embeddings", "layers.3", "norm+output"
   std::vector<int> params; ///< indices into ResolvedSpec::params
   double forwardFlops = 0; ///< per rank, per microbatch
+  /// Forward FLOPs backward runs again under the spec's activation
+  /// checkpointing: transformer blocks' whole forward under "full"; under
+  /// "selective" the matmuls torchtitan's policy does not keep (wk, wo, w3).
+  double recomputeFlops = 0;
   /// Freed after forward and gathered again for backward (the spec's
   /// reshard_after_forward policy applied to this unit).
   bool reshardAfterForward = true;

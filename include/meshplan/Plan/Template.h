@@ -58,6 +58,18 @@ struct BufferTemplate {
   std::optional<Fp8Scale> scale;
 };
 
+/// The trainer's activation memory around one FSDP unit's compute, per
+/// microbatch (CostModel.h, docs/memory.md): what the unit's forward keeps
+/// until its backward, and what is alive only while it runs forward or
+/// backward (the logits at the loss; a recomputed block).
+struct UnitActivation {
+  int64_t saved = 0;
+  int64_t forwardTransient = 0;
+  int64_t backwardTransient = 0;
+
+  bool operator==(const UnitActivation &) const = default;
+};
+
 struct ProgramTemplate {
   PlanMesh mesh;
   std::vector<CommTemplate> comms;
@@ -70,6 +82,10 @@ struct ProgramTemplate {
   /// Parallel to `program` (or empty: all 0): estimated FLOPs of compute and
   /// optimizer_update instructions, 0 for others; read by the cost model.
   std::vector<double> flops;
+  /// Activation memory by unit (the `unit` of compute instructions). Empty:
+  /// no activation estimate (no "activation" peak). A unit missing from a
+  /// non-empty map has none.
+  std::map<std::string, UnitActivation> activations;
 };
 
 /// A validated ProgramTemplate with everything rank-independent precomputed.
@@ -103,6 +119,13 @@ public:
   /// product(local_shape) * dtype bytes. Each buffer kind present in the
   /// template gets the largest live bytes of that kind at any instruction;
   /// "total" is the largest sum over all kinds.
+  ///
+  /// Activations (when `activations` is non-empty: kind "activation", in
+  /// the same walk): a forward compute of unit u adds u's saved bytes,
+  /// which its backward compute of the same microbatch releases after it
+  /// runs; forward and backward transients are live during that compute
+  /// only. Microbatches follow one another, so one microbatch's activations
+  /// are live at a time.
   ///
   /// With `verificationOnly`, the plan holds just what verifyPlans reads
   /// (communicators, streams, instructions without buffer lists and labels;
@@ -139,6 +162,16 @@ private:
   std::vector<BufferEvent> events;
   /// Buffer kinds present, as indices into the "peak" categories.
   std::vector<BufferKind> kindsPresent;
+  /// Activation changes at compute instructions, ordered by position:
+  /// `enter` bytes are added at `position` (counted in its peak), `leave`
+  /// bytes removed after it.
+  struct ActivationEvent {
+    int32_t position;
+    int64_t enter;
+    int64_t leave;
+  };
+  std::vector<ActivationEvent> activationEvents;
+  bool hasActivations = false;
   /// bytes_per_step_per_comm: rank independent.
   std::map<std::string, int64_t> commBytes;
 };

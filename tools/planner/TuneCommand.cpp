@@ -1,0 +1,175 @@
+//===- TuneCommand.cpp - meshplan tune ------------------------------------===//
+//
+// Runs pipeline::tune (lib/Pipeline/Tune.cpp, docs/tune.md) and prints the
+// best candidates as a table and the winning spec, which `meshplan plan
+// --spec` accepts unchanged. Exit 0: a spec was found; 1: nothing fits the
+// device; 2: bad input.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TuneCommand.h"
+
+#include "MeshSetup.h"
+
+#include "meshplan/Pipeline/Tune.h"
+#include "meshplan/Plan/CostModel.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+#include <unistd.h>
+
+namespace meshplan::cli {
+
+/// Bytes in the largest binary unit that leaves at least 1 of it.
+static std::string gib(int64_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(u ? 2 : 0) << v << " " << units[u];
+  return s.str();
+}
+
+static std::string ms(double seconds) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(1) << seconds * 1e3;
+  return s.str();
+}
+
+/// One table row per candidate; columns padded to their widest cell.
+static std::string table(const std::vector<pipeline::TuneCandidate> &rows) {
+  std::vector<std::vector<std::string>> cells = {
+      {"#", "dp_replicate", "dp_shard", "cp", "tp", "reshard", "fp8 gather",
+       "microbatches", "activation ckpt", "step ms", "exposed comm ms",
+       "TP/CP comm ms", "peak"}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const pipeline::TuneCandidate &c = rows[i];
+    std::string ga = std::to_string(c.accumulationSteps);
+    if (c.accumulationSteps > 1)
+      ga += c.reduce == frontend::AccumulationReduce::EveryMicrobatch
+                ? " (every)"
+                : " (last)";
+    cells.push_back(
+        {std::to_string(i + 1), std::to_string(c.replicate),
+         std::to_string(c.shard), std::to_string(c.cp), std::to_string(c.tp),
+         c.reshardAfterForward ? "default" : "never",
+         c.float8AllGather ? "yes" : "no", ga,
+         std::string(frontend::activationCheckpointingName(c.checkpointing)),
+         ms(c.stepSeconds), ms(c.exposedCommSeconds), ms(c.trainerCommSeconds),
+         gib(c.peakBytes)});
+  }
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto &row : cells)
+    for (size_t k = 0; k < row.size(); ++k)
+      width[k] = std::max(width[k], row[k].size());
+  std::string out;
+  for (const auto &row : cells) {
+    for (size_t k = 0; k < row.size(); ++k) {
+      out += row[k];
+      if (k + 1 < row.size())
+        out += std::string(width[k] - row[k].size() + 2, ' ');
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+CommandOutput runTuneCommand(const TuneOptions &options) {
+  CommandOutput result;
+  std::ostringstream out;
+  try {
+    pipeline::TuneOptions t;
+    t.model = options.model;
+    t.world = options.world;
+    if (t.world < 1 || t.world > (int64_t(1) << 31))
+      throw CliError("--world: expected a world size in [1, 2^31], not " +
+                     std::to_string(options.world));
+    t.cost = costModelOrThrow(options.cost);
+    if (options.seqLen < 1)
+      throw CliError("--seq-len: expected a positive sequence length");
+    t.sequenceLength = options.seqLen;
+    if (options.tokens) {
+      if (*options.tokens < 1 || *options.tokens % options.seqLen != 0)
+        throw CliError("--tokens: expected the global batch in tokens, a "
+                       "positive multiple of the sequence length " +
+                       std::to_string(options.seqLen) + ", not " +
+                       std::to_string(*options.tokens));
+      t.tokensPerStep = *options.tokens;
+    }
+    if (options.maxContextParallel < 1)
+      throw CliError("--max-cp: expected at least 1");
+    t.maxContextParallel = options.maxContextParallel;
+    t.confirm = options.confirm;
+    bool bar = options.progress == "always" ||
+               (options.progress == "auto" && isatty(STDERR_FILENO));
+    if (options.progress != "auto" && options.progress != "always" &&
+        options.progress != "never")
+      throw CliError("--progress: expected auto, always or never, not \"" +
+                     options.progress + "\"");
+    if (bar)
+      t.progress = [](size_t done, size_t total) {
+        int filled = total ? int(30 * done / total) : 30;
+        std::fprintf(stderr, "\rplanning candidates [%s%s] %zu/%zu",
+                     std::string(size_t(filled), '#').c_str(),
+                     std::string(size_t(30 - filled), ' ').c_str(), done,
+                     total);
+        if (done == total)
+          std::fprintf(stderr, "\n");
+        std::fflush(stderr);
+      };
+    auto tuned = pipeline::tune(t);
+    if (!tuned) {
+      const std::string &m = tuned.error().message;
+      result.exitCode =
+          m.find("no candidate fits the device") != std::string::npos ? 1 : 2;
+      result.err = "meshplan: " + m + "\n";
+      return result;
+    }
+    const pipeline::TuneResult &r = *tuned;
+    int64_t tokens =
+        t.tokensPerStep ? t.tokensPerStep : t.world * t.sequenceLength;
+    out << "tune: " << t.model << " on " << t.world << " ranks of "
+        << t.cost.device << " (" << gib(r.capacityBytes)
+        << " usable per rank); " << tokens << " tokens per step, sequences of "
+        << t.sequenceLength << "\n"
+        << r.enumerated << " candidates: " << r.infeasible
+        << " refused by the spec, " << r.screenedOut
+        << " estimated over capacity, " << r.compiled << " planned ("
+        << r.ranked.size() << " fit)\n\n";
+    std::vector<pipeline::TuneCandidate> best(
+        r.ranked.begin(),
+        r.ranked.begin() + std::min(r.ranked.size(), options.top));
+    out << table(best) << "\n";
+    const pipeline::TuneCandidate &winner = r.ranked.front();
+    if (options.output.empty()) {
+      out << winner.specJson;
+    } else {
+      std::string tmp = options.output + ".tmp";
+      {
+        std::ofstream f(tmp, std::ios::trunc);
+        f << winner.specJson;
+        if (!f.flush())
+          throw CliError("-o: cannot write " + tmp);
+      }
+      if (std::rename(tmp.c_str(), options.output.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw CliError("-o: cannot write " + options.output);
+      }
+      out << "wrote the winning spec to " << options.output << "\n";
+    }
+  } catch (const CliError &e) {
+    result.exitCode = 2;
+    result.err = std::string("meshplan: error: ") + e.what() + "\n";
+    return result;
+  }
+  result.out = out.str();
+  return result;
+}
+
+} // namespace meshplan::cli
