@@ -1,16 +1,19 @@
 //===- Metadata.cpp - checkpoint.json: reader, validator, writer ----------===//
 //
 // checkpoint.json is untrusted: it may be truncated, hand-edited or written
-// by something else. Every field is type-checked through meshplan/Support/
-// Json.h (no exceptions), every size is checked with overflow-safe
-// arithmetic before it is used, and the chunks must tile each tensor exactly
-// once, so that a loader can trust any box it is handed afterwards.
+// by something else. It is read through meshplan/Support/JsonReader.h (the
+// plan reader's tokenizer: no exceptions, no DOM; a checkpoint of a large
+// model lists every chunk of every tensor), every field is type-checked,
+// every size is checked with overflow-safe arithmetic before it is used, and
+// the chunks must tile each tensor exactly once, so that a loader can trust
+// any box it is handed afterwards.
 //
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Checkpoint/Checkpoint.h"
 
 #include "meshplan/Support/Json.h"
+#include "meshplan/Support/JsonReader.h"
 
 #include <algorithm>
 #include <array>
@@ -153,12 +156,14 @@ std::string hex8(uint32_t v) {
   return buf;
 }
 
-Result<uint32_t> parseHex8(const Json &v, const std::string &ptr) {
-  std::string s;
-  MP_ASSIGN(s, readString(v, ptr));
+Result<uint32_t> parseHex8(Value v, const Path &path) {
+  std::string_view text;
+  if (!v.isString())
+    return typeError(path, v, "a string");
+  text = v.string();
   uint32_t out = 0;
-  bool ok = s.size() == 8;
-  for (char c : s) {
+  bool ok = text.size() == 8;
+  for (char c : text) {
     if (!ok)
       break;
     int d = c >= '0' && c <= '9'   ? c - '0'
@@ -168,8 +173,8 @@ Result<uint32_t> parseHex8(const Json &v, const std::string &ptr) {
     out = out << 4 | uint32_t(d);
   }
   if (!ok)
-    return errorAt(ptr, "expected a CRC32C as 8 lowercase hex digits, got " +
-                            quote(s));
+    return errorAt(path, "expected a CRC32C as 8 lowercase hex digits, got " +
+                             quote(text));
   return out;
 }
 
@@ -185,68 +190,74 @@ bool plainFileName(std::string_view name) {
   return true;
 }
 
-Result<SourceRef> readSource(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kSourceRule));
+Result<SourceRef> readSource(Value v, const Path &path) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kSourceRule));
   SourceRef s;
-  MP_ASSIGN(s.name, readString(v["name"], childPointer(ptr, "name")));
-  MP_ASSIGN(s.fingerprint,
-            readString(v["fingerprint"], childPointer(ptr, "fingerprint")));
+  MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), s.name));
+  MESHPLAN_TRY(readStringInto(f.at("fingerprint"), path.child("fingerprint"),
+                              s.fingerprint));
   return s;
 }
 
-Result<Chunk> readChunk(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kChunkRule));
+Result<Chunk> readChunk(Value v, const Path &path) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kChunkRule));
   Chunk c;
-  MP_ASSIGN(c.box.offset,
-            readIntArray(v["offset"], childPointer(ptr, "offset"), 0));
-  MP_ASSIGN(c.box.shape, readIntArray(v["shape"], childPointer(ptr, "shape"), 0,
-                                      kMaxTensorElements));
-  MP_ASSIGN(c.file, readString(v["file"], childPointer(ptr, "file")));
+  MESHPLAN_TRY(
+      readIntArrayInto(f.at("offset"), path.child("offset"), c.box.offset, 0));
+  MESHPLAN_TRY(readIntArrayInto(f.at("shape"), path.child("shape"), c.box.shape,
+                                0, kMaxTensorElements));
+  MESHPLAN_TRY(readStringInto(f.at("file"), path.child("file"), c.file));
   MP_ASSIGN(c.byteOffset,
-            readInt(v["byte_offset"], childPointer(ptr, "byte_offset"), 0));
-  MP_ASSIGN(c.length, readInt(v["length"], childPointer(ptr, "length"), 0));
-  const Json &crcs = v["crc32c"];
-  std::string crcPtr = childPointer(ptr, "crc32c");
-  // Bounded before allocating: validateMetadata checks the exact count.
-  c.crc32c.reserve(std::min<size_t>(crcs.size(), 1 << 20));
-  for (size_t i = 0; i < crcs.size(); ++i) {
-    uint32_t crc = 0;
-    MP_ASSIGN(crc, parseHex8(crcs[i], childPointer(crcPtr, i)));
-    c.crc32c.push_back(crc);
+            readInt(f.at("byte_offset"), path.child("byte_offset"), 0));
+  MP_ASSIGN(c.length, readInt(f.at("length"), path.child("length"), 0));
+  Value crcs = f.at("crc32c");
+  Path crcPath = path.child("crc32c");
+  // As many as the file lists (the tape holds them all already);
+  // validateMetadata checks the exact count.
+  c.crc32c.reserve(crcs.size());
+  size_t i = 0;
+  for (Value crc : crcs.elements()) {
+    uint32_t value = 0;
+    MP_ASSIGN(value, parseHex8(crc, crcPath.child(i++)));
+    c.crc32c.push_back(value);
   }
   return c;
 }
 
-Result<TensorEntry> readTensor(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kTensorRule));
+Result<TensorEntry> readTensor(Value v, const Path &path) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kTensorRule));
   TensorEntry t;
-  MP_ASSIGN(t.name, readString(v["name"], childPointer(ptr, "name")));
-  t.kind = v["kind"].get_ref<const std::string &>() == "parameter"
-               ? TensorKind::Parameter
-               : TensorKind::OptimizerState;
-  if (const Json *id = member(v, "tensor_id")) {
+  MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), t.name));
+  t.kind = f.at("kind").string() == "parameter" ? TensorKind::Parameter
+                                                : TensorKind::OptimizerState;
+  if (std::optional<Value> id = f.get("tensor_id")) {
     int64_t n = 0;
-    MP_ASSIGN(n, readInt(*id, childPointer(ptr, "tensor_id"), 0));
+    MP_ASSIGN(n, readInt(*id, path.child("tensor_id"), 0));
     t.tensorId = n;
   }
-  const std::string &dtype = v["dtype"].get_ref<const std::string &>();
+  std::string_view dtype = f.at("dtype").string();
   std::optional<plan::DType> d = plan::parseDType(dtype);
   if (!d)
-    return errorAt(childPointer(ptr, "dtype"),
+    return errorAt(path.child("dtype"),
                    "unknown dtype " + quote(dtype) +
                        "; expected one of float32, bfloat16, float16, "
                        "float8_e4m3fn, float8_e5m2, float64, int8, uint8, "
                        "int32, int64");
   t.dtype = *d;
-  MP_ASSIGN(t.shape, readIntArray(v["shape"], childPointer(ptr, "shape"), 0,
-                                  kMaxTensorElements));
-  if (const Json *layout = member(v, "layout"))
-    MP_ASSIGN(t.layout, readString(*layout, childPointer(ptr, "layout")));
-  const Json &chunks = v["chunks"];
-  std::string chunksPtr = childPointer(ptr, "chunks");
-  for (size_t i = 0; i < chunks.size(); ++i) {
+  MESHPLAN_TRY(readIntArrayInto(f.at("shape"), path.child("shape"), t.shape, 0,
+                                kMaxTensorElements));
+  if (std::optional<Value> layout = f.get("layout"))
+    MESHPLAN_TRY(readStringInto(*layout, path.child("layout"), t.layout));
+  Value chunks = f.at("chunks");
+  Path chunksPath = path.child("chunks");
+  t.chunks.reserve(chunks.size());
+  size_t i = 0;
+  for (Value chunk : chunks.elements()) {
     Chunk c;
-    MP_ASSIGN(c, readChunk(chunks[i], childPointer(chunksPtr, i)));
+    MP_ASSIGN(c, readChunk(chunk, chunksPath.child(i++)));
     t.chunks.push_back(std::move(c));
   }
   return t;
@@ -444,66 +455,85 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
 }
 
 Result<CheckpointMetadata> parseMetadata(std::string_view text) {
-  Json doc;
-  MP_ASSIGN(doc, parseJson(text, kMaxPlanJsonDepth));
-  if (!doc.is_object())
-    return typeError("", doc, "a checkpoint metadata object");
+  Result<Document> parsed = Document::parse(text, kMaxPlanJsonDepth);
+  if (!parsed)
+    return parsed.error();
+  Value doc = parsed->root();
+  const Path root;
+  if (!doc.isObject())
+    return typeError(root, doc, "a checkpoint metadata object");
   // Format and version first, so that a newer or foreign document is named
   // as such rather than by its first unknown key.
-  const Json *format = member(doc, "format");
+  std::optional<Value> format = doc.find("format");
   if (!format)
-    return errorAt("",
+    return errorAt(root,
                    "missing required key \"format\" (checkpoint "
                    "metadata starts with \"format\": \"meshplan.checkpoint\")");
-  if (!format->is_string() ||
-      format->get_ref<const std::string &>() != kCheckpointFormat)
-    return errorAt("/format", "expected " + quote(kCheckpointFormat) +
-                                  ", got " + describe(*format));
-  const Json *version = member(doc, "version");
+  if (!format->isString() || format->string() != kCheckpointFormat)
+    return errorAt(root.child("format"), "expected " +
+                                             quote(kCheckpointFormat) +
+                                             ", got " + describe(*format));
+  std::optional<Value> version = doc.find("version");
   if (!version)
-    return errorAt("", "missing required key \"version\"");
-  if (!version->is_number_integer() ||
-      version->get<int64_t>() != kCheckpointVersion)
-    return errorAt("/version", "unsupported checkpoint version " +
-                                   version->dump() +
-                                   "; this meshplan reads version " +
-                                   std::to_string(kCheckpointVersion));
-  MESHPLAN_TRY(checkObject(doc, "", kRootRule));
+    return errorAt(root, "missing required key \"version\"");
+  if (version->kind() != ValueKind::Unsigned ||
+      version->unsignedValue() != static_cast<uint64_t>(kCheckpointVersion))
+    return errorAt(root.child("version"),
+                   "unsupported checkpoint version " + dump(*version) +
+                       "; this meshplan reads version " +
+                       std::to_string(kCheckpointVersion));
+  Fields f;
+  MP_ASSIGN(f, checkObject(doc, root, kRootRule));
   CheckpointMetadata meta;
-  MP_ASSIGN(meta.model, readSource(doc["model"], "/model"));
-  MP_ASSIGN(meta.spec, readSource(doc["spec"], "/spec"));
-  const Json &training = doc["training"];
-  MESHPLAN_TRY(checkObject(training, "/training", kTrainingRule));
-  MP_ASSIGN(meta.training.step, readInt(training["step"], "/training/step", 0));
-  MP_ASSIGN(meta.training.seed, readInt(training["seed"], "/training/seed", 0));
-  MP_ASSIGN(meta.training.stochasticRounding,
-            readBool(training["stochastic_rounding"],
-                     "/training/stochastic_rounding"));
-  if (const Json *w = member(doc, "written_by")) {
-    MESHPLAN_TRY(checkObject(*w, "/written_by", kWrittenByRule));
-    if (const Json *m = member(*w, "mesh"))
-      MP_ASSIGN(meta.mesh, readString(*m, "/written_by/mesh"));
-    if (const Json *g = member(*w, "generator"))
-      MP_ASSIGN(meta.generator, readString(*g, "/written_by/generator"));
+  MP_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
+  MP_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
+  {
+    Path p = root.child("training");
+    Fields tf;
+    MP_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
+    MP_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
+    MP_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
+    MP_ASSIGN(
+        meta.training.stochasticRounding,
+        readBool(tf.at("stochastic_rounding"), p.child("stochastic_rounding")));
   }
-  const Json &checksum = doc["checksum"];
-  MESHPLAN_TRY(checkObject(checksum, "/checksum", kChecksumRule));
-  MP_ASSIGN(meta.blockBytes,
-            readInt(checksum["block_bytes"], "/checksum/block_bytes", 1,
-                    kMaxBlockBytes));
-  const Json &files = doc["files"];
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::string p = childPointer("/files", i);
-    MESHPLAN_TRY(checkObject(files[i], p, kFileRule));
-    DataFile f;
-    MP_ASSIGN(f.name, readString(files[i]["name"], childPointer(p, "name")));
-    MP_ASSIGN(f.bytes, readInt(files[i]["bytes"], childPointer(p, "bytes"), 0));
-    meta.files.push_back(std::move(f));
+  if (std::optional<Value> w = f.get("written_by")) {
+    Path p = root.child("written_by");
+    Fields wf;
+    MP_ASSIGN(wf, checkObject(*w, p, kWrittenByRule));
+    if (std::optional<Value> m = wf.get("mesh"))
+      MESHPLAN_TRY(readStringInto(*m, p.child("mesh"), meta.mesh));
+    if (std::optional<Value> g = wf.get("generator"))
+      MESHPLAN_TRY(readStringInto(*g, p.child("generator"), meta.generator));
   }
-  const Json &tensors = doc["tensors"];
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  {
+    Path p = root.child("checksum");
+    Fields cf;
+    MP_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
+    MP_ASSIGN(meta.blockBytes,
+              readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
+                      kMaxBlockBytes));
+  }
+  Value files = f.at("files");
+  Path filesPath = root.child("files");
+  meta.files.reserve(files.size());
+  size_t i = 0;
+  for (Value file : files.elements()) {
+    Path p = filesPath.child(i++);
+    Fields ff;
+    MP_ASSIGN(ff, checkObject(file, p, kFileRule));
+    DataFile d;
+    MESHPLAN_TRY(readStringInto(ff.at("name"), p.child("name"), d.name));
+    MP_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
+    meta.files.push_back(std::move(d));
+  }
+  Value tensors = f.at("tensors");
+  Path tensorsPath = root.child("tensors");
+  meta.tensors.reserve(tensors.size());
+  i = 0;
+  for (Value tensor : tensors.elements()) {
     TensorEntry t;
-    MP_ASSIGN(t, readTensor(tensors[i], childPointer("/tensors", i)));
+    MP_ASSIGN(t, readTensor(tensor, tensorsPath.child(i++)));
     meta.tensors.push_back(std::move(t));
   }
   MESHPLAN_TRY(validateMetadata(meta));

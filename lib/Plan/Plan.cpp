@@ -1,19 +1,27 @@
 //===- Plan.cpp - Plan reader, validator and writer -----------------------===//
 //
-// No exceptions: JSON is parsed and read through meshplan/Support/Json.h
-// (SAX parsing, errors by callback, every value's type checked before it is
-// read).
+// No exceptions. Plans are read through meshplan/Support/JsonReader.h: the
+// document is tokenized into a flat array of nodes (syntax, depth and
+// repeated keys checked in that one pass), and the readers below fill the
+// Plan straight from it, every value's type checked before it is read, with
+// JSON pointers built only for an error. The writer serializes through
+// nlohmann/json.
 //
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Plan/Plan.h"
 
+#include "PlanRead.h"
+
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Core/Text.h"
 #include "meshplan/Support/Json.h"
+#include "meshplan/Support/JsonReader.h"
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -241,10 +249,9 @@ const SectionRule kEstimatesRule = {
 
 /// readEnum for one of the name tables above, as its enum type.
 template <typename E, size_t N>
-Result<E> readEnumAs(const Json &v, const std::string &ptr,
-                     std::string_view what,
+Result<E> readEnumAs(Value v, const Path &path, std::string_view what,
                      const std::array<std::string_view, N> &names) {
-  Result<int> index = readEnum(v, ptr, what, names);
+  Result<int> index = readEnum(v, path, what, names);
   if (!index)
     return index.error();
   return static_cast<E>(*index);
@@ -260,283 +267,321 @@ Result<E> readEnumAs(const Json &v, const std::string &ptr,
 
 //===----------------------------------------------------------------------===//
 // JSON -> Plan (types and shapes only; semantics in validatePlan)
+//
+// Each reader assigns every field of the structure it is given (optional
+// ones are reset when absent), reusing the capacity of its strings and
+// vectors: readPlanDirectory reads a thousand plans into one per thread.
 //===----------------------------------------------------------------------===//
 
-Result<PlanMesh> readMesh(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kMeshRule));
+Result<PlanMesh> readMesh(Value v, const Path &path) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kMeshRule));
   PlanMesh mesh;
-  const Json &axes = v["axes"];
-  std::string axesPtr = childPointer(ptr, "axes");
-  if (!axes.is_array())
-    return typeError(axesPtr, axes, "an array of axes");
-  for (size_t i = 0; i < axes.size(); ++i) {
-    std::string p = childPointer(axesPtr, i);
-    MESHPLAN_TRY(checkObject(axes[i], p, kMeshAxisRule));
+  Value axes = f.at("axes");
+  Path axesPath = path.child("axes");
+  if (!axes.isArray())
+    return typeError(axesPath, axes, "an array of axes");
+  size_t i = 0;
+  for (Value a : axes.elements()) {
+    Path p = axesPath.child(i++);
+    Fields af;
+    MP_ASSIGN(af, checkObject(a, p, kMeshAxisRule));
     MeshAxis axis;
-    MP_ASSIGN(axis.name, readString(axes[i]["name"], childPointer(p, "name")));
-    MP_ASSIGN(axis.size, readInt(axes[i]["size"], childPointer(p, "size"), 1));
+    MESHPLAN_TRY(readStringInto(af.at("name"), p.child("name"), axis.name));
+    MP_ASSIGN(axis.size, readInt(af.at("size"), p.child("size"), 1));
     mesh.axes.push_back(std::move(axis));
   }
-  if (const Json *order = member(v, "device_order")) {
+  if (std::optional<Value> order = f.get("device_order")) {
     std::vector<int64_t> ids;
-    MP_ASSIGN(ids, readIntArray(*order, childPointer(ptr, "device_order"), 0));
+    MP_ASSIGN(ids, readIntArray(*order, path.child("device_order"), 0));
     mesh.deviceOrder = std::move(ids);
   }
-  if (const Json *managed = member(v, "managed")) {
+  if (std::optional<Value> managed = f.get("managed")) {
     std::vector<std::string> names;
-    std::string p = childPointer(ptr, "managed");
+    Path p = path.child("managed");
     MP_ASSIGN(names, readStringArray(*managed, p));
-    for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t k = 0; k < names.size(); ++k) {
       auto it =
           std::find_if(mesh.axes.begin(), mesh.axes.end(),
-                       [&](const MeshAxis &a) { return a.name == names[i]; });
+                       [&](const MeshAxis &a) { return a.name == names[k]; });
       if (it == mesh.axes.end())
-        return errorAt(childPointer(p, i),
-                       "axis " + quote(names[i]) + " is not in the mesh");
+        return errorAt(p.child(k),
+                       "axis " + quote(names[k]) + " is not in the mesh");
       if (it->managed)
-        return errorAt(childPointer(p, i),
-                       "axis " + quote(names[i]) + " is listed twice");
+        return errorAt(p.child(k),
+                       "axis " + quote(names[k]) + " is listed twice");
       it->managed = true;
     }
   }
   return mesh;
 }
 
-Result<Communicator> readCommunicator(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kCommunicatorRule));
-  Communicator c;
-  MP_ASSIGN(c.id, readString(v["id"], childPointer(ptr, "id")));
+Result<void> readCommunicator(Value v, const Path &path, Communicator &c) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kCommunicatorRule));
+  MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), c.id));
   // A listed group is bounded like every other (docs/limits.md).
-  if (v["ranks"].is_array() &&
-      static_cast<int64_t>(v["ranks"].size()) > kMaxGroupMembers)
-    return errorAt(childPointer(ptr, "ranks"),
-                   "lists " + std::to_string(v["ranks"].size()) +
+  Value ranks = f.at("ranks");
+  if (static_cast<int64_t>(ranks.size()) > kMaxGroupMembers)
+    return errorAt(path.child("ranks"),
+                   "lists " + std::to_string(ranks.size()) +
                        " members; groups that are listed member by member "
                        "have at most " +
                        kMaxGroupMembersText + " (docs/limits.md)");
-  MP_ASSIGN(c.ranks, readIntArray(v["ranks"], childPointer(ptr, "ranks"), 0));
-  MP_ASSIGN(c.color, readInt(v["color"], childPointer(ptr, "color"), 0));
-  MP_ASSIGN(c.key, readInt(v["key"], childPointer(ptr, "key"), 0));
-  if (const Json *axes = member(v, "axes"))
-    MP_ASSIGN(c.axes, readStringArray(*axes, childPointer(ptr, "axes")));
-  if (const Json *view = member(v, "view"); view && !view->is_null())
-    MP_ASSIGN(c.view, readString(*view, childPointer(ptr, "view")));
-  if (const Json *ft = member(v, "fault_tolerant"))
-    MP_ASSIGN(c.faultTolerant,
-              readBool(*ft, childPointer(ptr, "fault_tolerant")));
-  return c;
+  MESHPLAN_TRY(readIntArrayInto(ranks, path.child("ranks"), c.ranks, 0));
+  MP_ASSIGN(c.color, readInt(f.at("color"), path.child("color"), 0));
+  MP_ASSIGN(c.key, readInt(f.at("key"), path.child("key"), 0));
+  if (std::optional<Value> axes = f.get("axes"))
+    MESHPLAN_TRY(readStringArrayInto(*axes, path.child("axes"), c.axes));
+  else
+    c.axes.clear();
+  // A null view reads as absent (the key table allows null).
+  if (std::optional<Value> view = f.get("view"))
+    MESHPLAN_TRY(readStringInto(*view, path.child("view"),
+                                c.view ? *c.view : c.view.emplace()));
+  else
+    c.view.reset();
+  c.faultTolerant = false;
+  if (std::optional<Value> ft = f.get("fault_tolerant"))
+    MP_ASSIGN(c.faultTolerant, readBool(*ft, path.child("fault_tolerant")));
+  return {};
 }
 
-Result<Buffer> readBuffer(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kBufferRule));
-  Buffer b;
-  MP_ASSIGN(b.id, readString(v["id"], childPointer(ptr, "id")));
-  MP_ASSIGN(b.kind,
-            (readEnumAs<BufferKind>(v["kind"], childPointer(ptr, "kind"),
-                                    "buffer kind", kBufferKindNames)));
-  MP_ASSIGN(b.dtype, (readEnumAs<DType>(v["dtype"], childPointer(ptr, "dtype"),
+Result<void> readBuffer(Value v, const Path &path, Buffer &b) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kBufferRule));
+  MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), b.id));
+  MP_ASSIGN(b.kind, (readEnumAs<BufferKind>(f.at("kind"), path.child("kind"),
+                                            "buffer kind", kBufferKindNames)));
+  MP_ASSIGN(b.dtype, (readEnumAs<DType>(f.at("dtype"), path.child("dtype"),
                                         "dtype", kDTypeNames)));
-  MP_ASSIGN(b.globalShape, readIntArray(v["global_shape"],
-                                        childPointer(ptr, "global_shape"), 0));
-  MP_ASSIGN(b.localShape, readIntArray(v["local_shape"],
-                                       childPointer(ptr, "local_shape"), 0));
-  MP_ASSIGN(b.offset,
-            readIntArray(v["offset"], childPointer(ptr, "offset"), 0));
-  MP_ASSIGN(b.layout, readString(v["layout"], childPointer(ptr, "layout")));
-  if (const Json *t = member(v, "tensor"))
-    MP_ASSIGN(b.tensor, readString(*t, childPointer(ptr, "tensor")));
-  if (const Json *id = member(v, "tensor_id")) {
-    int64_t n;
-    MP_ASSIGN(n, readInt(*id, childPointer(ptr, "tensor_id"), 0));
-    b.tensorId = n;
+  MESHPLAN_TRY(readIntArrayInto(f.at("global_shape"),
+                                path.child("global_shape"), b.globalShape, 0));
+  MESHPLAN_TRY(readIntArrayInto(f.at("local_shape"), path.child("local_shape"),
+                                b.localShape, 0));
+  MESHPLAN_TRY(
+      readIntArrayInto(f.at("offset"), path.child("offset"), b.offset, 0));
+  MESHPLAN_TRY(readStringInto(f.at("layout"), path.child("layout"), b.layout));
+  b.tensor.clear();
+  if (std::optional<Value> t = f.get("tensor"))
+    MESHPLAN_TRY(readStringInto(*t, path.child("tensor"), b.tensor));
+  b.tensorId.reset();
+  if (std::optional<Value> id = f.get("tensor_id"))
+    MP_ASSIGN(b.tensorId, readInt(*id, path.child("tensor_id"), 0));
+  if (std::optional<Value> scale = f.get("scale")) {
+    Path p = path.child("scale");
+    Fields sf;
+    MP_ASSIGN(sf, checkObject(*scale, p, kScaleRule));
+    Fp8Scale &s = b.scale ? *b.scale : b.scale.emplace();
+    MESHPLAN_TRY(readStringInto(sf.at("amax"), p.child("amax"), s.amax));
+    MP_ASSIGN(s.index, readInt(sf.at("index"), p.child("index"), 0));
+    MP_ASSIGN(s.powerOf2, readBool(sf.at("power_of_2"), p.child("power_of_2")));
+  } else {
+    b.scale.reset();
   }
-  if (const Json *scale = member(v, "scale")) {
-    std::string p = childPointer(ptr, "scale");
-    MESHPLAN_TRY(checkObject(*scale, p, kScaleRule));
-    Fp8Scale f;
-    MP_ASSIGN(f.amax, readString((*scale)["amax"], childPointer(p, "amax")));
-    MP_ASSIGN(f.index, readInt((*scale)["index"], childPointer(p, "index"), 0));
-    MP_ASSIGN(f.powerOf2,
-              readBool((*scale)["power_of_2"], childPointer(p, "power_of_2")));
-    b.scale = std::move(f);
-  }
-  return b;
+  return {};
 }
 
-Result<Instruction> readInstruction(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kInstructionRule));
-  Instruction in;
-  MP_ASSIGN(in.id, readString(v["id"], childPointer(ptr, "id")));
-  MP_ASSIGN(in.stream, readString(v["stream"], childPointer(ptr, "stream")));
-  MP_ASSIGN(in.op, (readEnumAs<OpKind>(v["op"], childPointer(ptr, "op"), "op",
-                                       kOpNames)));
+Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kInstructionRule));
+  MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), in.id));
+  MESHPLAN_TRY(readStringInto(f.at("stream"), path.child("stream"), in.stream));
+  MP_ASSIGN(in.op,
+            (readEnumAs<OpKind>(f.at("op"), path.child("op"), "op", kOpNames)));
   bool collective = isCollective(in.op);
-  std::string opName(opKindName(in.op));
-  if (const Json *comm = member(v, "comm")) {
+  // For messages only: not built for a plan that is fine.
+  auto opName = [&] { return std::string(opKindName(in.op)); };
+  in.comm.clear();
+  if (std::optional<Value> comm = f.get("comm")) {
     if (!collective)
-      return errorAt(childPointer(ptr, "comm"),
-                     opName + " is not a collective and takes no comm");
-    MP_ASSIGN(in.comm, readString(*comm, childPointer(ptr, "comm")));
-  } else if (collective)
-    return errorAt(ptr, opName + " needs \"comm\"");
-  if (const Json *dtype = member(v, "dtype")) {
-    DType d;
-    MP_ASSIGN(d, (readEnumAs<DType>(*dtype, childPointer(ptr, "dtype"), "dtype",
-                                    kDTypeNames)));
-    in.dtype = d;
-  } else if (collective)
-    return errorAt(ptr, opName + " needs \"dtype\"");
-  if (const Json *count = member(v, "count"))
-    MP_ASSIGN(in.count, readInt(*count, childPointer(ptr, "count"), 0,
-                                kMaxTensorElements));
+      return errorAt(path.child("comm"),
+                     opName() + " is not a collective and takes no comm");
+    MESHPLAN_TRY(readStringInto(*comm, path.child("comm"), in.comm));
+  } else if (collective) {
+    return errorAt(path, opName() + " needs \"comm\"");
+  }
+  in.dtype.reset();
+  if (std::optional<Value> dtype = f.get("dtype")) {
+    MP_ASSIGN(in.dtype, (readEnumAs<DType>(*dtype, path.child("dtype"), "dtype",
+                                           kDTypeNames)));
+  } else if (collective) {
+    return errorAt(path, opName() + " needs \"dtype\"");
+  }
+  in.count = 0;
+  if (std::optional<Value> count = f.get("count"))
+    MP_ASSIGN(in.count,
+              readInt(*count, path.child("count"), 0, kMaxTensorElements));
   else if (collective)
-    return errorAt(ptr, opName + " needs \"count\"");
-  if (const Json *reduce = member(v, "reduce")) {
-    std::string p = childPointer(ptr, "reduce");
+    return errorAt(path, opName() + " needs \"count\"");
+  in.reduce.reset();
+  if (std::optional<Value> reduce = f.get("reduce")) {
+    Path p = path.child("reduce");
     if (!isReduction(in.op))
-      return errorAt(p, opName + " takes no reduce op (only reduce_scatter "
-                                 "and all_reduce do)");
-    if (!reduce->is_string())
+      return errorAt(p, opName() + " takes no reduce op (only "
+                                   "reduce_scatter and all_reduce do)");
+    if (!reduce->isString())
       return typeError(p, *reduce, "a string");
-    Result<ReduceOp> op = parseReduceOp(reduce->get_ref<const std::string &>());
+    Result<ReduceOp> op = parseReduceOp(reduce->string());
     if (!op)
       return errorAt(p, op.error().message);
     in.reduce = *op;
-  } else if (isReduction(in.op))
-    return errorAt(ptr, opName + " needs \"reduce\"");
-  if (const Json *root = member(v, "root")) {
+  } else if (isReduction(in.op)) {
+    return errorAt(path, opName() + " needs \"reduce\"");
+  }
+  in.root = 0;
+  if (std::optional<Value> root = f.get("root")) {
     if (in.op != OpKind::Broadcast)
-      return errorAt(childPointer(ptr, "root"), "only broadcast takes a root");
-    MP_ASSIGN(in.root, readInt(*root, childPointer(ptr, "root"), 0));
-  } else if (in.op == OpKind::Broadcast)
-    return errorAt(ptr, "broadcast needs \"root\"");
-  if (const Json *x = member(v, "inputs"))
-    MP_ASSIGN(in.inputs, readStringArray(*x, childPointer(ptr, "inputs")));
-  if (const Json *x = member(v, "outputs"))
-    MP_ASSIGN(in.outputs, readStringArray(*x, childPointer(ptr, "outputs")));
-  if (const Json *x = member(v, "deps"))
-    MP_ASSIGN(in.deps, readStringArray(*x, childPointer(ptr, "deps")));
-  if (const Json *x = member(v, "label"))
-    MP_ASSIGN(in.label, readString(*x, childPointer(ptr, "label")));
+      return errorAt(path.child("root"), "only broadcast takes a root");
+    MP_ASSIGN(in.root, readInt(*root, path.child("root"), 0));
+  } else if (in.op == OpKind::Broadcast) {
+    return errorAt(path, "broadcast needs \"root\"");
+  }
+  // Not cleared first: the strings keep their storage for the next plan.
+  auto list = [&](std::string_view key,
+                  std::vector<std::string> &out) -> Result<void> {
+    if (std::optional<Value> x = f.get(key))
+      return readStringArrayInto(*x, path.child(key), out);
+    out.clear();
+    return {};
+  };
+  MESHPLAN_TRY(list("inputs", in.inputs));
+  MESHPLAN_TRY(list("outputs", in.outputs));
+  MESHPLAN_TRY(list("deps", in.deps));
+  in.label.clear();
+  if (std::optional<Value> x = f.get("label"))
+    MESHPLAN_TRY(readStringInto(*x, path.child("label"), in.label));
   // The callback a compute instruction calls; only compute has one.
-  for (std::string_view key : {"phase", "unit", "microbatch"}) {
-    const Json *x = member(v, key);
-    if (x && in.op != OpKind::Compute)
-      return errorAt(childPointer(ptr, key), opName + " takes no " +
-                                                 std::string(key) +
-                                                 " (only compute does)");
-    if (!x && in.op == OpKind::Compute)
-      return errorAt(ptr, "compute needs " + quote(key));
+  bool compute = in.op == OpKind::Compute;
+  std::optional<Value> phase = f.get("phase"), unit = f.get("unit"),
+                       microbatch = f.get("microbatch");
+  for (auto [key, x] : {std::pair{"phase", phase}, std::pair{"unit", unit},
+                        std::pair{"microbatch", microbatch}}) {
+    if (x && !compute)
+      return errorAt(path.child(key),
+                     opName() + " takes no " + key + " (only compute does)");
+    if (!x && compute)
+      return errorAt(path, "compute needs " + quote(key));
   }
-  if (in.op == OpKind::Compute) {
-    MP_ASSIGN(in.phase, readString(v["phase"], childPointer(ptr, "phase")));
-    MP_ASSIGN(in.unit, readString(v["unit"], childPointer(ptr, "unit")));
-    MP_ASSIGN(in.microbatch,
-              readInt(v["microbatch"], childPointer(ptr, "microbatch"), 0));
+  in.phase.clear();
+  in.unit.clear();
+  in.microbatch = 0;
+  if (compute) {
+    MESHPLAN_TRY(readStringInto(*phase, path.child("phase"), in.phase));
+    MESHPLAN_TRY(readStringInto(*unit, path.child("unit"), in.unit));
+    MP_ASSIGN(in.microbatch, readInt(*microbatch, path.child("microbatch"), 0));
   }
-  return in;
+  return {};
 }
 
-Result<OptimizerConfig> readOptimizer(const Json &v, const std::string &ptr) {
-  MESHPLAN_TRY(checkObject(v, ptr, kOptimizerRule));
+Result<OptimizerConfig> readOptimizer(Value v, const Path &path) {
+  Fields f;
+  MP_ASSIGN(f, checkObject(v, path, kOptimizerRule));
   OptimizerConfig o;
-  MP_ASSIGN(o.name, readString(v["name"], childPointer(ptr, "name")));
-  MP_ASSIGN(o.lr, readNumber(v["lr"], childPointer(ptr, "lr")));
-  MP_ASSIGN(o.beta1, readNumber(v["beta1"], childPointer(ptr, "beta1")));
-  MP_ASSIGN(o.beta2, readNumber(v["beta2"], childPointer(ptr, "beta2")));
-  MP_ASSIGN(o.eps, readNumber(v["eps"], childPointer(ptr, "eps")));
+  MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), o.name));
+  MP_ASSIGN(o.lr, readNumber(f.at("lr"), path.child("lr")));
+  MP_ASSIGN(o.beta1, readNumber(f.at("beta1"), path.child("beta1")));
+  MP_ASSIGN(o.beta2, readNumber(f.at("beta2"), path.child("beta2")));
+  MP_ASSIGN(o.eps, readNumber(f.at("eps"), path.child("eps")));
   MP_ASSIGN(o.weightDecay,
-            readNumber(v["weight_decay"], childPointer(ptr, "weight_decay")));
-  MP_ASSIGN(o.stochasticRounding,
-            readBool(v["stochastic_rounding"],
-                     childPointer(ptr, "stochastic_rounding")));
-  MP_ASSIGN(o.seed, readInt(v["seed"], childPointer(ptr, "seed"), 0));
+            readNumber(f.at("weight_decay"), path.child("weight_decay")));
+  MP_ASSIGN(o.stochasticRounding, readBool(f.at("stochastic_rounding"),
+                                           path.child("stochastic_rounding")));
+  MP_ASSIGN(o.seed, readInt(f.at("seed"), path.child("seed"), 0));
   return o;
 }
 
-Result<std::map<std::string, int64_t>> readByteMap(const Json &v,
-                                                   const std::string &ptr) {
-  if (!v.is_object())
-    return typeError(ptr, v, "an object");
+Result<std::map<std::string, int64_t>> readByteMap(Value v, const Path &path) {
+  if (!v.isObject())
+    return typeError(path, v, "an object");
   std::map<std::string, int64_t> out;
-  for (auto it = v.begin(); it != v.end(); ++it) {
+  for (Member m : v.members()) {
     int64_t n;
-    MP_ASSIGN(n, readInt(it.value(), childPointer(ptr, it.key()), 0));
-    out[it.key()] = n;
+    MP_ASSIGN(n, readInt(m.value, path.child(m.key), 0));
+    out.emplace(m.key, n); // keys are unique: the tokenizer refuses repeats
   }
   return out;
 }
 
+/// An array of objects, each read by `readOne(value, path, element)` into
+/// the element of `out` at its index (existing elements are reused).
 template <typename T, typename F>
-Result<std::vector<T>> readArray(const Json &v, const std::string &ptr,
-                                 std::string_view what, F readOne) {
-  if (!v.is_array())
-    return typeError(ptr, v, "an array of " + std::string(what));
-  std::vector<T> out;
-  out.reserve(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    Result<T> x = readOne(v[i], childPointer(ptr, i));
-    if (!x)
-      return x.error();
-    out.push_back(std::move(x.value()));
+Result<void> readArrayInto(Value v, const Path &path, std::string_view what,
+                           std::vector<T> &out, F readOne) {
+  if (!v.isArray())
+    return typeError(path, v, "an array of " + std::string(what));
+  out.resize(v.size());
+  size_t i = 0;
+  for (Value e : v.elements()) {
+    MESHPLAN_TRY(readOne(e, path.child(i), out[i]));
+    ++i;
   }
-  return out;
+  return {};
 }
 } // namespace
 
-Result<Plan> parsePlan(std::string_view text) {
-  Json doc;
-  MP_ASSIGN(doc, parseJson(text, kMaxPlanDepth));
-  if (!doc.is_object())
-    return typeError("", doc, "a plan object");
+Result<void> parsePlanInto(std::string_view text, Plan &plan) {
+  Result<Document> parsed = Document::parse(text, kMaxPlanDepth);
+  if (!parsed)
+    return parsed.error();
+  Value doc = parsed->root();
+  const Path root;
+  if (!doc.isObject())
+    return typeError(root, doc, "a plan object");
   // Format and version first, so a newer or foreign document is named as
   // such rather than by its first unknown key.
-  const Json *format = member(doc, "format");
+  std::optional<Value> format = doc.find("format");
   if (!format)
-    return errorAt("", "missing required key \"format\" (a meshplan plan "
-                       "starts with \"format\": \"meshplan.plan\")");
-  if (!format->is_string() ||
-      format->get_ref<const std::string &>() != kPlanFormat)
-    return errorAt("/format", "expected " + quote(kPlanFormat) + ", got " +
-                                  describe(*format));
-  const Json *version = member(doc, "version");
+    return errorAt(root, "missing required key \"format\" (a meshplan plan "
+                         "starts with \"format\": \"meshplan.plan\")");
+  if (!format->isString() || format->string() != kPlanFormat)
+    return errorAt(root.child("format"), "expected " + quote(kPlanFormat) +
+                                             ", got " + describe(*format));
+  std::optional<Value> version = doc.find("version");
   if (!version)
-    return errorAt("", "missing required key \"version\"");
-  if (!version->is_number_integer() || version->get<int64_t>() != kPlanVersion)
-    return errorAt("/version", "unsupported plan version " + version->dump() +
-                                   "; this meshplan reads version " +
-                                   std::to_string(kPlanVersion));
-  MESHPLAN_TRY(checkObject(doc, "", kRootRule));
-  Plan plan;
+    return errorAt(root, "missing required key \"version\"");
+  if (version->kind() != ValueKind::Unsigned ||
+      version->unsignedValue() != kPlanVersion)
+    return errorAt(root.child("version"), "unsupported plan version " +
+                                              dump(*version) +
+                                              "; this meshplan reads version " +
+                                              std::to_string(kPlanVersion));
+  Fields f;
+  MP_ASSIGN(f, checkObject(doc, root, kRootRule));
   plan.version = kPlanVersion;
-  MP_ASSIGN(plan.mesh, readMesh(doc["mesh"], "/mesh"));
-  MP_ASSIGN(plan.rank, readInt(doc["rank"], "/rank", 0));
-  MP_ASSIGN(plan.communicators,
-            readArray<Communicator>(doc["communicators"], "/communicators",
-                                    "communicators", readCommunicator));
-  MP_ASSIGN(plan.buffers, readArray<Buffer>(doc["buffers"], "/buffers",
-                                            "buffers", readBuffer));
-  MP_ASSIGN(plan.streams, readStringArray(doc["streams"], "/streams"));
-  MP_ASSIGN(plan.program,
-            readArray<Instruction>(doc["program"], "/program", "instructions",
-                                   readInstruction));
-  if (const Json *opt = member(doc, "optimizer")) {
-    OptimizerConfig o;
-    MP_ASSIGN(o, readOptimizer(*opt, "/optimizer"));
-    plan.optimizer = std::move(o);
-  }
-  if (const Json *est = member(doc, "estimates")) {
-    MESHPLAN_TRY(checkObject(*est, "/estimates", kEstimatesRule));
-    Estimates e;
-    if (const Json *m = member(*est, "peak_memory_bytes"))
+  MP_ASSIGN(plan.mesh, readMesh(f.at("mesh"), root.child("mesh")));
+  MP_ASSIGN(plan.rank, readInt(f.at("rank"), root.child("rank"), 0));
+  MESHPLAN_TRY(readArrayInto(f.at("communicators"), root.child("communicators"),
+                             "communicators", plan.communicators,
+                             readCommunicator));
+  MESHPLAN_TRY(readArrayInto(f.at("buffers"), root.child("buffers"), "buffers",
+                             plan.buffers, readBuffer));
+  MESHPLAN_TRY(readStringArrayInto(f.at("streams"), root.child("streams"),
+                                   plan.streams));
+  MESHPLAN_TRY(readArrayInto(f.at("program"), root.child("program"),
+                             "instructions", plan.program, readInstruction));
+  plan.optimizer.reset();
+  if (std::optional<Value> opt = f.get("optimizer"))
+    MP_ASSIGN(plan.optimizer, readOptimizer(*opt, root.child("optimizer")));
+  plan.estimates.reset();
+  if (std::optional<Value> est = f.get("estimates")) {
+    Path p = root.child("estimates");
+    Fields ef;
+    MP_ASSIGN(ef, checkObject(*est, p, kEstimatesRule));
+    Estimates &e = plan.estimates.emplace();
+    if (std::optional<Value> m = ef.get("peak_memory_bytes"))
       MP_ASSIGN(e.peakMemoryBytes,
-                readByteMap(*m, "/estimates/peak_memory_bytes"));
-    if (const Json *m = member(*est, "bytes_per_step_per_comm"))
+                readByteMap(*m, p.child("peak_memory_bytes")));
+    if (std::optional<Value> m = ef.get("bytes_per_step_per_comm"))
       MP_ASSIGN(e.bytesPerStepPerComm,
-                readByteMap(*m, "/estimates/bytes_per_step_per_comm"));
-    plan.estimates = std::move(e);
+                readByteMap(*m, p.child("bytes_per_step_per_comm")));
   }
-  MESHPLAN_TRY(validatePlan(plan));
+  return validatePlan(plan);
+}
+
+Result<Plan> parsePlan(std::string_view text) {
+  Plan plan;
+  MESHPLAN_TRY(parsePlanInto(text, plan));
   return plan;
 }
 
@@ -601,25 +646,146 @@ Result<DerivedGroup> deriveGroup(const Mesh &mesh,
   return g;
 }
 
+/// Ids (views of the plan's own strings) to indices, by open addressing.
+/// std::unordered_map allocated a node per id, thousands per plan, and its
+/// lookups (6,000 buffer references in a plan of the 8B model) were a tenth
+/// of reading a plan directory; here a slot is 8 bytes (a hash tag and the
+/// entry's position), so the table stays in cache and only a tag match
+/// looks at the text. The interface is the part of unordered_map's that
+/// validatePlan uses (end() is null).
+class IdIndex {
+public:
+  struct Entry {
+    std::string_view first;
+    size_t second;
+  };
+
+  void reserve(size_t n) {
+    entries.reserve(n);
+    if (slots.size() < 2 * n)
+      rehash(std::bit_ceil(std::max<size_t>(2 * n, 16)));
+  }
+  std::pair<const Entry *, bool> emplace(std::string_view id, size_t index) {
+    if (slots.size() < 2 * (entries.size() + 1))
+      rehash(std::max<size_t>(2 * slots.size(), 16));
+    uint64_t h = hash(id);
+    uint64_t &slot = probe(id, h);
+    if (slot)
+      return {&entries[(slot & 0xFFFFFFFF) - 1], false};
+    entries.push_back(Entry{id, index});
+    slot = (h & ~uint64_t(0xFFFFFFFF)) | entries.size();
+    return {&entries.back(), true};
+  }
+  const Entry *find(std::string_view id) const {
+    if (slots.empty())
+      return nullptr;
+    uint64_t slot = const_cast<IdIndex *>(this)->probe(id, hash(id));
+    return slot ? &entries[(slot & 0xFFFFFFFF) - 1] : nullptr;
+  }
+  const Entry *end() const { return nullptr; }
+  size_t count(std::string_view id) const { return find(id) ? 1 : 0; }
+  /// Precondition: `id` is present.
+  size_t at(std::string_view id) const { return find(id)->second; }
+
+private:
+  static uint64_t hash(std::string_view id) {
+    auto load8 = [](const char *at) {
+      uint64_t w;
+      std::memcpy(&w, at, 8);
+      return w;
+    };
+    uint64_t h = id.size() * 0x9E3779B97F4A7C15ull;
+    size_t n = id.size(), i = 0;
+    for (; i + 8 <= n; i += 8)
+      h = ((h ^ load8(id.data() + i)) * 0xBF58476D1CE4E5B9ull) ^ (h >> 29);
+    if (i < n) {
+      uint64_t tail = 0;
+      if (n >= 8) {
+        tail = load8(id.data() + n - 8); // overlaps the last full word
+      } else {
+        for (; i < n; ++i)
+          tail = tail << 8 | static_cast<unsigned char>(id[i]);
+      }
+      h = (h ^ tail) * 0x94D049BB133111EBull;
+    }
+    return h ^ (h >> 31);
+  }
+  /// The slot holding `id` (tag in the high half, entry + 1 in the low
+  /// half), or the empty (zero) one where it would go.
+  uint64_t &probe(std::string_view id, uint64_t h) {
+    uint64_t tag = h & ~uint64_t(0xFFFFFFFF);
+    size_t mask = slots.size() - 1;
+    for (size_t k = h & mask;; k = (k + 1) & mask) {
+      uint64_t &slot = slots[k];
+      if (!slot || ((slot & ~uint64_t(0xFFFFFFFF)) == tag &&
+                    sameText(entries[(slot & 0xFFFFFFFF) - 1].first, id)))
+        return slot;
+    }
+  }
+  void rehash(size_t size) {
+    slots.assign(size, 0);
+    for (size_t e = 0; e < entries.size(); ++e) {
+      uint64_t h = hash(entries[e].first);
+      probe(entries[e].first, h) = (h & ~uint64_t(0xFFFFFFFF)) | (e + 1);
+    }
+  }
+
+  std::vector<Entry> entries;
+  std::vector<uint64_t> slots;
+};
+
+/// Layouts parsed once per distinct text, with the box each gave this rank
+/// per global shape: a plan has thousands of buffers but a few dozen
+/// layouts, the buffers of one tensor share a shape, and parsing a layout
+/// and computing a box (three vectors) were most of checking a buffer.
+struct CachedLayout {
+  Result<Layout> layout;
+  std::vector<std::pair<std::vector<int64_t>, Result<ShardBox>>> boxes;
+};
+using LayoutCache = std::unordered_map<std::string_view, CachedLayout>;
+/// Shapes remembered per layout; past that, boxes are computed each time
+/// (a plan with more distinct shapes would make the search quadratic).
+constexpr size_t kMaxCachedShapes = 64;
+
 /// The buffer's layout parses over the root mesh and gives this rank exactly
 /// the buffer's box.
 static Result<void> checkBufferLayout(const View &root,
-                                      const AxisNamespace &names, int64_t rank,
-                                      const Buffer &b, const std::string &p) {
-  std::string lp = childPointer(p, "layout");
-  Result<Layout> layout = parseLayout(root, names, b.layout);
+                                      const AxisNamespace &names,
+                                      LayoutCache &layouts, int64_t rank,
+                                      const Buffer &b, const Path &p) {
+  Path lp = p.child("layout");
+  auto cached = layouts.find(b.layout);
+  if (cached == layouts.end())
+    cached = layouts
+                 .emplace(b.layout,
+                          CachedLayout{parseLayout(root, names, b.layout), {}})
+                 .first;
+  CachedLayout &entry = cached->second;
+  const Result<Layout> &layout = entry.layout;
   if (!layout)
     return errorAt(lp, layout.error().message);
   if (layout->rank() != static_cast<int>(b.globalShape.size()))
     return errorAt(lp, "the layout has " + std::to_string(layout->rank()) +
                            " dims but global_shape has " +
                            std::to_string(b.globalShape.size()));
-  Result<ShardBox> box = shardOf(root, *layout, b.globalShape, rank);
-  if (!box)
-    return errorAt(lp, box.error().message);
-  if (box->offset != b.offset || box->localShape != b.localShape)
+  const Result<ShardBox> *box = nullptr;
+  std::optional<Result<ShardBox>> uncached;
+  for (const auto &[shape, known] : entry.boxes)
+    if (shape == b.globalShape)
+      box = &known;
+  if (!box && entry.boxes.size() < kMaxCachedShapes) {
+    entry.boxes.emplace_back(b.globalShape,
+                             shardOf(root, *layout, b.globalShape, rank));
+    box = &entry.boxes.back().second;
+  } else if (!box) {
+    box = &uncached.emplace(shardOf(root, *layout, b.globalShape, rank));
+  }
+  if (!*box)
+    return errorAt(lp, box->error().message);
+  const ShardBox &got = box->value();
+  if (got.offset != b.offset || got.localShape != b.localShape)
     return errorAt(lp, "gives rank " + std::to_string(rank) + " the box " +
-                           ints(box->offset) + " + " + ints(box->localShape) +
+                           ints(got.offset) + " + " + ints(got.localShape) +
                            ", but the buffer says " + ints(b.offset) + " + " +
                            ints(b.localShape));
   return {};
@@ -627,9 +793,8 @@ static Result<void> checkBufferLayout(const View &root,
 
 /// What an instruction's inputs and outputs must look like for its op to be
 /// executable (the runtime relies on it).
-static Result<void>
-checkOperands(const Plan &plan, const Instruction &in, const std::string &p,
-              const std::unordered_map<std::string_view, size_t> &buffers) {
+static Result<void> checkOperands(const Plan &plan, const Instruction &in,
+                                  const Path &p, const IdIndex &buffers) {
   auto buffer = [&](const std::string &id) -> const Buffer & {
     return plan.buffers[buffers.at(id)];
   };
@@ -780,17 +945,20 @@ Result<void> validatePlan(const Plan &plan) {
   for (size_t i = 0; i < plan.streams.size(); ++i) {
     const std::string &s = plan.streams[i];
     if (s.empty())
-      return errorAt(childPointer("/streams", i), "stream name is empty");
+      return errorAt(Path().child("streams").child(i), "stream name is empty");
     if (!streams.insert(s).second)
-      return errorAt(childPointer("/streams", i),
+      return errorAt(Path().child("streams").child(i),
                      "duplicate stream " + quote(s));
   }
 
   // Communicators.
+  // Pointers are Paths, built into strings only for an error.
+  const Path top;
+  const Path commsPath = top.child("communicators");
   std::unordered_map<std::string_view, size_t> comms;
   for (size_t i = 0; i < plan.communicators.size(); ++i) {
     const Communicator &c = plan.communicators[i];
-    std::string p = childPointer("/communicators", i);
+    Path p = commsPath.child(i);
     if (c.id.empty())
       return errorAt(childPointer(p, "id"), "communicator id is empty");
     auto [it, fresh] = comms.emplace(c.id, i);
@@ -851,11 +1019,14 @@ Result<void> validatePlan(const Plan &plan) {
   auto sharedMesh = std::make_shared<const Mesh>(mesh);
   View root = View::root(sharedMesh);
   AxisNamespace names(sharedMesh);
-  std::unordered_map<std::string_view, size_t> buffers;
+  const Path buffersPath = top.child("buffers");
+  IdIndex buffers;
+  buffers.reserve(plan.buffers.size());
   std::unordered_map<int64_t, size_t> tensorIds;
+  LayoutCache layouts;
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const Buffer &b = plan.buffers[i];
-    std::string p = childPointer("/buffers", i);
+    Path p = buffersPath.child(i);
     if (b.id.empty())
       return errorAt(childPointer(p, "id"), "buffer id is empty");
     auto [it, fresh] = buffers.emplace(b.id, i);
@@ -884,7 +1055,7 @@ Result<void> validatePlan(const Plan &plan) {
                            std::to_string(b.localShape[d]) +
                            ") does not fit in the global size " +
                            std::to_string(b.globalShape[d]));
-    MESHPLAN_TRY(checkBufferLayout(root, names, plan.rank, b, p));
+    MESHPLAN_TRY(checkBufferLayout(root, names, layouts, plan.rank, b, p));
     if (b.kind == BufferKind::ParamShard) {
       if (!b.tensorId)
         return errorAt(p, "a param_shard needs \"tensor_id\"");
@@ -910,7 +1081,8 @@ Result<void> validatePlan(const Plan &plan) {
     const Buffer &b = plan.buffers[i];
     if (!b.scale)
       continue;
-    std::string p = childPointer(childPointer("/buffers", i), "scale");
+    Path bp = buffersPath.child(i);
+    Path p = bp.child("scale");
     auto it = buffers.find(b.scale->amax);
     if (it == buffers.end())
       return errorAt(childPointer(p, "amax"),
@@ -930,11 +1102,12 @@ Result<void> validatePlan(const Plan &plan) {
   }
 
   // Program.
-  std::unordered_map<std::string_view, size_t> ids;
+  const Path programPath = top.child("program");
+  IdIndex ids;
   ids.reserve(plan.program.size());
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const std::string &id = plan.program[i].id;
-    std::string p = childPointer("/program", i);
+    Path p = programPath.child(i);
     if (id.empty())
       return errorAt(childPointer(p, "id"), "instruction id is empty");
     auto [it, fresh] = ids.emplace(id, i);
@@ -945,7 +1118,7 @@ Result<void> validatePlan(const Plan &plan) {
   }
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const Instruction &in = plan.program[i];
-    std::string p = childPointer("/program", i);
+    Path p = programPath.child(i);
     if (!streams.count(in.stream)) {
       std::string all;
       for (const std::string &s : plan.streams)

@@ -1,7 +1,7 @@
-//===- PlanDirectory.cpp - Writing a plan directory all or nothing --------===//
+//===- PlanDirectory.cpp - Writing and reading plan directories -----------===//
 //
-// std::filesystem through its error_code overloads only, and C stdio for the
-// files: nothing here throws (this library may be linked into
+// std::filesystem through its error_code overloads only, and C stdio or
+// POSIX for the files: nothing here throws (this library may be linked into
 // -fno-exceptions code).
 //
 //===----------------------------------------------------------------------===//
@@ -9,9 +9,13 @@
 #include "meshplan/Plan/PlanDirectory.h"
 
 #include "Parallel.h"
+#include "PlanRead.h"
 
+#include "meshplan/Core/Limits.h"
 #include "meshplan/Core/Text.h"
+#include "meshplan/Plan/Verify.h"
 #include "meshplan/Support/Json.h"
+#include "meshplan/Support/JsonReader.h"
 
 #include <algorithm>
 #include <atomic>
@@ -28,6 +32,7 @@ namespace meshplan::plan {
 
 namespace fs = std::filesystem;
 using json::quote;
+using json::readFileInto;
 
 namespace {
 
@@ -305,6 +310,196 @@ Result<void> writePlanDirectory(
   }
   cleanup.release();
   return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Reading
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// N for a file named "rankN.json" (N decimal, no leading zeros).
+std::optional<int64_t> rankOfFileName(std::string_view name) {
+  if (!isRankFileName(name))
+    return std::nullopt;
+  return parseInt(name.substr(4, name.size() - 9));
+}
+
+Result<std::vector<int64_t>> readIndex(const std::string &path) {
+  // Errors are prefixed with the index file's path.
+  auto fail = [&](const std::string &m) { return makeError(path + ": " + m); };
+  std::string text;
+  if (Result<void> ok = readFileInto(path, text, kMaxPlanFileBytes); !ok)
+    return ok.error();
+  Result<json::Document> parsed =
+      json::Document::parse(text, kMaxPlanJsonDepth);
+  if (!parsed)
+    return fail(parsed.error().message);
+  json::Value doc = parsed->root();
+  if (!doc.isObject())
+    return fail("/: expected an object");
+  for (json::Member m : doc.members())
+    if (m.key != "format" && m.key != "version" && m.key != "ranks" &&
+        m.key != "generator")
+      return fail(json::childPointer("", m.key) + ": unknown key " +
+                  quote(m.key) +
+                  " (known keys: format, version, ranks, generator)");
+  std::optional<json::Value> format = doc.find("format");
+  if (!format || !format->isString() ||
+      format->string() != "meshplan.plan-index")
+    return fail("/format: expected \"meshplan.plan-index\"");
+  std::optional<json::Value> version = doc.find("version");
+  if (!version || version->kind() != json::ValueKind::Unsigned ||
+      version->unsignedValue() != kPlanVersion)
+    return fail("/version: expected " + std::to_string(kPlanVersion));
+  std::optional<json::Value> ranks = doc.find("ranks");
+  if (!ranks || !ranks->isArray() || ranks->size() == 0)
+    return fail("/ranks: expected a non-empty array of ranks");
+  if (static_cast<int64_t>(ranks->size()) > kMaxPlanDirectoryRanks)
+    return fail("/ranks: lists " + std::to_string(ranks->size()) +
+                " ranks; a plan directory holds at most " +
+                kMaxPlanDirectoryRanksText + " (docs/limits.md)");
+  std::vector<int64_t> out;
+  out.reserve(ranks->size());
+  for (json::Value r : ranks->elements()) {
+    if (r.kind() != json::ValueKind::Unsigned ||
+        r.unsignedValue() > static_cast<uint64_t>(INT64_MAX))
+      return fail("/ranks/" + std::to_string(out.size()) +
+                  ": expected a non-negative integer");
+    out.push_back(static_cast<int64_t>(r.unsignedValue()));
+  }
+  std::vector<int64_t> sorted = out;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i] == sorted[i - 1])
+      return fail("/ranks: rank " + std::to_string(sorted[i]) +
+                  " is listed twice");
+  return out;
+}
+
+/// What verifyPlans reads of a plan, in fresh, compact allocations: the
+/// mesh, rank, communicators and streams, and the instructions without
+/// buffer lists, labels and callbacks (as PreparedTemplate::instantiate's
+/// verificationOnly).
+Plan verificationCopy(const Plan &full) {
+  Plan lean;
+  lean.version = full.version;
+  lean.mesh = full.mesh;
+  lean.rank = full.rank;
+  lean.communicators = full.communicators;
+  lean.streams = full.streams;
+  lean.program.resize(full.program.size());
+  for (size_t i = 0; i < full.program.size(); ++i) {
+    const Instruction &in = full.program[i];
+    Instruction &out = lean.program[i];
+    out.id = in.id;
+    out.stream = in.stream;
+    out.op = in.op;
+    out.comm = in.comm;
+    out.dtype = in.dtype;
+    out.count = in.count;
+    out.reduce = in.reduce;
+    out.root = in.root;
+    out.deps = in.deps;
+  }
+  return lean;
+}
+
+} // namespace
+
+Result<std::vector<Plan>>
+readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return makeError("\"" + dir + "\" is not a directory");
+  std::vector<int64_t> ranks;
+  fs::path indexPath = fs::path(dir) / "index.json";
+  auto fileOf = [&](int64_t rank) {
+    return fs::path(dir) / ("rank" + std::to_string(rank) + ".json");
+  };
+  if (fs::exists(indexPath, ec)) {
+    Result<std::vector<int64_t>> idx = readIndex(indexPath.string());
+    if (!idx)
+      return idx.error();
+    ranks = std::move(*idx);
+  }
+  {
+    std::vector<int64_t> found;
+    fs::directory_iterator it(dir, ec), end;
+    if (ec)
+      return makeError("cannot list \"" + dir + "\": " + ec.message());
+    for (; it != end; it.increment(ec)) {
+      if (ec)
+        return makeError("cannot list \"" + dir + "\": " + ec.message());
+      if (std::optional<int64_t> r =
+              rankOfFileName(it->path().filename().string()))
+        found.push_back(*r);
+    }
+    // verify holds every plan in memory at once; refuse before reading.
+    if (static_cast<int64_t>(found.size()) > kMaxPlanDirectoryRanks)
+      return makeError("\"" + dir + "\" holds " + std::to_string(found.size()) +
+                       " plan files; a plan directory holds at most " +
+                       kMaxPlanDirectoryRanksText + " (docs/limits.md)");
+    std::sort(found.begin(), found.end());
+    if (ranks.empty()) {
+      if (found.empty())
+        return makeError("no rankN.json plan files in \"" + dir + "\"");
+      ranks = std::move(found);
+    } else {
+      std::vector<int64_t> listed = ranks;
+      std::sort(listed.begin(), listed.end());
+      for (int64_t r : listed)
+        if (!std::binary_search(found.begin(), found.end(), r))
+          return makeError(indexPath.string() + " lists rank " +
+                           std::to_string(r) + ", but " + fileOf(r).string() +
+                           " does not exist");
+      for (int64_t r : found)
+        if (!std::binary_search(listed.begin(), listed.end(), r))
+          return makeError(fileOf(r).string() + " is not listed in " +
+                           indexPath.string());
+    }
+  }
+
+  std::vector<Plan> plans(ranks.size());
+  std::vector<std::optional<Error>> errors(ranks.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto worker = [&] {
+    // One text buffer and, for verification, one plan per thread, reused
+    // from file to file: steady-state reading allocates little but what it
+    // keeps (see PlanRead.h).
+    std::string text;
+    Plan scratch;
+    for (size_t i; !failed && (i = next.fetch_add(1)) < ranks.size();) {
+      std::string name = fileOf(ranks[i]).string();
+      Plan &into = detail == PlanDetail::Full ? plans[i] : scratch;
+      Result<void> ok = readFileInto(name, text, kMaxPlanFileBytes);
+      if (ok)
+        ok = parsePlanInto(text, into);
+      if (!ok) {
+        errors[i] = ok.error().within(name);
+        failed = true;
+      } else if (into.rank != ranks[i]) {
+        errors[i] =
+            makeError(name + ": /rank: the file is named for rank " +
+                      std::to_string(ranks[i]) + " but the plan is for rank " +
+                      std::to_string(into.rank));
+        failed = true;
+      } else if (detail == PlanDetail::VerificationOnly) {
+        plans[i] = verificationCopy(scratch);
+      }
+    }
+  };
+  if (threads == 0)
+    threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(
+      threads, std::max<size_t>(1, std::min<size_t>(ranks.size(), 64)));
+  runOnThreads(threads, worker);
+  // The first bad file in rank order, whichever thread read it.
+  for (std::optional<Error> &e : errors)
+    if (e)
+      return *e;
+  return plans;
 }
 
 } // namespace meshplan::plan

@@ -2,14 +2,18 @@
 
 #include "meshplan/Support/Json.h"
 
+#include "JsonDetail.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fcntl.h>
 #include <limits>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace meshplan::json {
 
@@ -51,7 +55,7 @@ static std::string dumpSafe(const Json &value) {
   return value.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-static std::string truncated(std::string text, size_t limit = 60) {
+std::string truncatedText(std::string text, size_t limit) {
   if (text.size() <= limit)
     return text;
   // Cut at a character boundary, never inside a UTF-8 sequence.
@@ -111,7 +115,7 @@ std::string describe(const Json &value) {
   case Json::value_t::number_float:
     return "number " + dumpSafe(value);
   case Json::value_t::string:
-    return "string " + truncated(dumpSafe(value));
+    return "string " + truncatedText(dumpSafe(value));
   case Json::value_t::array:
     return "an array";
   case Json::value_t::object:
@@ -325,24 +329,25 @@ private:
 
 } // namespace
 
-Result<Json> parseJson(std::string_view text, int maxDepth) {
-  Json root;
-  DomBuilder builder(root, maxDepth);
-  bool ok = Json::sax_parse(text.begin(), text.end(), &builder,
-                            Json::input_format_t::json, /*strict=*/true);
-  if (ok)
-    return root;
-  if (builder.error)
-    return *builder.error;
-  // nlohmann's message reads "[json.exception.parse_error.101] parse error
-  // at line 3, column 5: syntax error while ...". Keep the explanation, but
-  // compute the location from the byte position: nlohmann reports an
-  // offending newline as column 0 of the next line.
-  std::string message = builder.syntaxMessage;
+namespace {
+/// nlohmann's parse error of a document: its byte position and its message
+/// ("[json.exception.parse_error.101] parse error at line 3, column 5:
+/// syntax error while ...").
+struct ParseFailure {
+  size_t position = 0;
+  std::string message;
+};
+} // namespace
+
+/// The "line L, column C: ..." error for an nlohmann parse failure. Keeps
+/// nlohmann's explanation, but computes the location from the byte
+/// position: nlohmann reports an offending newline as column 0 of the next
+/// line.
+static Error syntaxErrorAt(std::string_view text, const ParseFailure &f) {
+  std::string message = f.message;
   size_t at = message.find(": syntax error");
   message = at != std::string::npos ? message.substr(at + 2) : message;
-  size_t offending = builder.syntaxPosition.value_or(0);
-  offending = offending > 0 ? std::min(offending - 1, text.size()) : 0;
+  size_t offending = f.position > 0 ? std::min(f.position - 1, text.size()) : 0;
   size_t line = 1, lineStart = 0;
   for (size_t i = 0; i < offending; ++i) {
     if (text[i] == '\n') {
@@ -353,7 +358,55 @@ Result<Json> parseJson(std::string_view text, int maxDepth) {
   message = "line " + std::to_string(line) + ", column " +
             std::to_string(offending - lineStart + 1) + ": " +
             sanitizeUtf8(message);
-  return Error{truncated(message, 300)};
+  return Error{truncatedText(message, 300)};
+}
+
+Result<Json> parseJson(std::string_view text, int maxDepth) {
+  Json root;
+  DomBuilder builder(root, maxDepth);
+  bool ok = Json::sax_parse(text.begin(), text.end(), &builder,
+                            Json::input_format_t::json, /*strict=*/true);
+  if (ok)
+    return root;
+  if (builder.error)
+    return *builder.error;
+  return syntaxErrorAt(
+      text, {builder.syntaxPosition.value_or(0), builder.syntaxMessage});
+}
+
+namespace {
+/// Accepts every value: only nlohmann's verdict on the syntax is wanted.
+class SyntaxOnly : public nlohmann::json_sax<Json> {
+public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t &) override { return true; }
+  bool string(string_t &) override { return true; }
+  bool binary(binary_t &) override { return true; }
+  bool start_object(std::size_t) override { return true; }
+  bool key(string_t &) override { return true; }
+  bool end_object() override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t position, const std::string &,
+                   const nlohmann::detail::exception &ex) override {
+    failure = ParseFailure{position, ex.what()};
+    return false;
+  }
+  std::optional<ParseFailure> failure;
+};
+} // namespace
+
+Error syntaxError(std::string_view text, size_t offset) {
+  SyntaxOnly check;
+  Json::sax_parse(text.begin(), text.end(), &check, Json::input_format_t::json,
+                  /*strict=*/true);
+  if (check.failure)
+    return syntaxErrorAt(text, *check.failure);
+  return syntaxErrorAt(text,
+                       {std::min(offset, text.size()) + 1, "syntax error"});
 }
 
 /// "64 MiB", "1 GiB", "1000 bytes".
@@ -365,38 +418,63 @@ static std::string byteSize(int64_t bytes) {
   return std::to_string(bytes) + " bytes";
 }
 
-Result<std::string> readFile(const std::string &path, int64_t maxBytes) {
+Result<void> readFileInto(const std::string &path, std::string &out,
+                          int64_t maxBytes) {
+  int fd = -1;
   auto fail = [&](const std::string &why) {
+    if (fd >= 0)
+      ::close(fd);
+    out.clear();
     return makeError("cannot read \"" + path + "\": " + why);
   };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused
+  // below as not a regular file); reads of regular files ignore it.
+  fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return fail(std::strerror(errno));
   struct stat info;
-  if (::stat(path.c_str(), &info) != 0)
+  if (::fstat(fd, &info) != 0)
     return fail(std::strerror(errno));
   if (!S_ISREG(info.st_mode))
     return fail("not a regular file");
   if (info.st_size > maxBytes)
     return fail("larger than " + byteSize(maxBytes));
-  std::FILE *file = std::fopen(path.c_str(), "rb");
-  if (!file)
-    return fail(std::strerror(errno));
-  std::string text;
-  text.reserve(static_cast<size_t>(info.st_size));
-  char buffer[1 << 16];
-  size_t n;
-  bool tooLarge = false;
-  while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) {
-    text.append(buffer, n);
-    if (text.size() > static_cast<size_t>(maxBytes)) {
-      tooLarge = true;
-      break;
-    }
+  // Straight into the buffer. Resizing a reused buffer over its old
+  // contents clears only what is new.
+  size_t size = static_cast<size_t>(info.st_size), got = 0;
+  out.resize(size);
+  while (got < size) {
+    ssize_t n = ::read(fd, out.data() + got, size - got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return fail(std::strerror(errno));
+    if (n == 0)
+      break; // the file shrank meanwhile
+    got += static_cast<size_t>(n);
   }
-  bool failed = std::ferror(file);
-  std::fclose(file);
-  if (failed)
-    return fail("read error");
-  if (tooLarge)
-    return fail("larger than " + byteSize(maxBytes));
+  out.resize(got);
+  // A file that grew meanwhile is read on, up to the limit.
+  char chunk[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return fail(std::strerror(errno));
+    if (n == 0)
+      break;
+    if (out.size() + static_cast<size_t>(n) > static_cast<size_t>(maxBytes))
+      return fail("larger than " + byteSize(maxBytes));
+    out.append(chunk, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return {};
+}
+
+Result<std::string> readFile(const std::string &path, int64_t maxBytes) {
+  std::string text;
+  MESHPLAN_TRY(readFileInto(path, text, maxBytes));
   return text;
 }
 
@@ -499,21 +577,30 @@ static Result<void> checkType(const Json &value, const std::string &pointer,
   return {};
 }
 
+std::string unknownNameMessage(std::string_view what, std::string_view text,
+                               std::span<const std::string_view> values) {
+  return "unknown " + std::string(what) + " " + truncatedText(quote(text)) +
+         "; expected one of " + joinNames(values) + didYouMean(text, values);
+}
+
 static Result<void> checkEnum(const Json &value, const std::string &pointer,
                               std::string_view what,
                               std::span<const std::string_view> values) {
   const std::string &text = value.get_ref<const std::string &>();
   if (std::find(values.begin(), values.end(), text) != values.end())
     return {};
-  return errorAt(pointer, "unknown " + std::string(what) + " " +
-                              truncated(quote(text)) + "; expected one of " +
-                              joinNames(values) + didYouMean(text, values));
+  return errorAt(pointer, unknownNameMessage(what, text, values));
 }
 
-/// The word for a closed-set key's values in "unknown <what>": "style",
-/// "kind", "dtype".
-static std::string_view enumNoun(const KeyRule &rule) {
+std::string_view enumNoun(const KeyRule &rule) {
   return rule.noun.empty() ? rule.name : rule.noun;
+}
+
+std::string expectedTypeText(JsonType type, std::optional<JsonType> items) {
+  std::string expected = article(type);
+  if (items)
+    expected += " of " + plural(*items);
+  return expected;
 }
 
 std::string_view jsonTypeName(JsonType type) {
@@ -568,12 +655,9 @@ Result<void> checkObject(const Json &value, const std::string &pointer,
     const Json *child = member(value, rule.name);
     std::string childPtr = childPointer(pointer, rule.name);
     if (!child) {
-      if (rule.required) {
-        std::string expected = article(rule.type);
-        if (rule.items)
-          expected += " of " + plural(*rule.items);
-        return errorAt(childPtr, "missing required key; expected " + expected);
-      }
+      if (rule.required)
+        return errorAt(childPtr, "missing required key; expected " +
+                                     expectedTypeText(rule.type, rule.items));
       continue;
     }
     if (rule.nullable && child->is_null())
@@ -616,7 +700,7 @@ Result<int64_t> readInt(const Json &value, const std::string &pointer,
     if (!v && !outOfRange)
       return typeError(pointer, value, "an integer" + range);
     return errorAt(pointer, "expected an integer" + range + ", got " +
-                                truncated(dumpSafe(value)));
+                                truncatedText(dumpSafe(value)));
   }
   return *v;
 }
@@ -636,7 +720,7 @@ Result<double> readNumber(const Json &value, const std::string &pointer) {
   double d = value.get<double>();
   if (!std::isfinite(d))
     return errorAt(pointer, "expected a finite number, got " +
-                                truncated(dumpSafe(value)));
+                                truncatedText(dumpSafe(value)));
   return d;
 }
 

@@ -19,8 +19,8 @@ VerifyOutput runVerifyCommand(const VerifyOptions &options) {
   using Clock = std::chrono::steady_clock;
   auto t0 = Clock::now();
   // Directory errors already name the file or directory.
-  Result<std::vector<plan::Plan>> read =
-      plan::readPlanDirectory(options.dir, options.threads);
+  Result<std::vector<plan::Plan>> read = plan::readPlanDirectory(
+      options.dir, options.threads, plan::PlanDetail::VerificationOnly);
   if (!read)
     throw CliError(read.error().message);
   std::vector<plan::Plan> plans = std::move(read.value());

@@ -2,6 +2,9 @@
 
 #include "PlanTestHelpers.h"
 
+// White-box: reading into a reused plan (what readPlanDirectory does).
+#include "../../lib/Plan/PlanRead.h"
+
 #include <nlohmann/json.hpp>
 
 using namespace plantest;
@@ -537,6 +540,117 @@ TEST(PlanFormat, NeverThrowsOnGarbage) {
   for (size_t n = 0; n < text.size(); n += 7) {
     Result<Plan> p = parsePlan(text.substr(0, n));
     EXPECT_FALSE(p.ok());
+  }
+}
+
+/// The reader's own checks at the edges of what it accepts: the depth
+/// limit, duplicate keys anywhere, numbers that overflow, and huge integers.
+TEST(PlanFormat, ReaderLimits) {
+  std::string deep = "{\"format\": \"meshplan.plan\", \"version\": 2, "
+                     "\"x\": " +
+                     std::string(40, '[') + std::string(40, ']') + "}";
+  std::string pointer = "/x";
+  for (int i = 0; i < 31; ++i) // the root is the first of 32 levels
+    pointer += "/0";
+  EXPECT_EQ(errorOf(deep), pointer + ": nested deeper than 32 levels");
+  // A repeated key deep inside is found before anything is read.
+  std::string text = kSmallPlan;
+  text.replace(text.find("\"tensor_id\":1"), 13,
+               "\"tensor_id\":1,\"tensor_id\":1");
+  EXPECT_EQ(errorOf(text), "/buffers/6/tensor_id: duplicate key");
+  EXPECT_EQ(mutated([](Json &j) { j["optimizer"]["lr"] = 1; }).substr(0, 4),
+            "<ok>");
+  text = kSmallPlan;
+  text.replace(text.find("\"lr\":0.001"), 10, "\"lr\":1e999");
+  EXPECT_EQ(errorOf(text), "line 35, column 40: "
+                           "[json.exception.out_of_range.406] number overflow "
+                           "parsing '1e999'");
+  text = kSmallPlan;
+  text.replace(text.find("\"count\":16"), 10, "\"count\":99999999999999999999");
+  EXPECT_EQ(errorOf(text), "/program/0/count: expected an integer in [0, "
+                           "1125899906842624], got 1e+20");
+  text = kSmallPlan;
+  text.replace(text.find("\"rank\": 1"), 9, "\"rank\": -1");
+  EXPECT_EQ(errorOf(text), "/rank: expected an integer >= 0, got -1");
+  // A communicator listing more members than any group may have is
+  // refused by its count (docs/limits.md).
+  std::string ranks = "[1";
+  for (int64_t r = 0; r < kMaxGroupMembers; ++r)
+    ranks += ",0";
+  ranks += "]";
+  text = kSmallPlan;
+  text.replace(text.find("\"ranks\":[1,3]"), 13, "\"ranks\":" + ranks);
+  EXPECT_EQ(errorOf(text),
+            "/communicators/1/ranks: lists 1048577 members; groups that are "
+            "listed member by member have at most 2^20 (docs/limits.md)");
+}
+
+/// Reading into a plan that held another one must give exactly what a fresh
+/// read gives: every optional field of the earlier plan is reset, and no
+/// stale value hides an error of the later one.
+TEST(PlanFormat, ReadingIntoAReusedPlan) {
+  std::vector<std::string> variants = {
+      kSmallPlan,
+      // Fewer buffers and instructions; no optimizer, no estimates.
+      [] {
+        Json j = Json::parse(kSmallPlan);
+        j["program"].erase(9);
+        j.erase("optimizer");
+        j.erase("estimates");
+        return j.dump();
+      }(),
+      // Optional fields absent or null where the first has them.
+      [] {
+        Json j = Json::parse(kSmallPlan);
+        j["communicators"][0]["view"] = nullptr;
+        j["communicators"][0].erase("axes");
+        j["communicators"][0].erase("fault_tolerant");
+        for (Json &b : j["buffers"])
+          b.erase("tensor");
+        for (Json &in : j["program"]) {
+          in.erase("label");
+          in.erase("deps");
+        }
+        return j.dump();
+      }(),
+      // Other values in the same places.
+      [] {
+        Json j = Json::parse(kSmallPlan);
+        j["program"][3]["reduce"] = "sum";
+        j["program"][8]["microbatch"] = 3;
+        j["program"][4]["count"] = 7;
+        j["buffers"][9]["scale"]["power_of_2"] = false;
+        j["estimates"]["peak_memory_bytes"] = Json::object();
+        return j.dump();
+      }(),
+  };
+  for (size_t a = 0; a < variants.size(); ++a) {
+    for (size_t b = 0; b < variants.size(); ++b) {
+      Plan reused;
+      ASSERT_TRUE(parsePlanInto(variants[a], reused).ok());
+      Result<void> ok = parsePlanInto(variants[b], reused);
+      ASSERT_TRUE(ok.ok()) << ok.error().message;
+      Result<Plan> fresh = parsePlan(variants[b]);
+      ASSERT_TRUE(fresh.ok()) << fresh.error().message;
+      EXPECT_EQ(reused, *fresh) << "variant " << b << " after " << a;
+    }
+  }
+  // Stale values must not hide errors: a param_shard without tensor_id, a
+  // float8 buffer without scale, a compute without a phase, after a plan
+  // that had them at the same index.
+  for (auto edit : std::vector<std::function<void(Json &)>>{
+           [](Json &j) { j["buffers"][0].erase("tensor_id"); },
+           [](Json &j) { j["buffers"][8].erase("scale"); },
+           [](Json &j) { j["program"][1].erase("phase"); },
+           [](Json &j) { j["program"][3].erase("reduce"); },
+       }) {
+    Json j = Json::parse(kSmallPlan);
+    edit(j);
+    Plan reused;
+    ASSERT_TRUE(parsePlanInto(kSmallPlan, reused).ok());
+    Result<void> ok = parsePlanInto(j.dump(), reused);
+    ASSERT_FALSE(ok.ok());
+    EXPECT_EQ(ok.error().message, errorOf(j.dump()));
   }
 }
 

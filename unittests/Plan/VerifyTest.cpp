@@ -475,6 +475,68 @@ TEST(Verify, Directories) {
   EXPECT_FALSE(read.ok());
 }
 
+/// Verification-only reading keeps what verifyPlans reads (as
+/// instantiate's verificationOnly) and verifies alike; every plan is still
+/// validated in full, and the first bad file in rank order is reported.
+TEST(Verify, DirectoriesForVerification) {
+  std::vector<Plan> plans = synthesize(mixedOptions(2, 2, 2, 3));
+  TempDir dir;
+  for (const Plan &p : plans)
+    dir.write("rank" + std::to_string(p.rank) + ".json", writePlan(p));
+  for (unsigned threads : {1u, 2u}) {
+    Result<std::vector<Plan>> read = readPlanDirectory(
+        dir.path.string(), threads, PlanDetail::VerificationOnly);
+    ASSERT_TRUE(read.ok()) << read.error().message;
+    ASSERT_EQ(read->size(), plans.size());
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const Plan &full = plans[i], &lean = (*read)[i];
+      EXPECT_EQ(lean.mesh, full.mesh);
+      EXPECT_EQ(lean.rank, full.rank);
+      EXPECT_EQ(lean.communicators, full.communicators);
+      EXPECT_EQ(lean.streams, full.streams);
+      EXPECT_TRUE(lean.buffers.empty());
+      EXPECT_FALSE(lean.estimates || lean.optimizer);
+      ASSERT_EQ(lean.program.size(), full.program.size());
+      for (size_t k = 0; k < full.program.size(); ++k) {
+        Instruction expected;
+        const Instruction &in = full.program[k];
+        expected.id = in.id;
+        expected.stream = in.stream;
+        expected.op = in.op;
+        expected.comm = in.comm;
+        expected.dtype = in.dtype;
+        expected.count = in.count;
+        expected.reduce = in.reduce;
+        expected.root = in.root;
+        expected.deps = in.deps;
+        EXPECT_EQ(lean.program[k], expected);
+      }
+    }
+    VerifyResult a = verified(plans), b = verified(*read);
+    EXPECT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a.stats.instructions, b.stats.instructions);
+    EXPECT_EQ(a.stats.collectives, b.stats.collectives);
+    EXPECT_EQ(a.stats.communicators, b.stats.communicators);
+  }
+  // A buffer error (which verification-only plans do not keep) is still
+  // found, and of two bad files the first in rank order is named.
+  std::string d = dir.path.string() + "/";
+  for (int r : {6, 2}) {
+    std::string text = writePlan(plans[r]);
+    size_t at = text.find("\"layout\":\"");
+    ASSERT_NE(at, std::string::npos);
+    text.insert(at + 10, "x");
+    dir.write("rank" + std::to_string(r) + ".json", text);
+  }
+  for (unsigned threads : {1u, 2u}) {
+    Result<std::vector<Plan>> read = readPlanDirectory(
+        dir.path.string(), threads, PlanDetail::VerificationOnly);
+    ASSERT_FALSE(read.ok());
+    EXPECT_EQ(read.error().message.substr(0, d.size() + 22),
+              d + "rank2.json: /buffers/0");
+  }
+}
+
 TEST(Verify, ScalesLinearly) {
   // 512 ranks x ~630 instructions: well under a second in a release build.
   std::vector<Plan> plans = synthesize(mixedOptions(8, 8, 8, 30));

@@ -7,9 +7,10 @@
 // everything a single plan can check on its own and names the JSON pointer of
 // the offending value, writePlan() is its exact inverse.
 //
-// Plain C++20 on MeshplanCore and nlohmann/json. Plans are untrusted input and
-// this library may be linked into -fno-exceptions code, so nothing here
-// throws or catches: failures are Error values.
+// Plain C++20 on MeshplanCore and MeshplanSupport (its tokenizer reads plans;
+// nlohmann/json writes them). Plans are untrusted input and this library may
+// be linked into -fno-exceptions code, so nothing here throws or catches:
+// failures are Error values.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_PLAN_PLAN_H

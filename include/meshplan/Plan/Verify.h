@@ -70,12 +70,26 @@ struct VerifyResult {
 /// failure is reported in the result. Plans must each pass validatePlan.
 Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans);
 
+/// What readPlanDirectory keeps of each plan, once read and validated.
+enum class PlanDetail {
+  Full,
+  /// What verifyPlans reads (as PreparedTemplate::instantiate's
+  /// verificationOnly): no buffers, buffer lists, labels, callbacks,
+  /// optimizer or estimates. The 1,024 plans of an 8B model take 270 MiB
+  /// instead of 1.7 GiB, and reading them 40% less CPU time
+  /// (docs/performance.md, section B). What `meshplan verify` reads.
+  VerificationOnly
+};
+
 /// Reads the plans of a directory (layout in docs/plan-format.md: rankN.json
 /// files, optionally listed by index.json), in parallel on up to `threads`
-/// threads (0: hardware concurrency). Errors name the file by its path:
-/// "DIR/rank3.json: /program/17/comm: unknown communicator \"c9\"".
-Result<std::vector<Plan>> readPlanDirectory(const std::string &dir,
-                                            unsigned threads = 0);
+/// threads (0: hardware concurrency); each plan is validated in full
+/// whatever `detail` keeps of it. Errors name the file by its path:
+/// "DIR/rank3.json: /program/17/comm: unknown communicator \"c9\"" (the
+/// first bad file in rank order). Implemented in PlanDirectory.cpp.
+Result<std::vector<Plan>>
+readPlanDirectory(const std::string &dir, unsigned threads = 0,
+                  PlanDetail detail = PlanDetail::Full);
 
 } // namespace meshplan::plan
 

@@ -5,7 +5,10 @@
 // must report a bad value the same way: "<JSON pointer>: expected ..., got
 // ...", never an exception and never a silently resolved duplicate key. The
 // frontend and the plan reader used to carry separate copies of these
-// helpers, whose messages had drifted apart; this is the one copy.
+// helpers, whose messages had drifted apart; this is the one copy of the
+// rules. Readers of large documents (plans, checkpoint metadata) use
+// JsonReader.h, which applies the same rules, with the same messages,
+// without building a DOM.
 //
 // Nothing here throws or catches, because callers may be linked into MLIR
 // code built with -fno-exceptions: JSON is parsed through nlohmann's SAX
@@ -50,6 +53,10 @@ Result<Json> parseJson(std::string_view text, int maxDepth = kMaxJsonDepth);
 /// path and the reason.
 Result<std::string> readFile(const std::string &path,
                              int64_t maxBytes = kMaxFileBytes);
+/// The same into `out`, reusing its capacity (readers of many files keep
+/// one buffer per thread).
+Result<void> readFileInto(const std::string &path, std::string &out,
+                          int64_t maxBytes = kMaxFileBytes);
 
 /// JSON pointers (RFC 6901), built as strings; "" is the document root.
 std::string childPointer(const std::string &pointer, std::string_view key);
