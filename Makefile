@@ -1,6 +1,6 @@
 # Thin wrappers around scripts/setup.sh + CMake presets. The README's two
 # commands are `./scripts/setup.sh && make demo` and `./scripts/setup.sh && make test`.
-.PHONY: setup build demo test test-asan bench format clean
+.PHONY: setup build demo test test-asan fuzz bench format clean
 
 setup:
 	./scripts/setup.sh
@@ -16,13 +16,35 @@ demo: build
 test: build
 	ctest --preset default
 
-# The whole suite built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (no recovery) in build-asan/; ASAN_OPTIONS come from the test preset.
+# The whole suite built by clang-22 with AddressSanitizer +
+# UndefinedBehaviorSanitizer (no recovery) and LeakSanitizer in build-asan/,
+# including one short fuzz.* run per libFuzzer target; the sanitizer options
+# come from the test preset (docs/reliability.md).
 test-asan:
 	./scripts/setup.sh
 	cmake --preset asan
 	cmake --build --preset asan
 	ctest --preset asan
+
+# Coverage-guided fuzzing (docs/reliability.md): builds the fuzz targets of
+# the asan preset, then runs each for FUZZ_SECONDS over its seed corpus
+# (fuzz/corpus/, never modified) and a work corpus kept in
+# build-asan/fuzz-work/ between runs; findings go to
+# build-asan/fuzz-artifacts/TARGET/. One line per target: runs, coverage,
+# time, findings. `make fuzz FUZZ_SECONDS=60 FUZZ_TARGETS="spec dist"`.
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS ?= spec plan plan-set view placement layout dist checkpoint
+# Keep going after a finding: each one is saved, and the run lasts the set time.
+FUZZ_FLAGS ?= -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1
+fuzz:
+	./scripts/setup.sh
+	cmake --preset asan
+	cmake --build --preset asan --target fuzzers
+	@status=0; for t in $(FUZZ_TARGETS); do \
+	  bash fuzz/run-fuzzer.sh --work build-asan/fuzz-work/$$t \
+	    --artifacts build-asan/fuzz-artifacts/$$t build-asan/bin/fuzz-$$t \
+	    fuzz/corpus/$$t $(FUZZ_SECONDS) $(FUZZ_FLAGS) || status=1; \
+	done; exit $$status
 
 bench: build
 	./bench/run.sh build

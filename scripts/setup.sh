@@ -9,6 +9,9 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libgloo-dev libopenblas-dev
   libgtest-dev libbenchmark-dev python3-psutil
   redis-server libhiredis-dev
+  # The asan preset (make test-asan, make fuzz): clang of the same LLVM as
+  # libMLIR, its sanitizer runtimes and libFuzzer.
+  clang-22 libclang-rt-22-dev
 )
 
 missing=()

@@ -94,17 +94,20 @@ Result<std::vector<Placement>> parsePlacements(std::string_view text) {
   if (text.empty())
     return makeError("empty placement list");
   std::vector<Placement> out;
-  int index = 0;
-  for (std::string_view item : splitTopLevel(text, ',')) {
-    if (trim(item).empty()) {
-      ++index;
-      continue; // tolerate a trailing comma, as in a Python tuple
-    }
-    auto p = parseOnePlacement(item);
+  auto items = splitTopLevel(text, ',');
+  // One trailing comma is tolerated, as in a Python tuple "(Shard(0),)";
+  // any other empty item is an error, and so is a list of commas alone
+  // (which would print back as the empty text, never a placement list).
+  if (items.size() > 1 && trim(items.back()).empty())
+    items.pop_back();
+  for (size_t index = 0; index < items.size(); ++index) {
+    if (trim(items[index]).empty())
+      return makeError("placement " + std::to_string(index) + " is empty (\"" +
+                       std::string(text) + "\")");
+    auto p = parseOnePlacement(items[index]);
     if (!p)
       return p.error().within("placement " + std::to_string(index));
     out.push_back(*p);
-    ++index;
   }
   return out;
 }

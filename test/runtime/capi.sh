@@ -16,16 +16,23 @@ here=$(cd "$(dirname "$0")" && pwd)
 plans=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-capi-XXXXXX")
 trap 'rm -rf "$plans"' EXIT
 # A sanitizer build's library needs the sanitizer runtimes loaded before
-# Python itself (which is not instrumented); its own leaks are not ours.
+# Python itself (which is not instrumented); its own leaks are not ours. Only
+# the Python processes get them: meshplan itself links its runtime (clang
+# links it statically, and two ASan runtimes in one process are refused).
+python=(python3)
 if ldd "$lib/libmeshplan_runtime.so" | grep -q libasan; then
-  preload=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)
-  export LD_PRELOAD=$preload
-  export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0
+  python=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
+          "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" python3)
+elif ldd "$lib/libmeshplan_runtime.so" | grep -q libclang_rt.asan; then
+  # clang's shared runtime (-shared-libsan, the asan preset), which holds
+  # UBSan's handlers too; it is not on the library path.
+  python=(env "LD_PRELOAD=$(clang++-22 -print-runtime-dir)/libclang_rt.asan-x86_64.so"
+          "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" python3)
 fi
 "$bin/meshplan" plan --spec "$here/specs/fsdp2-fp32.json" --model tiny --all \
   -o "$plans/plans" >/dev/null
 "$bin/meshplan" run -n 2 --timeout 30 -- \
-  python3 "$here/capi_test.py" "$plans/plans" "$lib/libmeshplan_runtime.so" \
+  "${python[@]}" "$here/capi_test.py" "$plans/plans" "$lib/libmeshplan_runtime.so" \
   --save "$plans/ckpt"
 # The same model and optimizer on FSDP 3.
 python3 - "$here/specs/fsdp2-fp32.json" "$plans/fsdp3-fp32.json" <<'PY'
@@ -39,5 +46,5 @@ PY
 "$bin/meshplan" plan --spec "$plans/fsdp3-fp32.json" --model tiny --all \
   -o "$plans/plans3" >/dev/null
 "$bin/meshplan" run -n 3 --timeout 30 -- \
-  python3 "$here/capi_test.py" "$plans/plans3" "$lib/libmeshplan_runtime.so" \
+  "${python[@]}" "$here/capi_test.py" "$plans/plans3" "$lib/libmeshplan_runtime.so" \
   --resume "$plans/ckpt"

@@ -457,6 +457,11 @@ TEST(Placement, NegativeDimAndTorchSpellings) {
   auto short_ = parsePlacements("R, P(avg)");
   ASSERT_TRUE(short_.ok());
   EXPECT_EQ((*short_)[1].op, ReduceOp::Avg);
+  // One trailing comma, as in a Python tuple, and nothing else empty.
+  auto tuple = parsePlacements("(Shard(dim=0),)");
+  ASSERT_TRUE(tuple.ok()) << tuple.error().message;
+  EXPECT_EQ(*tuple, std::vector<Placement>{Placement::shard(0)});
+  EXPECT_FALSE(parsePlacements("S(0),,").ok());
 }
 
 } // namespace

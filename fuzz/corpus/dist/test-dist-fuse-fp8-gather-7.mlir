@@ -1,0 +1,3 @@
+dist.mesh @m ["dp" = 2]
+func.func private @declaration(%w: tensor<8xf32, #dist.layout<@m, [{"dp"}]>> {dist.param = "l.weight", dist.float8})
+    attributes {dist.train_step, dist.float8 = {power_of_2 = true}}

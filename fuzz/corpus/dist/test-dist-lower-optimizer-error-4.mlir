@@ -1,0 +1,7 @@
+dist.mesh @m ["dp" = 2]
+func.func @no_optimizer(%w: tensor<8xf32, #dist.layout<@m, [ {"dp"} ]>> {dist.param = "w"},
+                        %g: tensor<8xf32, #dist.layout<@m, [ {} ], partial(avg) = {"dp"}>>)
+    attributes {dist.train_step} {
+  dist.optimizer_step %w, %g : tensor<8xf32, #dist.layout<@m, [ {"dp"} ]>>, tensor<8xf32, #dist.layout<@m, [ {} ], partial(avg) = {"dp"}>>
+  return
+}

@@ -1,0 +1,4 @@
+func.func @f(%a: tensor<8xf32>) {
+  %0 = dist.annotate %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>
+  return
+}

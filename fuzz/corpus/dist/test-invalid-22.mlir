@@ -1,0 +1,5 @@
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  %0 = dist.redistribute %a : tensor<8xf32> -> tensor<8xf32, #dist.layout<@m, [{"dp"}]>>
+  return
+}

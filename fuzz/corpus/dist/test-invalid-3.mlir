@@ -1,0 +1,1 @@
+dist.mesh @m ["dp" = 2, "tp" = 2] managed = ["ddp"]

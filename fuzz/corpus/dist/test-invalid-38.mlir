@@ -1,0 +1,5 @@
+dist.mesh @m ["dp" = 2]
+func.func @f(%a: tensor<8xf32>) {
+  %0 = dist.all_gather %a dim 0 over {"dp"} group = [] : tensor<8xf32> -> tensor<16xf32>
+  return
+}

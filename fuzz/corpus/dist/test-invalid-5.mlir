@@ -1,0 +1,1 @@
+dist.comm @c on @nowhere axes {"dp"}

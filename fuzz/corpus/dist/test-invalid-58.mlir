@@ -1,0 +1,4 @@
+func.func @f(%a: tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>) {
+  dist.compute forward "l" (%a) : tensor<8xf32, #dist.layout<@nowhere, [{"dp"}]>>
+  return
+}

@@ -1,0 +1,5 @@
+dist.mesh @m ["dp" = 2]
+func.func @f(%p: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, %m: tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>) {
+  %0:3 = dist.adamw %p, %p, %m, %m {lr = 1.0e-3, beta1 = 0.9, beta2 = 0.999, eps = 1.0e-8, weight_decay = 0.0, seed = 0, tensor_id = 0} : tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>, tensor<8xf32, #dist.layout<@m, [{}], partial(sum) = {"dp"}>>
+  return
+}

@@ -1,0 +1,4 @@
+func.func @f() {
+  %0 = "dist.fp8_amax"() : () -> tensor<0xf32>
+  return
+}

@@ -1,0 +1,4 @@
+func.func @f(%w: tensor<8xbf16>, %a: tensor<2xf32>) {
+  %0 = dist.fp8_cast %w scale %a[2] : tensor<8xbf16>, tensor<2xf32> -> tensor<8xf8E4M3FN>
+  return
+}
