@@ -34,9 +34,19 @@
 
 namespace meshplan::fuzz {
 
+/// Text printed with a defect, e.g. the documents a target made of its
+/// input bytes (the input itself is what libFuzzer saves).
+inline std::string &defectContext() {
+  static std::string context;
+  return context;
+}
+
 /// Reports a broken promise and aborts; libFuzzer keeps the input.
 [[noreturn]] inline void defect(const std::string &what) {
   std::fprintf(stderr, "\nmeshplan fuzz defect: %s\n", what.c_str());
+  if (!defectContext().empty())
+    std::fprintf(stderr, "--- input as read:\n%s\n",
+                 defectContext().c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -54,8 +54,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return mlir::success();
   });
 
-  auto module =
-      mlir::parseSourceString<mlir::ModuleOp>(asText(data, size), &context);
+  // NUL-terminated, as every buffer meshplan-opt and the pipeline parse
+  // (files read by llvm::MemoryBuffer, std::string): MLIR's scanner of
+  // dialect attribute bodies ("#dist.layout<...>") finds the end of the
+  // buffer by its NUL, and parseSourceString does not copy libFuzzer's
+  // unterminated bytes (it read past them: heap-buffer-overflow).
+  std::string text(asText(data, size));
+  auto module = mlir::parseSourceString<mlir::ModuleOp>(text, &context);
   if (!module)
     return 0;
   for (bool generic : {false, true}) {

@@ -4,7 +4,8 @@
 // "---" and a model document (docs/model.schema.json), which then replaces
 // the spec's "model" as `meshplan plan --model FILE` does. Without one, the
 // spec's model must be a preset (tiny, llama3-8b, ...): the target reads no
-// files.
+// files. An input that does not start with '{' is read by SpecGenerator.h
+// instead, which makes both documents from its bytes.
 //
 // Checks, beyond the sanitizers:
 //  - every refusal (parseSpec, parseModel, resolveSpec) has a message;
@@ -22,6 +23,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "FuzzSupport.h"
+#include "SpecGenerator.h"
 
 #include "meshplan/Frontend/Presets.h"
 #include "meshplan/Frontend/Spec.h"
@@ -86,7 +88,16 @@ static void planEverything(const frontend::ResolvedSpec &spec) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  auto documents = splitDocuments(asText(data, size), 2);
+  // Text ("{...}") is read as it is; other bytes choose a well-formed spec
+  // and model (SpecGenerator.h), to reach the planner behind the reader.
+  std::string generated;
+  std::string_view text = asText(data, size);
+  if (!text.empty() && text[0] != '{' && text[0] != ' ' && text[0] != '\n') {
+    generated = SpecGenerator(data, size).generate();
+    text = generated;
+  }
+  defectContext() = generated;
+  auto documents = splitDocuments(text, 2);
   auto spec = frontend::parseSpec(documents[0]);
   if (!spec) {
     checkMessage(spec.error().message, "parseSpec");

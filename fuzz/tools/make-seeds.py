@@ -161,7 +161,15 @@ DUO_SPECS = {
 
 
 def spec_seeds(tmp):
-    clear("spec", ["example", "test", "gen"])
+    clear("spec", ["example", "test", "gen", "bytes"])
+    # Inputs for fuzz-spec's generator (fuzz/SpecGenerator.h): any bytes
+    # that do not start with '{'.
+    import random
+    rng = random.Random(12)
+    for i in range(16):
+        data = bytes([1 + i]) + bytes(rng.randrange(256) for _ in range(127))
+        with open(f"{CORPUS}/spec/bytes-{i:02d}.bin", "wb") as f:
+            f.write(data)
     # Preset models: resolved (and the tiny ones planned) as they are.
     for path in sorted(glob.glob("examples/specs/*.json") +
                        glob.glob("test/runtime/specs/*.json") +

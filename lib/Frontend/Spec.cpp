@@ -551,6 +551,17 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
       spec.dataParallel.shardAxes.empty())
     return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
                                          "data_parallel.shard_axes is empty");
+  // bfloat16 and float16 have the same width and different ranges: casting
+  // one to the other is neither a truncation nor an extension (the planner
+  // has no such cast; found by fuzz-spec, exit 3 before), and bfloat16
+  // values beyond 65504 would overflow float16.
+  if (spec.optimizer.paramDtype == DType::BFloat16 &&
+      spec.mixedPrecision.paramDtype == DType::Float16)
+    return errorAt("/mixed_precision/param_dtype",
+                   "float16 compute from bfloat16 parameters "
+                   "(/optimizer/param_dtype) is not supported: bfloat16 "
+                   "values beyond float16's range would overflow; compute in "
+                   "bfloat16, or keep float32 parameters");
   return spec;
 }
 

@@ -415,6 +415,11 @@ TEST(SpecErrors, MutationTable) {
       {{set("/optimizer/param_dtype", "\"float32\"")},
        "/optimizer/stochastic_rounding: stochastic rounding rounds updates to "
        "bfloat16 parameters"},
+      // Found by fuzz-spec: planned as an invalid bfloat16 -> float16 cast
+      // (exit 3). fuzz/corpus/spec/regress-bf16-params-f16-compute.json.
+      {{set("/mixed_precision/param_dtype", "\"float16\"")},
+       "/mixed_precision/param_dtype: float16 compute from bfloat16 "
+       "parameters (/optimizer/param_dtype) is not supported"},
       {{set("/gradient_accumulation_steps", "0")},
        "/gradient_accumulation_steps: expected an integer in [1, 1073741824], "
        "got 0"},
