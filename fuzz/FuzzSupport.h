@@ -45,8 +45,7 @@ inline std::string &defectContext() {
 [[noreturn]] inline void defect(const std::string &what) {
   std::fprintf(stderr, "\nmeshplan fuzz defect: %s\n", what.c_str());
   if (!defectContext().empty())
-    std::fprintf(stderr, "--- input as read:\n%s\n",
-                 defectContext().c_str());
+    std::fprintf(stderr, "--- input as read:\n%s\n", defectContext().c_str());
   std::fflush(stderr);
   std::abort();
 }
