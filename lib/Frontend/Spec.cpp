@@ -360,6 +360,15 @@ static Result<OptimizerSpec> parseOptimizer(const Json &value) {
                    "stochastic rounding rounds updates to bfloat16 "
                    "parameters; set param_dtype to \"bfloat16\" (it is \"" +
                        std::string(dtypeName(opt.paramDtype)) + "\")");
+  // The other way round too: the plan's optimizer_update takes bfloat16
+  // parameters with stochastic rounding and float32 ones without
+  // (docs/plan-format.md); planned anyway, such a spec gave plans that
+  // `meshplan verify` and the runtime refuse (found by fuzz-spec).
+  if (!opt.stochasticRounding && opt.paramDtype == DType::BFloat16)
+    return errorAt("/optimizer/param_dtype",
+                   "bfloat16 parameters are updated with stochastic rounding "
+                   "only; set stochastic_rounding to true, or param_dtype to "
+                   "\"float32\"");
   return opt;
 }
 

@@ -415,6 +415,12 @@ TEST(SpecErrors, MutationTable) {
       {{set("/optimizer/param_dtype", "\"float32\"")},
        "/optimizer/stochastic_rounding: stochastic rounding rounds updates to "
        "bfloat16 parameters"},
+      // Found by fuzz-spec: planned into optimizer updates that the plan
+      // reader refuses. fuzz/corpus/spec/regress-bf16-params-no-sr.json.
+      {{set("/optimizer/stochastic_rounding", "false")},
+       "/optimizer/param_dtype: bfloat16 parameters are updated with "
+       "stochastic rounding only; set stochastic_rounding to true, or "
+       "param_dtype to \"float32\""},
       // Found by fuzz-spec: planned as an invalid bfloat16 -> float16 cast
       // (exit 3). fuzz/corpus/spec/regress-bf16-params-f16-compute.json.
       {{set("/mixed_precision/param_dtype", "\"float16\"")},
