@@ -455,7 +455,9 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
 }
 
 Result<CheckpointMetadata> parseMetadata(std::string_view text) {
-  Result<Document> parsed = Document::parse(text, kMaxPlanJsonDepth);
+  Result<Document> parsed =
+      Document::parse(text, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
+                      kMaxCheckpointJsonValuesText);
   if (!parsed)
     return parsed.error();
   Value doc = parsed->root();

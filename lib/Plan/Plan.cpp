@@ -503,13 +503,26 @@ Result<std::map<std::string, int64_t>> readByteMap(Value v, const Path &path) {
   return out;
 }
 
+Result<void> checkCount(Value array, const Path &path, std::string_view what,
+                        int64_t max, const char *maxText) {
+  if (static_cast<int64_t>(array.size()) > max)
+    return errorAt(path, std::to_string(array.size()) + " " +
+                             std::string(what) + "; a plan has at most " +
+                             maxText + " (docs/limits.md)");
+  return {};
+}
+
 /// An array of objects, each read by `readOne(value, path, element)` into
 /// the element of `out` at its index (existing elements are reused).
+/// More than `max` elements is an error naming the limit (docs/limits.md),
+/// before anything is allocated for them.
 template <typename T, typename F>
 Result<void> readArrayInto(Value v, const Path &path, std::string_view what,
-                           std::vector<T> &out, F readOne) {
+                           std::vector<T> &out, F readOne, int64_t max,
+                           const char *maxText) {
   if (!v.isArray())
     return typeError(path, v, "an array of " + std::string(what));
+  MESHPLAN_TRY(checkCount(v, path, what, max, maxText));
   out.resize(v.size());
   size_t i = 0;
   for (Value e : v.elements()) {
@@ -521,7 +534,8 @@ Result<void> readArrayInto(Value v, const Path &path, std::string_view what,
 } // namespace
 
 Result<void> parsePlanInto(std::string_view text, Plan &plan) {
-  Result<Document> parsed = Document::parse(text, kMaxPlanDepth);
+  Result<Document> parsed = Document::parse(
+      text, kMaxPlanDepth, kMaxPlanJsonValues, kMaxPlanJsonValuesText);
   if (!parsed)
     return parsed.error();
   Value doc = parsed->root();
@@ -553,13 +567,20 @@ Result<void> parsePlanInto(std::string_view text, Plan &plan) {
   MP_ASSIGN(plan.rank, readInt(f.at("rank"), root.child("rank"), 0));
   MESHPLAN_TRY(readArrayInto(f.at("communicators"), root.child("communicators"),
                              "communicators", plan.communicators,
-                             readCommunicator));
+                             readCommunicator, kMaxPlanCommunicators,
+                             kMaxPlanCommunicatorsText));
   MESHPLAN_TRY(readArrayInto(f.at("buffers"), root.child("buffers"), "buffers",
-                             plan.buffers, readBuffer));
+                             plan.buffers, readBuffer, kMaxPlanBuffers,
+                             kMaxPlanBuffersText));
+  // Every stream becomes an executor thread.
+  if (f.at("streams").isArray())
+    MESHPLAN_TRY(checkCount(f.at("streams"), root.child("streams"), "streams",
+                            kMaxPlanStreams, kMaxPlanStreamsText));
   MESHPLAN_TRY(readStringArrayInto(f.at("streams"), root.child("streams"),
                                    plan.streams));
   MESHPLAN_TRY(readArrayInto(f.at("program"), root.child("program"),
-                             "instructions", plan.program, readInstruction));
+                             "instructions", plan.program, readInstruction,
+                             kMaxPlanInstructions, kMaxPlanInstructionsText));
   plan.optimizer.reset();
   if (std::optional<Value> opt = f.get("optimizer"))
     MP_ASSIGN(plan.optimizer, readOptimizer(*opt, root.child("optimizer")));

@@ -331,8 +331,8 @@ Result<std::vector<int64_t>> readIndex(const std::string &path) {
   std::string text;
   if (Result<void> ok = readFileInto(path, text, kMaxPlanFileBytes); !ok)
     return ok.error();
-  Result<json::Document> parsed =
-      json::Document::parse(text, kMaxPlanJsonDepth);
+  Result<json::Document> parsed = json::Document::parse(
+      text, kMaxPlanJsonDepth, kMaxPlanJsonValues, kMaxPlanJsonValuesText);
   if (!parsed)
     return fail(parsed.error().message);
   json::Value doc = parsed->root();

@@ -100,9 +100,11 @@ constexpr uint32_t kSmallObject = 16;
 /// Builds a Document's nodes; see the file comment.
 class Tokenizer {
 public:
-  Tokenizer(Document &doc, int maxDepth)
+  Tokenizer(Document &doc, int maxDepth, int64_t maxValues,
+            const char *maxValuesText)
       : doc(doc), begin(doc.text.data()), p(begin),
-        end(begin + doc.text.size()), maxDepth(maxDepth) {}
+        end(begin + doc.text.size()), maxDepth(maxDepth), maxValues(maxValues),
+        maxValuesText(maxValuesText) {}
 
   Result<void> run();
 
@@ -119,8 +121,10 @@ private:
 
   /// A syntax error at `at`: nlohmann's explanation (see syntaxError).
   Error syntax(const char *at) const;
-  /// "<pointer of the value about to be stored>: <message>".
-  Error located(const std::string &message) const;
+  /// "<pointer of the value about to be stored>: <message>"; with
+  /// `inInnermost`, the pointer of the innermost open container (a key
+  /// being read is not a value yet).
+  Error located(const std::string &message, bool inInnermost = false) const;
 
   void skipSpace() {
     while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t'))
@@ -144,6 +148,11 @@ private:
   /// Decodes a string with escapes or non-ASCII bytes from `start` (after
   /// the quote) into the arena; `p` ends after the closing quote.
   bool escapedString(const char *start);
+  /// Refuses a string of `bytes` bytes (see longString).
+  bool tooLong(int64_t bytes) {
+    longString = static_cast<size_t>(bytes);
+    return false;
+  }
   bool number();
   bool literal(std::string_view word, ValueKind kind);
   /// Parses a key (at `p`, after any space) and the colon after it.
@@ -172,6 +181,13 @@ private:
   const char *begin, *p, *end;
   Node *out = nullptr, *limit = nullptr;
   int maxDepth;
+  int64_t maxValues;
+  const char *maxValuesText;
+  int64_t values = 0;
+  /// Set by string() when it refuses a string longer than
+  /// kMaxJsonStringBytes: syntax() then reports the limit instead.
+  size_t longString = 0;
+  bool longKey = false; ///< the refused string was a key
   std::vector<Open> stack;
   /// Prints of the keys of each open object, by depth.
   std::vector<std::vector<KeyPrint>> prints;
@@ -180,14 +196,23 @@ private:
 };
 
 Error Tokenizer::syntax(const char *at) const {
+  if (longString)
+    return located(std::string(longKey ? "a key" : "a string") + " of " +
+                       std::to_string(longString) +
+                       " bytes or more; strings are at most " +
+                       kMaxJsonStringBytesText + " (docs/limits.md)",
+                   longKey);
   return syntaxError(doc.text, static_cast<size_t>(at - begin));
 }
 
-Error Tokenizer::located(const std::string &message) const {
+Error Tokenizer::located(const std::string &message, bool inInnermost) const {
   std::string pointer;
-  for (const Open &o : stack)
+  size_t n = stack.size() - (inInnermost && !stack.empty() ? 1 : 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Open &o = stack[i];
     pointer = o.object ? childPointer(pointer, keyText(o.key))
                        : childPointer(pointer, size_t(o.count - 1));
+  }
   return errorAt(pointer, message);
 }
 
@@ -299,6 +324,8 @@ bool Tokenizer::escapedString(const char *start) {
   while (true) {
     if (q >= end)
       return fail(q);
+    if (decoded.size() - offset > size_t(kMaxJsonStringBytes)) [[unlikely]]
+      return tooLong(static_cast<int64_t>(decoded.size() - offset));
     unsigned char c = static_cast<unsigned char>(*q);
     if (c == '"')
       break;
@@ -405,6 +432,8 @@ bool Tokenizer::string() {
   while (q < end) {
     unsigned char c = static_cast<unsigned char>(*q);
     if (c == '"') {
+      if (q - start > kMaxJsonStringBytes) [[unlikely]]
+        return tooLong(q - start);
       *append() =
           Node{ValueKind::String, false, static_cast<uint32_t>(q - start),
                static_cast<uint64_t>(start - begin)};
@@ -532,8 +561,12 @@ bool Tokenizer::literal(std::string_view word, ValueKind kind) {
 }
 
 bool Tokenizer::key(Open &open) {
-  if (p == end || *p != '"' || !string())
+  if (p == end || *p != '"')
     return false;
+  if (!string()) {
+    longKey = longString != 0;
+    return false;
+  }
   open.key = size() - 1;
   ++open.count;
   skipSpace();
@@ -555,6 +588,11 @@ Result<void> Tokenizer::run() {
     p += 3;
   while (true) {
     // A value is expected.
+    if (++values > maxValues) [[unlikely]]
+      return located("the document has more than " +
+                     std::string(maxValuesText ? maxValuesText
+                                               : std::to_string(maxValues)) +
+                     " values (docs/limits.md)");
     skipSpace();
     if (p == end)
       return syntax(p);
@@ -644,10 +682,11 @@ Result<void> Tokenizer::run() {
   }
 }
 
-Result<Document> Document::parse(std::string_view text, int maxDepth) {
+Result<Document> Document::parse(std::string_view text, int maxDepth,
+                                 int64_t maxValues, const char *maxValuesText) {
   Document doc;
   doc.text = text;
-  Tokenizer tokenizer(doc, maxDepth);
+  Tokenizer tokenizer(doc, maxDepth, maxValues, maxValuesText);
   MESHPLAN_TRY(tokenizer.run());
   return doc;
 }

@@ -674,6 +674,8 @@ void runSweep(const SweepCase &sc, Stats &stats) {
     std::vector<Layout> layouts = sweepLayouts(sc, rank);
     for (size_t i = 0; i < layouts.size(); ++i)
       for (size_t j = 0; j < layouts.size(); ++j) {
+        if (i != j && !testutil::sweepPairSelected(i, j))
+          continue;
         const Layout &from = layouts[i];
         Layout to = layouts[j];
         // Spell the target canonically (b:(1)2,b:(2)2 in one level -> b).

@@ -583,6 +583,58 @@ TEST(PlanFormat, ReaderLimits) {
   EXPECT_EQ(errorOf(text),
             "/communicators/1/ranks: lists 1048577 members; groups that are "
             "listed member by member have at most 2^20 (docs/limits.md)");
+
+  // Every stream becomes an executor thread: a plan naming more than
+  // kMaxPlanStreams is refused by the count, before any is read.
+  EXPECT_EQ(mutated([](Json &j) {
+              for (int i = 0; i < kMaxPlanStreams - 1; ++i)
+                j["streams"].push_back("s" + std::to_string(i));
+            }),
+            "/streams: 65 streams; a plan has at most 64 (docs/limits.md)");
+  // Instructions, buffers and communicators by their counts too (the
+  // elements are not even looked at).
+  auto longArray = [](int64_t n, const char *element = "0") {
+    std::string a = "[";
+    for (int64_t i = 0; i < n; ++i)
+      (a += i ? "," : "") += element;
+    return a + "]";
+  };
+  struct ArrayCase {
+    const char *key;
+    int64_t max;
+    std::string error;
+  };
+  for (const ArrayCase &c :
+       {ArrayCase{"program", kMaxPlanInstructions,
+                  "/program: 4194305 instructions; a plan has at most 2^22"},
+        ArrayCase{"buffers", kMaxPlanBuffers,
+                  "/buffers: 4194305 buffers; a plan has at most 2^22"},
+        ArrayCase{"communicators", kMaxPlanCommunicators,
+                  "/communicators: 65537 communicators; a plan has at most "
+                  "2^16"}}) {
+    text = kSmallPlan;
+    size_t at = text.find(std::string("\"") + c.key + "\":");
+    size_t open = text.find('[', at), close = text.find("\n ]", open) + 3;
+    text.replace(open, close - open, longArray(c.max + 1, "{}"));
+    EXPECT_EQ(errorOf(text), c.error + " (docs/limits.md)") << c.key;
+  }
+  // The whole document: at most kMaxPlanJsonValues values, refused where
+  // the limit is passed (the tape stays within 16 bytes per value and key).
+  text = kSmallPlan;
+  text.replace(text.find("\"rank\": 1"), 9,
+               "\"x\": " + longArray(kMaxPlanJsonValues) + ", \"rank\": 1");
+  std::string error = errorOf(text);
+  EXPECT_EQ(error.substr(0, 3), "/x/") << error;
+  EXPECT_TRUE(error.ends_with(
+      ": the document has more than 2^24 values (docs/limits.md)"))
+      << error;
+  // Strings (ids, labels, names) are at most 64 KiB.
+  EXPECT_EQ(mutated([](Json &j) {
+              j["program"][1]["label"] =
+                  std::string(kMaxJsonStringBytes + 1, 'L');
+            }),
+            "/program/1/label: a string of 65537 bytes or more; strings are "
+            "at most 64 KiB (docs/limits.md)");
 }
 
 /// Reading into a plan that held another one must give exactly what a fresh

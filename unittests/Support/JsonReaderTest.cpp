@@ -134,6 +134,49 @@ TEST(JsonReader, DepthLimit) {
   EXPECT_EQ(tape(deep, 2), "/0/0: nested deeper than 2 levels");
 }
 
+TEST(JsonReader, ValueLimit) {
+  auto parse = [](std::string_view text, int64_t maxValues) {
+    Result<Document> d = Document::parse(text, kMaxJsonDepth, maxValues);
+    return d ? "ok " + dump(d->root()) : d.error().message;
+  };
+  // Containers count as values, keys do not.
+  EXPECT_EQ(parse("[1,2,3]", 4), "ok [1,2,3]");
+  EXPECT_EQ(parse("[1,2,3,4]", 4),
+            "/3: the document has more than 4 values (docs/limits.md)");
+  EXPECT_EQ(parse(R"({"a":{"b":1,"c":2}})", 4), R"(ok {"a":{"b":1,"c":2}})");
+  EXPECT_EQ(parse(R"({"a":{"b":1,"c":[]}})", 3),
+            "/a/c: the document has more than 3 values (docs/limits.md)");
+  // Refused where the limit is passed, before the rest is tokenized (a
+  // syntax error further on is never reached).
+  std::string many = "[" + std::string(200000, '0') + "]";
+  for (size_t i = 2; i < many.size() - 1; i += 2)
+    many[i] = ',';
+  EXPECT_EQ(parse(many + "garbage", 1000),
+            "/999: the document has more than 1000 values (docs/limits.md)");
+}
+
+TEST(JsonReader, StringLengthLimit) {
+  const size_t max = static_cast<size_t>(kMaxJsonStringBytes);
+  auto quoted = [](std::string body) { return "\"" + body + "\""; };
+  std::string fits(max, 'x');
+  EXPECT_EQ(tape(quoted(fits)).size(), 3 + max + 2);
+  std::string limitText = std::string("bytes or more; strings are at most ") +
+                          kMaxJsonStringBytesText + " (docs/limits.md)";
+  EXPECT_EQ(tape("[1," + quoted(fits + "x") + "]"),
+            "/1: a string of " + std::to_string(max + 1) + " " + limitText);
+  // With escapes, decoded: refused as soon as the decoded text passes it.
+  std::string escaped;
+  for (size_t i = 0; i <= max; ++i)
+    escaped += "\\n";
+  EXPECT_EQ(tape(R"({"a":{"b":)" + quoted(escaped) + "}}"),
+            "/a/b: a string of " + std::to_string(max + 1) + " " + limitText);
+  // A key: named by the object that holds it.
+  EXPECT_EQ(tape(R"({"a":{"b":1,)" + quoted(fits + "\u00e9") + ":2}}"),
+            "/a: a key of " + std::to_string(max + 2) + " " + limitText);
+  EXPECT_EQ(tape("{" + quoted(fits + "y") + ":1}"),
+            "/: a key of " + std::to_string(max + 1) + " " + limitText);
+}
+
 TEST(JsonReader, EveryTruncationFailsAsTheDomReaderDoes) {
   std::string text = R"({"id":"w","kind":"param_shard","shape":[8,4],
     "scale":{"amax":"a\u00e9","index":1,"power_of_2":true},"x":-1.5e-3,

@@ -79,7 +79,41 @@ constexpr int kMaxPlanJsonDepth = 32;
 /// Largest spec or model file; plans (machine-written, one per rank, large
 /// for big models) may be up to kMaxPlanFileBytes.
 constexpr int64_t kMaxFileBytes = int64_t(64) << 20;
-constexpr int64_t kMaxPlanFileBytes = int64_t(1) << 30;
+constexpr int64_t kMaxPlanFileBytes = int64_t(256) << 20;
+constexpr const char *kMaxPlanFileBytesText = "256 MiB";
+
+/// Largest number of JSON values (scalars and containers) one plan may hold.
+/// The tape reader (Support/JsonReader.h) keeps 16 bytes per value and key,
+/// so this bounds a plan's parse to 512 MiB whatever its text; a Llama 3
+/// 405B plan of 16,384 ranks has about a million (4.4 MiB of text).
+constexpr int64_t kMaxPlanJsonValues = int64_t(1) << 24;
+constexpr const char *kMaxPlanJsonValuesText = "2^24";
+
+/// Largest number of JSON values of one checkpoint's metadata, which lists
+/// every chunk of every tensor (about ten values a chunk): a few million
+/// chunks, at most 1 GiB of tape.
+constexpr int64_t kMaxCheckpointJsonValues = int64_t(1) << 26;
+constexpr const char *kMaxCheckpointJsonValuesText = "2^26";
+
+/// Longest string (or key) of a document read by the tape reader: plans,
+/// plan indexes, checkpoint metadata. Their strings are names, labels, ids
+/// and file names; specs and models are bounded by kMaxFileBytes.
+constexpr int64_t kMaxJsonStringBytes = int64_t(1) << 16;
+constexpr const char *kMaxJsonStringBytesText = "64 KiB";
+
+/// Largest numbers of instructions, buffers, communicators and streams of
+/// one plan. Streams become executor threads (one per stream), so they are
+/// bounded tightly; the others bound the arrays a plan can make the reader,
+/// the verifier and the executor hold. A Llama 3 405B plan has about 600
+/// instructions, 1,900 buffers, a dozen communicators and 3 streams.
+constexpr int64_t kMaxPlanInstructions = int64_t(1) << 22;
+constexpr const char *kMaxPlanInstructionsText = "2^22";
+constexpr int64_t kMaxPlanBuffers = int64_t(1) << 22;
+constexpr const char *kMaxPlanBuffersText = "2^22";
+constexpr int64_t kMaxPlanCommunicators = int64_t(1) << 16;
+constexpr const char *kMaxPlanCommunicatorsText = "2^16";
+constexpr int64_t kMaxPlanStreams = 64;
+constexpr const char *kMaxPlanStreamsText = "64";
 
 /// Products of sizes that must not overflow: `*out = a * b`, false (and *out
 /// unspecified) on int64 overflow. Every product of user-supplied sizes in

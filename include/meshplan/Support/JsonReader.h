@@ -112,9 +112,14 @@ enum class ValueKind : uint8_t {
 /// must outlive the document and every Value taken from it.
 class Document {
 public:
-  /// Tokenizes `text` (at most 4 GiB - 1). Errors as parseJson (Json.h).
+  /// Tokenizes `text` (at most 4 GiB - 1). Errors as parseJson (Json.h),
+  /// and, before the tape grows past them (docs/limits.md): more than
+  /// `maxValues` values, or a string or key longer than kMaxJsonStringBytes,
+  /// each named by its JSON pointer.
   static Result<Document> parse(std::string_view text,
-                                int maxDepth = kMaxJsonDepth);
+                                int maxDepth = kMaxJsonDepth,
+                                int64_t maxValues = INT64_MAX,
+                                const char *maxValuesText = nullptr);
 
   Document(Document &&) noexcept = default;
   Document &operator=(Document &&) noexcept = default;
