@@ -400,27 +400,35 @@ private:
     step.before = normalizeLayout(mesh, before);
     step.after = normalizeLayout(mesh, cur);
     step.groupSize = refsSize(factors);
-    int64_t g = step.groupSize;
+    // A local shard has at most kMaxTensorElements (2^50) elements and a
+    // group at most 2^31 members, so (g - 1) * elements * bytes needs up to
+    // 2^87: computed in 128 bits, saturated (found by fuzz-spec).
+    using Wide = __int128;
+    auto saturate = [](Wide bytes) {
+      return bytes > Wide(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(bytes);
+    };
+    Wide g = step.groupSize;
     std::vector<int64_t> in = paddedShapeOf(before, shape);
     std::vector<int64_t> out = paddedShapeOf(cur, shape);
     switch (kind) {
     case StepKind::AllGather:
-      step.bytesPerRank = (g - 1) * product(in) * elementBytes;
+      step.bytesPerRank = saturate((g - 1) * product(in) * elementBytes);
       break;
     case StepKind::ReduceScatter:
-      step.bytesPerRank = (g - 1) * product(out) * elementBytes;
+      step.bytesPerRank = saturate((g - 1) * product(out) * elementBytes);
       break;
     case StepKind::AllReduce:
-      step.bytesPerRank = 2 * (g - 1) * product(in) * elementBytes / g;
+      step.bytesPerRank =
+          saturate(2 * (g - 1) * product(in) * elementBytes / g);
       break;
     case StepKind::AllToAll: {
       std::vector<int64_t> piece = in;
       piece[dstDim] = out[dstDim];
-      step.bytesPerRank = (g - 1) * product(piece) * elementBytes;
+      step.bytesPerRank = saturate((g - 1) * product(piece) * elementBytes);
       break;
     }
     case StepKind::Permute:
-      step.bytesPerRank = product(in) * elementBytes;
+      step.bytesPerRank = saturate(Wide(product(in)) * elementBytes);
       break;
     case StepKind::LocalSlice:
     case StepKind::MarkPartial:

@@ -370,6 +370,32 @@ TEST(Errors, Limits) {
   auto index = groupIndexOf(*huge, dp, (int64_t(1) << 31) - 1);
   ASSERT_TRUE(index.ok());
   EXPECT_EQ(*index, (int64_t(1) << 31) - 1);
+  // Traffic estimates never overflow: an all-reduce over 2^31 ranks of 2^50
+  // float64 elements moves about 2^54 bytes per rank, but 2 * (g - 1) *
+  // bytes overflowed before the division by g (found by fuzz-spec); a
+  // padded all-gather can exceed int64 and saturates.
+  {
+    View view = View::root(huge);
+    AxisNamespace hugeNs(huge);
+    std::vector<int64_t> shape = {int64_t(1) << 25, int64_t(1) << 25};
+    auto partial = parseLayout(view, hugeNs, "[{}, {}] partial(sum)={dp}");
+    auto sharded = parseLayout(view, hugeNs, "[{dp}, {}]");
+    auto replicated = parseLayout(view, hugeNs, "[{}, {}]");
+    ASSERT_TRUE(partial.ok() && sharded.ok() && replicated.ok());
+    auto reduce = planRedistribute(view, *partial, *replicated, shape, 8);
+    ASSERT_TRUE(reduce.ok()) << reduce.error().message;
+    ASSERT_EQ(reduce->steps.size(), 1u);
+    EXPECT_EQ(reduce->steps[0].bytesPerRank,
+              2 * ((int64_t(1) << 31) - 1) * (int64_t(1) << 22));
+    // Gathering a dim of 1 over 2^31 ranks pads every shard to a whole row:
+    // 2^31 - 1 rows of 2^49 float64 elements each to receive.
+    auto gather =
+        planRedistribute(view, *sharded, *replicated, {1, int64_t(1) << 49}, 8);
+    ASSERT_TRUE(gather.ok()) << gather.error().message;
+    ASSERT_EQ(gather->steps.size(), 1u);
+    EXPECT_EQ(gather->steps[0].bytesPerRank, INT64_MAX);
+  }
+
   auto limit = testutil::makeMesh({kMaxGroupMembers, 2}, {"dp", "tp"});
   auto atLimit = groupOf(*limit, {AxisRef{0, 1, kMaxGroupMembers}}, 1);
   ASSERT_TRUE(atLimit.ok()) << atLimit.error().message;

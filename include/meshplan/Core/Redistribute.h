@@ -54,7 +54,8 @@ struct RedistributeStep {
   Layout before, after;
   int64_t groupSize = 1;
   /// Bytes one rank receives in a bandwidth-optimal (ring) implementation,
-  /// from padded shapes (0 for local steps).
+  /// from padded shapes (0 for local steps). Saturates at INT64_MAX: a
+  /// group of 2^31 ranks over a tensor of 2^50 elements would move more.
   int64_t bytesPerRank = 0;
 
   bool isCollective() const {
