@@ -115,6 +115,15 @@ constexpr const char *kMaxPlanCommunicatorsText = "2^16";
 constexpr int64_t kMaxPlanStreams = 64;
 constexpr const char *kMaxPlanStreamsText = "64";
 
+/// Largest number of (stage, microbatch) pairs of one schedule, i.e. pp
+/// degree x stages per rank x microbatches. Each pair becomes at most seven
+/// actions (F, B or I+W, and up to four sends/recvs) of 16 bytes, so this
+/// bounds a schedule to about 112 MiB and its check to well under a second;
+/// real schedules (pp 64, v 8, 512 microbatches = 2^18) are below it.
+/// Refused before anything is allocated (Core/PipelineSchedule.h).
+constexpr int64_t kMaxPipelineStageMicrobatches = int64_t(1) << 20;
+constexpr const char *kMaxPipelineStageMicrobatchesText = "2^20";
+
 /// Products of sizes that must not overflow: `*out = a * b`, false (and *out
 /// unspecified) on int64 overflow. Every product of user-supplied sizes in
 /// core goes through this (or through a check against one of the limits
