@@ -251,8 +251,9 @@ int64_t bytesSent(OpKind op, DType dtype, int64_t count, int64_t groupSize) {
   }
   case OpKind::Permute:
   case OpKind::Broadcast:
+  case OpKind::Send:
     return x;
-  default:
+  default: // a recv sends nothing
     return 0;
   }
 }
@@ -264,6 +265,8 @@ int64_t ringSteps(OpKind op, int64_t groupSize) {
   case OpKind::AllReduce:
     return 2 * (groupSize - 1);
   case OpKind::Permute:
+  case OpKind::Send:
+  case OpKind::Recv:
     return 1;
   default:
     return groupSize - 1;
@@ -293,8 +296,10 @@ double durationSeconds(const Instruction &in, const Communicator *comm,
         intra ? model.intraNodeLatencySeconds : model.interNodeLatencySeconds;
     double bandwidth =
         intra ? model.intraNodeBytesPerSecond : model.interNodeBytesPerSecond;
+    // A recv takes as long as the send it pairs with.
+    OpKind moved = in.op == OpKind::Recv ? OpKind::Send : in.op;
     return double(ringSteps(in.op, n)) * alpha +
-           double(bytesSent(in.op, *in.dtype, in.count, n)) / bandwidth;
+           double(bytesSent(moved, *in.dtype, in.count, n)) / bandwidth;
   }
   double computeS = std::max(0.0, flops) / model.flopsPerSecond();
   double memoryS =

@@ -41,10 +41,24 @@ static constexpr std::array<int64_t, 10> kDTypeBytes = {4, 2, 2, 1, 1,
 static constexpr std::array<std::string_view, 6> kBufferKindNames = {
     "param_shard",     "gathered",   "gradient",
     "optimizer_state", "activation", "scratch"};
-static constexpr std::array<std::string_view, 15> kOpNames = {
-    "all_gather", "reduce_scatter", "all_reduce",       "all_to_all", "permute",
-    "broadcast",  "fp8_amax",       "fp8_cast",         "cast",       "sum",
-    "accumulate", "compute",        "optimizer_update", "free",       "wait"};
+static constexpr std::array<std::string_view, 17> kOpNames = {
+    "all_gather",
+    "reduce_scatter",
+    "all_reduce",
+    "all_to_all",
+    "permute",
+    "broadcast",
+    "send",
+    "recv",
+    "fp8_amax",
+    "fp8_cast",
+    "cast",
+    "sum",
+    "accumulate",
+    "compute",
+    "optimizer_update",
+    "free",
+    "wait"};
 
 template <typename E, size_t N>
 static std::optional<E> lookup(const std::array<std::string_view, N> &names,
@@ -70,7 +84,10 @@ std::string_view opKindName(OpKind op) { return kOpNames[int(op)]; }
 std::optional<OpKind> parseOpKind(std::string_view n) {
   return lookup<OpKind>(kOpNames, n);
 }
-bool isCollective(OpKind op) { return int(op) <= int(OpKind::Broadcast); }
+bool isCollective(OpKind op) { return int(op) <= int(OpKind::Recv); }
+bool isPointToPoint(OpKind op) {
+  return op == OpKind::Send || op == OpKind::Recv;
+}
 bool isReduction(OpKind op) {
   return op == OpKind::ReduceScatter || op == OpKind::AllReduce;
 }
@@ -232,6 +249,8 @@ const SectionRule kInstructionRule = {
         {.name = "count", .type = T::Integer},
         {.name = "reduce", .type = T::String},
         {.name = "root", .type = T::Integer},
+        {.name = "peer", .type = T::Integer},
+        {.name = "tag", .type = T::String},
         {.name = "inputs", .type = T::Array, .items = T::String},
         {.name = "outputs", .type = T::Array, .items = T::String},
         {.name = "deps", .type = T::Array, .items = T::String},
@@ -436,6 +455,22 @@ Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
     MP_ASSIGN(in.root, readInt(*root, path.child("root"), 0));
   } else if (in.op == OpKind::Broadcast) {
     return errorAt(path, "broadcast needs \"root\"");
+  }
+  in.peer = 0;
+  if (std::optional<Value> peer = f.get("peer")) {
+    if (!isPointToPoint(in.op))
+      return errorAt(path.child("peer"), "only send and recv take a peer");
+    MP_ASSIGN(in.peer, readInt(*peer, path.child("peer"), 0));
+  } else if (isPointToPoint(in.op)) {
+    return errorAt(path, opName() + " needs \"peer\"");
+  }
+  in.tag.clear();
+  if (std::optional<Value> tag = f.get("tag")) {
+    if (!isPointToPoint(in.op))
+      return errorAt(path.child("tag"), "only send and recv take a tag");
+    MESHPLAN_TRY(readStringInto(*tag, path.child("tag"), in.tag));
+  } else if (isPointToPoint(in.op)) {
+    return errorAt(path, opName() + " needs \"tag\"");
   }
   // Not cleared first: the strings keep their storage for the next plan.
   auto list = [&](std::string_view key,
@@ -937,6 +972,33 @@ static Result<void> checkOperands(const Plan &plan, const Instruction &in,
     if (in.inputs.size() != in.outputs.size())
       return errorAt(p, opName + " needs one input per output");
     return {};
+  case OpKind::Send:
+  case OpKind::Recv: {
+    // One buffer, sent whole or received whole.
+    bool send = in.op == OpKind::Send;
+    const std::vector<std::string> &used = send ? in.inputs : in.outputs;
+    const std::vector<std::string> &unused = send ? in.outputs : in.inputs;
+    if (used.size() != 1 || !unused.empty())
+      return errorAt(p, send ? "send needs one input and no outputs"
+                             : "recv needs one output and no inputs");
+    const Buffer &b = buffer(used[0]);
+    std::string bp =
+        childPointer(childPointer(p, send ? "inputs" : "outputs"), 0);
+    if (b.dtype != *in.dtype)
+      return errorAt(bp, quote(b.id) + " is " +
+                             std::string(dtypeName(b.dtype)) + ", the " +
+                             opName + " moves " +
+                             std::string(dtypeName(*in.dtype)));
+    int64_t elements = 1;
+    for (int64_t d : b.localShape)
+      elements *= d; // local within global, which checkShape bounded
+    if (in.count != elements)
+      return errorAt(childPointer(p, "count"),
+                     "count " + std::to_string(in.count) + " is not the " +
+                         std::to_string(elements) + " elements of " +
+                         quote(b.id));
+    return {};
+  }
   default:
     return {};
   }
@@ -1171,6 +1233,24 @@ Result<void> validatePlan(const Plan &plan) {
                        "root " + std::to_string(in.root) +
                            " is not a key of communicator " + quote(in.comm) +
                            " (size " + std::to_string(size) + ")");
+      if (isPointToPoint(in.op)) {
+        // Pairs only: then the k-th operation on the communicator is one
+        // transfer for both members, which is what the verifier matches.
+        const Communicator &comm = plan.communicators[c->second];
+        if (size != 2)
+          return errorAt(childPointer(p, "comm"),
+                         opName +
+                             " needs a communicator of two members (a "
+                             "pair), " +
+                             quote(in.comm) + " has " + std::to_string(size));
+        if (in.peer != 1 - comm.key)
+          return errorAt(childPointer(p, "peer"),
+                         "peer " + std::to_string(in.peer) +
+                             " is not the other member of " + quote(in.comm) +
+                             " (this rank is key " + std::to_string(comm.key) +
+                             ", so the peer is key " +
+                             std::to_string(1 - comm.key) + ")");
+      }
     } else {
       if (!in.comm.empty())
         return errorAt(childPointer(p, "comm"),
@@ -1310,6 +1390,10 @@ static Json instructionJson(const Instruction &in) {
     out["reduce"] = reduceOpName(*in.reduce);
   if (in.op == OpKind::Broadcast)
     out["root"] = in.root;
+  if (isPointToPoint(in.op)) {
+    out["peer"] = in.peer;
+    out["tag"] = in.tag;
+  }
   if (!in.inputs.empty())
     out["inputs"] = in.inputs;
   if (!in.outputs.empty())

@@ -400,6 +400,8 @@ Plan verificationCopy(const Plan &full) {
     out.count = in.count;
     out.reduce = in.reduce;
     out.root = in.root;
+    out.peer = in.peer;
+    out.tag = in.tag;
     out.deps = in.deps;
   }
   return lean;

@@ -171,6 +171,11 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (!streams.count(in.stream))
       return makeError(name + ": unknown stream " + quote(in.stream) +
                        " (streams: " + joinStrings(tm.streams) + ")");
+    if (isPointToPoint(in.op))
+      // A pair's keys, hence the peer, differ between the ranks that share
+      // a template; pipeline plans are not templated (docs/pipeline.md).
+      return makeError(name + ": " + opName +
+                       " cannot be templated (its peer depends on the rank)");
     if (isCollective(in.op)) {
       auto c = comms.find(in.comm);
       if (c == comms.end())
@@ -370,6 +375,8 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
       lean.count = in.count;
       lean.reduce = in.reduce;
       lean.root = in.root;
+      lean.peer = in.peer;
+      lean.tag = in.tag;
       lean.deps = in.deps;
       plan.program.push_back(std::move(lean));
     }

@@ -5,6 +5,7 @@
 #include "meshplan/Core/Text.h"
 
 #include <algorithm>
+#include <array>
 #include <unordered_map>
 
 namespace meshplan::plan {
@@ -61,6 +62,8 @@ struct RankInfo {
   std::vector<int32_t> instance;   ///< collectives: position in its sequence
   std::vector<std::vector<int32_t>> seqs; ///< per local comm: collectives
   std::vector<int32_t> globalComm;        ///< local comm -> global comm
+  /// send / recv: the global index of the instruction it pairs with.
+  std::vector<int64_t> partner;
   std::unordered_map<std::string_view, int32_t> commIds; ///< id -> local
 };
 
@@ -84,6 +87,8 @@ std::string describeCollective(const Instruction &in) {
     s += " reduce=" + std::string(reduceOpName(*in.reduce));
   if (in.op == OpKind::Broadcast)
     s += " root=" + std::to_string(in.root);
+  if (isPointToPoint(in.op))
+    s += " tag=" + quote(in.tag);
   return s;
 }
 
@@ -127,6 +132,7 @@ private:
   std::optional<VerifyFailure> checkMeshes();
   std::optional<VerifyFailure> buildCommunicators();
   std::optional<VerifyFailure> checkSequences();
+  std::optional<VerifyFailure> matchPointToPoint();
   std::optional<VerifyFailure> checkStreamCycles();
   std::optional<VerifyFailure> simulate();
 
@@ -390,6 +396,92 @@ std::optional<VerifyFailure> Verifier::checkSequences() {
   return best;
 }
 
+std::optional<VerifyFailure> Verifier::matchPointToPoint() {
+  // On a pair communicator, a send tagged T pairs with the other member's
+  // recv tagged T, wherever each stands in its program: the runtime keys the
+  // transfer by its tag, so two transfers issued in different orders wait
+  // for each other (a deadlock the simulation finds, with its cycle) rather
+  // than delivering one message into the buffer meant for the other. Here:
+  // every send and recv has exactly one partner, of the same dtype and
+  // count.
+  auto describeP2p = [&](int32_t p, int64_t i) {
+    const Plan &plan = plans[p];
+    const Instruction &in = plan.program[i];
+    return "rank " + std::to_string(plan.rank) + " " + where(plan, i) + " (" +
+           std::string(opKindName(in.op)) + " " + quote(in.tag) + " on " +
+           quote(in.comm) + ")";
+  };
+  auto failure = [&](int32_t p, int64_t i, int32_t q, std::string message) {
+    VerifyFailure f;
+    f.kind = FailureKind::Divergence;
+    f.rank = plans[p].rank;
+    f.otherRank = plans[q].rank;
+    f.index = i;
+    f.instruction = plans[p].program[i].id;
+    f.comm = plans[p].program[i].comm;
+    f.message = std::move(message);
+    return f;
+  };
+  // Per (plan, local comm): tag -> instruction, one map per direction.
+  using TagMap = std::unordered_map<std::string_view, int32_t>;
+  std::vector<std::vector<std::array<TagMap, 2>>> byTag(plans.size());
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    RankInfo &ri = info[p];
+    ri.partner.assign(plan.program.size(), -1);
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      const Instruction &in = plan.program[i];
+      if (!isPointToPoint(in.op))
+        continue;
+      auto &maps = byTag[p];
+      if (maps.empty())
+        maps.resize(plan.communicators.size());
+      TagMap &m = maps[ri.localComm[i]][in.op == OpKind::Send ? 0 : 1];
+      auto [it, fresh] = m.emplace(in.tag, static_cast<int32_t>(i));
+      if (!fresh)
+        return failure(p, static_cast<int64_t>(i), p,
+                       describeP2p(p, static_cast<int64_t>(i)) +
+                           ": the tag is used twice on " + quote(in.comm) +
+                           " (also " + where(plan, it->second) +
+                           "); each transfer needs its own");
+    }
+  }
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    RankInfo &ri = info[p];
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      const Instruction &in = plan.program[i];
+      if (!isPointToPoint(in.op))
+        continue;
+      const GlobalComm &g = comms[ri.globalComm[ri.localComm[i]]];
+      // A pair (validatePlan checks the size and the peer).
+      size_t other = g.memberPlan[0] == p ? 1 : 0;
+      int32_t q = g.memberPlan[other];
+      int32_t lq = g.memberLocal[other];
+      const auto &theirs = byTag[q];
+      const TagMap *m =
+          theirs.empty() ? nullptr : &theirs[lq][in.op == OpKind::Send ? 1 : 0];
+      auto it = m ? m->find(in.tag) : TagMap::const_iterator{};
+      if (!m || it == m->end())
+        return failure(
+            p, static_cast<int64_t>(i), q,
+            describeP2p(p, static_cast<int64_t>(i)) + " has no partner: rank " +
+                std::to_string(plans[q].rank) + " never " +
+                (in.op == OpKind::Send ? "receives" : "sends") +
+                " a message tagged " + quote(in.tag) + " on " + quote(in.comm));
+      const Instruction &peer = plans[q].program[it->second];
+      if (peer.dtype != in.dtype || peer.count != in.count)
+        return failure(p, static_cast<int64_t>(i), q,
+                       describeP2p(p, static_cast<int64_t>(i)) + " moves " +
+                           describeCollective(in) + ", but " +
+                           describeP2p(q, it->second) + " moves " +
+                           describeCollective(peer));
+      ri.partner[i] = info[q].base + it->second;
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<VerifyFailure> Verifier::checkStreamCycles() {
   std::vector<int32_t> indeg, queue;
   std::vector<std::vector<int32_t>> unused;
@@ -540,6 +632,16 @@ std::optional<VerifyFailure> Verifier::simulate() {
       complete(g);
       continue;
     }
+    if (ri.partner.size() && ri.partner[i] >= 0) {
+      // Rendezvous: a send and its recv complete together once both are
+      // issued (the strictest point-to-point semantics: no buffering).
+      state[g] = 1;
+      if (state[ri.partner[i]] == 1) {
+        complete(g);
+        complete(ri.partner[i]);
+      }
+      continue;
+    }
     state[g] = 1;
     const std::vector<int32_t> &seq = ri.seqs[lc];
     int32_t k = ri.instance[i];
@@ -571,7 +673,9 @@ std::optional<VerifyFailure> Verifier::simulate() {
     int64_t i = g - ri.base;
     std::string s = "rank " + std::to_string(p.rank) + " " + where(p, i) +
                     " (" + std::string(opKindName(p.program[i].op));
-    if (ri.localComm[i] >= 0)
+    if (isPointToPoint(p.program[i].op))
+      s += " " + quote(p.program[i].tag) + " on " + quote(p.program[i].comm);
+    else if (ri.localComm[i] >= 0)
       s += " " + ordinal(ri.instance[i]) + " on " + quote(p.program[i].comm);
     return s + ", stream " + quote(p.program[i].stream) + ")";
   };
@@ -580,6 +684,13 @@ std::optional<VerifyFailure> Verifier::simulate() {
     const Plan &p = plans[planOf[g]];
     int64_t i = g - ri.base;
     int32_t lc = ri.localComm[i];
+    if (state[g] == 1 && isPointToPoint(p.program[i].op)) {
+      int64_t h = ri.partner[i];
+      const Plan &q = plans[planOf[h]];
+      return {h, "issued; waits for rank " + std::to_string(q.rank) + " to " +
+                     (p.program[i].op == OpKind::Send ? "receive" : "send") +
+                     " it"};
+    }
     if (state[g] == 1) {
       int32_t c = ri.globalComm[lc];
       const GlobalComm &gc = comms[c];
@@ -600,7 +711,7 @@ std::optional<VerifyFailure> Verifier::simulate() {
     for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
       if (state[ri.base + ri.deps[e]] != 2)
         return {ri.base + ri.deps[e], "waits for its dep"};
-    if (lc >= 0 && ri.instance[i] > 0) {
+    if (lc >= 0 && ri.instance[i] > 0) { // point to point: instance -1
       int64_t prev = ri.base + ri.seqs[lc][ri.instance[i] - 1];
       if (state[prev] == 0)
         return {prev, "waits for the previous collective on " +
@@ -742,9 +853,13 @@ Result<VerifyResult> Verifier::run() {
                            std::to_string(i) + "/comm: unknown communicator " +
                            quote(in.comm));
         ri.localComm[i] = c->second;
+        ++totalCollectives;
+        // Sends and recvs pair by tag (matchPointToPoint), not by their
+        // position among the communicator's collectives.
+        if (isPointToPoint(in.op))
+          continue;
         ri.instance[i] = static_cast<int32_t>(ri.seqs[c->second].size());
         ri.seqs[c->second].push_back(static_cast<int32_t>(i));
-        ++totalCollectives;
       }
     }
   }
@@ -757,6 +872,8 @@ Result<VerifyResult> Verifier::run() {
     return result;
   result.stats.communicators = static_cast<int64_t>(comms.size());
   if ((result.failure = checkSequences()))
+    return result;
+  if ((result.failure = matchPointToPoint()))
     return result;
   if ((result.failure = checkStreamCycles()))
     return result;

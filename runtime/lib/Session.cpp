@@ -329,6 +329,10 @@ Result<void> Session::Impl::bind() {
         if (buffers[x].persistent)
           return makeError(describe(b) + " frees \"" + buffers[x].meta->id +
                            "\", which lives for the whole run");
+    if (plan::isPointToPoint(b.in->op))
+      return makeError(describe(b) +
+                       ": send and recv (pipeline stages) are not executed "
+                       "by this runtime yet");
     if (plan::isCollective(b.in->op)) {
       b.comm = commIds.at(b.in->comm);
       b.sequence = static_cast<int>(commSequence[b.comm].size());

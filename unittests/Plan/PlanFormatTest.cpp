@@ -191,7 +191,8 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
       {[](Json &j) { j["program"][0]["op"] = "allgather"; },
        "/program/0/op: unknown op \"allgather\"; expected one of "
        "all_gather, reduce_scatter, all_reduce, all_to_all, permute, "
-       "broadcast, fp8_amax, fp8_cast, cast, sum, accumulate, compute, "
+       "broadcast, send, recv, fp8_amax, fp8_cast, cast, sum, accumulate, "
+       "compute, "
        "optimizer_update, free, wait (did you mean \"all_gather\"?)"},
       {[](Json &j) { j["program"][0].erase("count"); },
        "/program/0: all_gather needs \"count\""},

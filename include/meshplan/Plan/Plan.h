@@ -73,6 +73,11 @@ enum class OpKind {
   AllToAll,
   Permute,
   Broadcast,
+  // Point to point (pipeline stages): on a communicator of exactly two
+  // members, the k-th send of one member pairs with the k-th recv of the
+  // other. Also need "comm", "dtype", "count", and "peer".
+  Send,
+  Recv,
   // Local instructions.
   Fp8Amax,
   Fp8Cast,
@@ -86,7 +91,10 @@ enum class OpKind {
 };
 std::string_view opKindName(OpKind op);
 std::optional<OpKind> parseOpKind(std::string_view name);
+/// Instructions on a communicator (they need "comm", "dtype", "count"):
+/// the collectives and the point-to-point send and recv.
 bool isCollective(OpKind op);
+bool isPointToPoint(OpKind op);
 /// reduce_scatter and all_reduce carry a "reduce" op.
 bool isReduction(OpKind op);
 
@@ -153,6 +161,12 @@ struct Instruction {
   int64_t count = 0;          ///< collectives: elements (see plan-format.md)
   std::optional<ReduceOp> reduce; ///< reductions only
   int64_t root = 0;               ///< broadcast: the root's key
+  int64_t peer = 0; ///< send / recv: the other member's key in `comm`
+  /// send / recv: what is transferred ("F s1 mb3": the activation of stage
+  /// 1's forward of microbatch 3). A send and the recv it pairs with carry
+  /// the same tag, so the verifier proves that each message reaches the
+  /// instruction meant for it, not just one of the right size.
+  std::string tag;
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
   std::vector<std::string> deps;

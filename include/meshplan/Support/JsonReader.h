@@ -429,8 +429,8 @@ public:
   }
 
   /// The most keys a section checked this way may have (the plan's
-  /// instructions have 15).
-  static constexpr size_t kMaxKeys = 16;
+  /// instructions have 17).
+  static constexpr size_t kMaxKeys = 20;
 
 private:
   friend Result<Fields> checkObject(Value value, const Path &path,

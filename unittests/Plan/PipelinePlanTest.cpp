@@ -1,0 +1,322 @@
+//===- PipelinePlanTest.cpp - send / recv in plans and their verification -===//
+//
+// Pipeline stages exchange activations and activation gradients with
+// `send` / `recv` on two-member communicators (docs/plan-format.md). Here
+// each pp rank's action list from core's schedule builder becomes a plan
+// (computes, sends and recvs in schedule order, one stream), and the plan
+// set must verify; then one rank is broken the ways a hand-written or buggy
+// schedule breaks, and the verifier must say how, naming both ranks.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Core/PipelineSchedule.h"
+#include "meshplan/Plan/Plan.h"
+#include "meshplan/Plan/Verify.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace meshplan;
+using namespace meshplan::plan;
+
+namespace {
+
+/// The communicator of the pair of pp ranks {a, b}.
+std::string pairId(int64_t a, int64_t b) {
+  return "pp." + std::to_string(std::min(a, b)) + "-" +
+         std::to_string(std::max(a, b));
+}
+
+/// What one transfer carries: the activation of `stage`'s forward or the
+/// input gradient of `stage`'s backward, for one microbatch. Sender and
+/// receiver name it alike.
+std::string tagOf(char what, int64_t stage, int64_t microbatch) {
+  return std::string(1, what) + " s" + std::to_string(stage) + " mb" +
+         std::to_string(microbatch);
+}
+
+/// One plan per pp rank; activations of `elements` float32 per microbatch.
+std::vector<Plan> plansOf(const PipelineSchedule &schedule,
+                          int64_t elements = 16) {
+  int64_t p = schedule.config.ranks;
+  std::vector<Plan> plans;
+  for (int64_t rank = 0; rank < p; ++rank) {
+    Plan plan;
+    plan.mesh.axes = {{"pp", p, false}};
+    plan.rank = rank;
+    plan.streams = {"main"};
+    std::map<std::string, int64_t> comms;
+    auto commFor = [&](int64_t peer) {
+      std::string id = pairId(rank, peer);
+      if (!comms.count(id)) {
+        Communicator c;
+        c.id = id;
+        c.ranks = {std::min(rank, peer), std::max(rank, peer)};
+        c.key = rank < peer ? 0 : 1;
+        comms[id] = static_cast<int64_t>(plan.communicators.size());
+        plan.communicators.push_back(c);
+      }
+      return id;
+    };
+    auto buffer = [&](const std::string &id) {
+      for (const Buffer &b : plan.buffers)
+        if (b.id == id)
+          return;
+      Buffer b;
+      b.id = id;
+      b.kind = BufferKind::Activation;
+      b.globalShape = b.localShape = {elements};
+      b.offset = {0};
+      b.layout = "[{}]";
+      plan.buffers.push_back(b);
+    };
+    const std::vector<PipelineAction> &actions = schedule.ranks[size_t(rank)];
+    for (size_t i = 0; i < actions.size(); ++i) {
+      const PipelineAction &a = actions[i];
+      Instruction in;
+      in.id = "a" + std::to_string(i) + "." + formatPipelineAction(a);
+      in.stream = "main";
+      in.label = formatPipelineAction(a);
+      if (a.isCompute()) {
+        in.op = OpKind::Compute;
+        in.phase = a.op == PipelineOp::Forward ? "forward" : "backward";
+        in.unit = "stage" + std::to_string(a.stage);
+        in.microbatch = a.microbatch;
+      } else {
+        bool send = a.isSend();
+        bool activation = a.op == PipelineOp::SendActivation ||
+                          a.op == PipelineOp::RecvActivation;
+        // The stage whose output travels: a recv names its own stage.
+        int64_t from = a.stage;
+        if (a.op == PipelineOp::RecvActivation)
+          from = a.stage - 1;
+        else if (a.op == PipelineOp::RecvGrad)
+          from = a.stage + 1;
+        in.tag = tagOf(activation ? 'F' : 'B', from, a.microbatch);
+        std::string buf = (activation ? "act." : "grad.") +
+                          std::to_string(from) + "." +
+                          std::to_string(a.microbatch);
+        buffer(buf);
+        in.op = send ? OpKind::Send : OpKind::Recv;
+        in.comm = commFor(a.peer);
+        in.peer = plan.communicators[size_t(comms[in.comm])].key == 0 ? 1 : 0;
+        in.dtype = DType::Float32;
+        in.count = elements;
+        (send ? in.inputs : in.outputs).push_back(buf);
+      }
+      plan.program.push_back(in);
+    }
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+VerifyResult verified(const std::vector<Plan> &plans) {
+  for (const Plan &p : plans) {
+    Result<void> ok = validatePlan(p);
+    EXPECT_TRUE(ok.ok()) << "rank " << p.rank << ": " << ok.error().message;
+  }
+  Result<VerifyResult> r = verifyPlans(plans);
+  EXPECT_TRUE(r.ok()) << r.error().message;
+  return r.ok() ? *r : VerifyResult{};
+}
+
+PipelineSchedule build(PipelineScheduleKind kind, int64_t p, int64_t m,
+                       int64_t v) {
+  Result<PipelineSchedule> s = buildPipelineSchedule({kind, p, m, v});
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  return s.ok() ? *s : PipelineSchedule{};
+}
+
+/// Index of the first instruction of `plan` whose label is `label`.
+size_t indexOf(const Plan &plan, const std::string &label) {
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    if (plan.program[i].label == label)
+      return i;
+  ADD_FAILURE() << "no instruction labelled " << label;
+  return 0;
+}
+
+TEST(PipelinePlan, EverySchedulesPlanSetVerifies) {
+  int sets = 0;
+  for (PipelineScheduleKind kind :
+       {PipelineScheduleKind::GPipe, PipelineScheduleKind::OneFOneB,
+        PipelineScheduleKind::Interleaved1F1B,
+        PipelineScheduleKind::ZeroBubbleV})
+    for (int64_t p : {1, 2, 3, 4})
+      for (int64_t m : {1, 2, 4, 7, 8})
+        for (int64_t v : {1, 2, 3}) {
+          if (!checkPipelineScheduleConfig({kind, p, m, v}).ok())
+            continue;
+          PipelineSchedule s = build(kind, p, m, v);
+          std::vector<Plan> plans = plansOf(s);
+          VerifyResult r = verified(plans);
+          ASSERT_TRUE(r.ok())
+              << pipelineScheduleKindName(kind) << " p=" << p << " m=" << m
+              << " v=" << v << ": " << r.failure->message;
+          ++sets;
+        }
+  EXPECT_GT(sets, 40);
+}
+
+TEST(PipelinePlan, PlansWithSendAndRecvRoundTrip) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::Interleaved1F1B, 4, 8, 2));
+  for (const Plan &p : plans) {
+    std::string text = writePlan(p);
+    Result<Plan> back = parsePlan(text);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(*back, p);
+    EXPECT_NE(text.find("\"op\":\"send\""), std::string::npos);
+    EXPECT_NE(text.find("\"peer\":"), std::string::npos);
+  }
+}
+
+// The broken set: two sends swapped on one rank. Rank 1 of a
+// 4-stage 1F1B sends microbatch 1's activation before microbatch 0's; rank 2
+// waits for microbatch 0's first. Transfers pair by tag, so neither can
+// complete: the verifier reports the cycle through both ranks'
+// instructions (the runtime would hang there, never deliver one
+// microbatch's activation into the other's buffer).
+TEST(PipelinePlan, SwappedSendsAreADeadlockNamingTheCycle) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::OneFOneB, 4, 8, 1));
+  Plan &r1 = plans[1];
+  size_t a = indexOf(r1, "1SEND_F0"), b = indexOf(r1, "1SEND_F1");
+  std::swap(r1.program[a], r1.program[b]);
+  Result<VerifyResult> r = verifyPlans(plans);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_FALSE(r->ok());
+  EXPECT_EQ(r->failure->kind, FailureKind::Deadlock) << r->failure->message;
+  EXPECT_EQ(
+      r->failure->message,
+      "deadlock: 155 instructions on 4 ranks can never run; wait cycle:\n"
+      "  rank 1 /program/3 \"a3.1RECV_F1\" (recv \"F s0 mb1\" on \"pp.0-1\", "
+      "stream \"main\") waits for the previous instruction on its stream: "
+      "rank 1 /program/2 \"a5.1SEND_F1\" (send \"F s1 mb1\" on \"pp.1-2\", "
+      "stream \"main\")\n"
+      "  rank 1 /program/2 \"a5.1SEND_F1\" (send \"F s1 mb1\" on \"pp.1-2\", "
+      "stream \"main\") issued; waits for rank 2 to receive it: rank 2 "
+      "/program/3 \"a3.2RECV_F1\" (recv \"F s1 mb1\" on \"pp.1-2\", stream "
+      "\"main\")\n"
+      "  rank 2 /program/3 \"a3.2RECV_F1\" (recv \"F s1 mb1\" on \"pp.1-2\", "
+      "stream \"main\") waits for the previous instruction on its stream: "
+      "rank 2 /program/2 \"a2.2SEND_F0\" (send \"F s2 mb0\" on \"pp.2-3\", "
+      "stream \"main\")\n"
+      "  rank 2 /program/2 \"a2.2SEND_F0\" (send \"F s2 mb0\" on \"pp.2-3\", "
+      "stream \"main\") waits for the previous instruction on its stream: "
+      "rank 2 /program/1 \"a1.2F0\" (compute, stream \"main\")\n"
+      "  rank 2 /program/1 \"a1.2F0\" (compute, stream \"main\") waits for "
+      "the previous instruction on its stream: rank 2 /program/0 "
+      "\"a0.2RECV_F0\" (recv \"F s1 mb0\" on \"pp.1-2\", stream \"main\")\n"
+      "  rank 2 /program/0 \"a0.2RECV_F0\" (recv \"F s1 mb0\" on \"pp.1-2\", "
+      "stream \"main\") issued; waits for rank 1 to send it: rank 1 "
+      "/program/5 \"a2.1SEND_F0\" (send \"F s1 mb0\" on \"pp.1-2\", stream "
+      "\"main\")\n"
+      "  rank 1 /program/5 \"a2.1SEND_F0\" (send \"F s1 mb0\" on \"pp.1-2\", "
+      "stream \"main\") waits for the previous instruction on its stream: "
+      "rank 1 /program/4 \"a4.1F1\" (compute, stream \"main\")\n"
+      "  rank 1 /program/4 \"a4.1F1\" (compute, stream \"main\") waits for "
+      "the previous instruction on its stream: rank 1 /program/3 "
+      "\"a3.1RECV_F1\" (recv \"F s0 mb1\" on \"pp.0-1\", stream \"main\")");
+}
+
+// A recv whose send was dropped: named by both ranks and the tag.
+TEST(PipelinePlan, AMissingSendIsNamed) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::GPipe, 2, 2, 1));
+  Plan &r0 = plans[0];
+  r0.program.erase(r0.program.begin() + indexOf(r0, "0SEND_F1"));
+  Result<VerifyResult> r = verifyPlans(plans);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_FALSE(r->ok());
+  EXPECT_EQ(r->failure->kind, FailureKind::Divergence);
+  EXPECT_EQ(r->failure->message,
+            "rank 1 /program/2 \"a2.1RECV_F1\" (recv \"F s0 mb1\" on "
+            "\"pp.0-1\") has no partner: rank 0 never sends a message tagged "
+            "\"F s0 mb1\" on \"pp.0-1\"");
+}
+
+// Partners must move the same dtype and count.
+TEST(PipelinePlan, PartnersMoveTheSameBytes) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::GPipe, 2, 2, 1));
+  Plan &r1 = plans[1];
+  Instruction &recv = r1.program[indexOf(r1, "1RECV_F0")];
+  recv.count = 8;
+  r1.buffers[0].globalShape = r1.buffers[0].localShape = {8};
+  Result<VerifyResult> r = verifyPlans(plans);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_FALSE(r->ok());
+  EXPECT_EQ(r->failure->kind, FailureKind::Divergence);
+  EXPECT_NE(r->failure->message.find("moves recv float32 count=8"),
+            std::string::npos)
+      << r->failure->message;
+}
+
+TEST(PipelinePlan, ValidationOfSendAndRecv) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::GPipe, 2, 2, 1));
+  const Plan good = plans[0];
+  size_t s = indexOf(good, "0SEND_F0");
+  auto errorOf = [&](auto edit) {
+    Plan p = good;
+    edit(p, p.program[s]);
+    Result<void> ok = validatePlan(p);
+    return ok.ok() ? std::string("<ok>") : ok.error().message;
+  };
+  std::string at = "/program/" + std::to_string(s);
+  EXPECT_EQ(errorOf([](Plan &, Instruction &) {}), "<ok>");
+  EXPECT_EQ(errorOf([](Plan &, Instruction &in) { in.peer = 0; }),
+            at + "/peer: peer 0 is not the other member of \"pp.0-1\" (this "
+                 "rank is key 0, so the peer is key 1)");
+  EXPECT_EQ(errorOf([](Plan &, Instruction &in) { in.count = 15; }),
+            at + "/count: count 15 is not the 16 elements of \"act.0.0\"");
+  EXPECT_EQ(
+      errorOf([](Plan &, Instruction &in) { in.dtype = DType::BFloat16; }),
+      at + "/inputs/0: \"act.0.0\" is float32, the send moves bfloat16");
+  EXPECT_EQ(errorOf([](Plan &, Instruction &in) { in.outputs = in.inputs; }),
+            at + ": send needs one input and no outputs");
+  // A pair is two members: a larger group cannot carry point to point.
+  Plan wide = good;
+  wide.mesh.axes = {{"pp", 3, false}};
+  wide.communicators[0].ranks = {0, 1, 2};
+  Result<void> ok = validatePlan(wide);
+  ASSERT_FALSE(ok.ok());
+  EXPECT_EQ(ok.error().message,
+            at + "/comm: send needs a communicator of two members (a pair), "
+                 "\"pp.0-1\" has 3");
+}
+
+TEST(PipelinePlan, ReaderErrors) {
+  std::vector<Plan> plans =
+      plansOf(build(PipelineScheduleKind::GPipe, 2, 2, 1));
+  std::string text = writePlan(plans[0]);
+  auto errorOf = [](const std::string &t) {
+    Result<Plan> p = parsePlan(t);
+    return p.ok() ? std::string("<ok>") : p.error().message;
+  };
+  auto replaced = [&](const std::string &from, const std::string &to) {
+    std::string t = text;
+    size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos)
+      t.replace(at, from.size(), to);
+    return t;
+  };
+  EXPECT_EQ(errorOf(text), "<ok>");
+  std::string noTag = errorOf(replaced(",\"tag\":\"F s0 mb0\"", ""));
+  EXPECT_NE(noTag.find("send needs \"tag\""), std::string::npos) << noTag;
+  std::string noPeer = errorOf(replaced(",\"peer\":1", ""));
+  EXPECT_NE(noPeer.find("send needs \"peer\""), std::string::npos) << noPeer;
+  std::string stray =
+      errorOf(replaced("\"op\":\"compute\"", "\"op\":\"compute\",\"peer\":1"));
+  EXPECT_NE(stray.find("only send and recv take a peer"), std::string::npos)
+      << stray;
+}
+
+} // namespace
