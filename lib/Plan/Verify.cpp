@@ -58,8 +58,12 @@ struct RankInfo {
   /// Resolved deps (CSR).
   std::vector<int32_t> depStart, deps;
   std::vector<int32_t> streamPrev; ///< previous instruction on the stream
-  std::vector<int32_t> localComm;  ///< collectives: local comm index, else -1
-  std::vector<int32_t> instance;   ///< collectives: position in its sequence
+  /// send / recv: the previous send or recv on the same communicator, which
+  /// must complete first (the runtime runs a communicator's operations one
+  /// at a time, in program order); -1 otherwise.
+  std::vector<int32_t> transferPrev;
+  std::vector<int32_t> localComm; ///< collectives: local comm index, else -1
+  std::vector<int32_t> instance;  ///< collectives: position in its sequence
   std::vector<std::vector<int32_t>> seqs; ///< per local comm: collectives
   std::vector<int32_t> globalComm;        ///< local comm -> global comm
   /// send / recv: the global index of the instruction it pairs with.
@@ -578,6 +582,10 @@ std::optional<VerifyFailure> Verifier::simulate() {
         ++outStart[ri.base + ri.streamPrev[i] + 1];
         ++pending[g];
       }
+      if (ri.transferPrev[i] >= 0) {
+        ++outStart[ri.base + ri.transferPrev[i] + 1];
+        ++pending[g];
+      }
       for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
         ++outStart[ri.base + ri.deps[e] + 1];
         ++pending[g];
@@ -597,6 +605,8 @@ std::optional<VerifyFailure> Verifier::simulate() {
       for (int64_t i = 0; i < n; ++i) {
         if (ri.streamPrev[i] >= 0)
           out[fill[ri.base + ri.streamPrev[i]]++] = ri.base + i;
+        if (ri.transferPrev[i] >= 0)
+          out[fill[ri.base + ri.transferPrev[i]]++] = ri.base + i;
         for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
           out[fill[ri.base + ri.deps[e]]++] = ri.base + i;
       }
@@ -708,6 +718,9 @@ std::optional<VerifyFailure> Verifier::simulate() {
     if (ri.streamPrev[i] >= 0 && state[ri.base + ri.streamPrev[i]] != 2)
       return {ri.base + ri.streamPrev[i],
               "waits for the previous instruction on its stream"};
+    if (ri.transferPrev[i] >= 0 && state[ri.base + ri.transferPrev[i]] != 2)
+      return {ri.base + ri.transferPrev[i],
+              "waits for the previous transfer on " + quote(p.program[i].comm)};
     for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
       if (state[ri.base + ri.deps[e]] != 2)
         return {ri.base + ri.deps[e], "waits for its dep"};
@@ -827,6 +840,8 @@ Result<VerifyResult> Verifier::run() {
     std::vector<int32_t> lastOnStream(plan.streams.size(), -1);
     ri.depStart.assign(n + 1, 0);
     ri.streamPrev.assign(n, -1);
+    ri.transferPrev.assign(n, -1);
+    std::vector<int32_t> lastTransfer(plan.communicators.size(), -1);
     ri.localComm.assign(n, -1);
     ri.instance.assign(n, -1);
     ri.seqs.assign(plan.communicators.size(), {});
@@ -856,8 +871,11 @@ Result<VerifyResult> Verifier::run() {
         ++totalCollectives;
         // Sends and recvs pair by tag (matchPointToPoint), not by their
         // position among the communicator's collectives.
-        if (isPointToPoint(in.op))
+        if (isPointToPoint(in.op)) {
+          ri.transferPrev[i] = lastTransfer[c->second];
+          lastTransfer[c->second] = static_cast<int32_t>(i);
           continue;
+        }
         ri.instance[i] = static_cast<int32_t>(ri.seqs[c->second].size());
         ri.seqs[c->second].push_back(static_cast<int32_t>(i));
       }

@@ -225,6 +225,58 @@ TEST(PipelinePlan, SwappedSendsAreADeadlockNamingTheCycle) {
       "\"a3.1RECV_F1\" (recv \"F s0 mb1\" on \"pp.0-1\", stream \"main\")");
 }
 
+// A communicator runs its transfers one at a time in program order (the
+// runtime's rule for every operation on a communicator), whatever streams
+// they are on: rank 0 sends "a" then "b", rank 1 receives "b" then "a",
+// each on two streams. The streams alone would let both finish; the
+// communicator's order cannot.
+TEST(PipelinePlan, TransfersOnACommunicatorRunInProgramOrder) {
+  auto make = [](int64_t rank, bool crossed) {
+    Plan plan;
+    plan.mesh.axes = {{"pp", 2, false}};
+    plan.rank = rank;
+    plan.streams = {"s0", "s1"};
+    Communicator c;
+    c.id = "pp.0-1";
+    c.ranks = {0, 1};
+    c.key = rank;
+    plan.communicators.push_back(c);
+    const char *tags[2] = {"a", "b"};
+    if (crossed && rank == 1)
+      std::swap(tags[0], tags[1]);
+    for (int k = 0; k < 2; ++k) {
+      Buffer b;
+      b.id = std::string("buf.") + tags[k];
+      b.kind = BufferKind::Activation;
+      b.globalShape = b.localShape = {4};
+      b.offset = {0};
+      b.layout = "[{}]";
+      plan.buffers.push_back(b);
+      Instruction in;
+      in.id = std::string(rank == 0 ? "send." : "recv.") + tags[k];
+      in.stream = k == 0 ? "s0" : "s1";
+      in.op = rank == 0 ? OpKind::Send : OpKind::Recv;
+      in.comm = c.id;
+      in.peer = 1 - rank;
+      in.tag = tags[k];
+      in.dtype = DType::Float32;
+      in.count = 4;
+      (rank == 0 ? in.inputs : in.outputs).push_back(b.id);
+      plan.program.push_back(in);
+    }
+    return plan;
+  };
+  EXPECT_TRUE(verified({make(0, false), make(1, false)}).ok());
+  Result<VerifyResult> r = verifyPlans({make(0, true), make(1, true)});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_FALSE(r->ok());
+  EXPECT_EQ(r->failure->kind, FailureKind::Deadlock);
+  EXPECT_NE(
+      r->failure->message.find("waits for the previous transfer on \"pp.0-1\""),
+      std::string::npos)
+      << r->failure->message;
+}
+
 // A recv whose send was dropped: named by both ranks and the tag.
 TEST(PipelinePlan, AMissingSendIsNamed) {
   std::vector<Plan> plans =
