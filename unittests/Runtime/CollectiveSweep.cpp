@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace meshplan;
@@ -321,6 +322,139 @@ int runCase(const Case &c, bool viaTemplate, int &skipped, std::string &kinds) {
   return failed;
 }
 
+/// Pipeline transfers (send / recv on pair communicators, matched by tag)
+/// on `world` real processes: a chain of stages, each receiving the previous
+/// stage's activation and sending its own, then the gradients back; every
+/// rank checks what it received element by element.
+int runPipelineChain(int64_t world, int64_t elements) {
+  char tmpl[] = "/tmp/meshplan-sweep-XXXXXX";
+  if (!mkdtemp(tmpl))
+    return 1;
+  auto value = [](int64_t from, char what, int64_t l) {
+    return float(from * 1000 + (what == 'F' ? 0 : 500) + l);
+  };
+  std::vector<pid_t> pids;
+  for (int64_t rank = 0; rank < world; ++rank) {
+    pid_t pid = fork();
+    if (pid != 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    pl::Plan p;
+    p.mesh.axes = {{"pp", world, false}};
+    p.rank = rank;
+    p.streams = {"main"};
+    auto buffer = [&](const std::string &id) {
+      // Persistent, so the values can be read after the step.
+      p.buffers.push_back({id,
+                           pl::BufferKind::OptimizerState,
+                           pl::DType::Float32,
+                           {elements},
+                           {elements},
+                           {0},
+                           "[{}]",
+                           "",
+                           {},
+                           {}});
+    };
+    auto pair = [&](int64_t peer) {
+      std::string id = "pp." + std::to_string(std::min(rank, peer)) + "-" +
+                       std::to_string(std::max(rank, peer));
+      for (const pl::Communicator &c : p.communicators)
+        if (c.id == id)
+          return id;
+      p.communicators.push_back({id,
+                                 {std::min(rank, peer), std::max(rank, peer)},
+                                 0,
+                                 rank < peer ? 0 : 1,
+                                 {},
+                                 std::nullopt,
+                                 false});
+      return id;
+    };
+    auto transfer = [&](pl::OpKind op, int64_t peer, std::string tag,
+                        std::string buf) {
+      pl::Instruction in;
+      in.id = std::string(op == pl::OpKind::Send ? "send " : "recv ") + tag;
+      in.stream = "main";
+      in.op = op;
+      in.comm = pair(peer);
+      in.peer = rank < peer ? 1 : 0;
+      in.tag = tag;
+      in.dtype = pl::DType::Float32;
+      in.count = elements;
+      (op == pl::OpKind::Send ? in.inputs : in.outputs).push_back(buf);
+      p.program.push_back(in);
+    };
+    buffer("act");
+    buffer("grad");
+    buffer("act.in");
+    buffer("grad.in");
+    if (rank > 0)
+      transfer(pl::OpKind::Recv, rank - 1, "F" + std::to_string(rank - 1),
+               "act.in");
+    if (rank + 1 < world) {
+      transfer(pl::OpKind::Send, rank + 1, "F" + std::to_string(rank), "act");
+      transfer(pl::OpKind::Recv, rank + 1, "B" + std::to_string(rank + 1),
+               "grad.in");
+    }
+    if (rank > 0)
+      transfer(pl::OpKind::Send, rank - 1, "B" + std::to_string(rank), "grad");
+    SessionOptions o;
+    o.rank = rank;
+    o.worldSize = world;
+    o.store = {StoreAddress::Kind::File, tmpl, "", 0};
+    o.timeout = std::chrono::milliseconds(20000);
+    auto s = Session::open(std::move(p), o);
+    if (!s) {
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
+                   s.error().message.c_str());
+      _exit(1);
+    }
+    for (char what : {'F', 'B'}) {
+      auto t = (*s)->tensor(what == 'F' ? "act" : "grad");
+      for (int64_t l = 0; l < elements; ++l)
+        t->as<float>()[size_t(l)] = value(rank, what, l);
+    }
+    if (auto ok = (*s)->step(); !ok) {
+      std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
+                   ok.error().message.c_str());
+      _exit(1);
+    }
+    for (auto [id, from, what] : {std::tuple{"act.in", rank - 1, 'F'},
+                                  std::tuple{"grad.in", rank + 1, 'B'}}) {
+      if (from < 0 || from >= world)
+        continue;
+      auto t = (*s)->tensor(id);
+      for (int64_t l = 0; l < elements; ++l)
+        if (t->as<float>()[size_t(l)] != value(from, what, l)) {
+          std::fprintf(
+              stderr, "rank %lld: %s[%lld] = %g, expected %g\n",
+              static_cast<long long>(rank), id, static_cast<long long>(l),
+              double(t->as<float>()[size_t(l)]), double(value(from, what, l)));
+          _exit(1);
+        }
+    }
+    if (auto ok = (*s)->close(); !ok)
+      _exit(1);
+    _exit(0);
+  }
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::filesystem::remove_all(tmpl);
+  if (failed)
+    std::fprintf(stderr,
+                 "FAILED: pipeline chain of %lld stages, %lld "
+                 "elements\n",
+                 static_cast<long long>(world),
+                 static_cast<long long>(elements));
+  return failed;
+}
+
 } // namespace
 
 int main() {
@@ -374,5 +508,12 @@ int main() {
               "(%d skipped: local slices), collectives used: %s\n",
               ran, skipped, kindList.c_str());
   std::printf("%d passed, %d failed\n", ran - failed, failed);
-  return failed ? 1 : 0;
+  // Point to point: chains of 2 and 4 stages, small and 1 MiB messages.
+  int chainsFailed = 0;
+  for (int64_t world : {2, 4})
+    for (int64_t elements : {int64_t(5), int64_t(1) << 18})
+      chainsFailed += runPipelineChain(world, elements) != 0;
+  std::printf("pipeline send/recv chains: %d passed, %d failed\n",
+              4 - chainsFailed, chainsFailed);
+  return failed || chainsFailed ? 1 : 0;
 }

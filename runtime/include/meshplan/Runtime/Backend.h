@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace meshplan::runtime {
@@ -83,7 +84,29 @@ public:
                                 DType dtype) = 0;
   /// Returns when every member has called it.
   virtual Result<void> barrier() = 0;
+
+  /// Point to point on a pair (a plan's send and recv, pipeline stages):
+  /// sends `count` elements to the member with key `to` / receives them from
+  /// the member with key `from`. `tag` names the transfer: a send pairs with
+  /// the peer's recv of the same tag, whatever else either side transfers in
+  /// between (docs/plan-format.md). Blocking; a backend without transfers
+  /// says so.
+  virtual Result<void> send(const void *data, int64_t to, int64_t count,
+                            DType dtype, std::string_view tag);
+  virtual Result<void> recv(void *data, int64_t from, int64_t count,
+                            DType dtype, std::string_view tag);
 };
+
+inline Result<void> Communicator::send(const void *, int64_t, int64_t, DType,
+                                       std::string_view) {
+  return makeError("communicator \"" + group().id +
+                   "\": this backend has no point-to-point transfers");
+}
+inline Result<void> Communicator::recv(void *, int64_t, int64_t, DType,
+                                       std::string_view) {
+  return makeError("communicator \"" + group().id +
+                   "\": this backend has no point-to-point transfers");
+}
 
 struct BackendOptions {
   StoreAddress store;

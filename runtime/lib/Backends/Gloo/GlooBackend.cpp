@@ -34,6 +34,7 @@
 #include <exception>
 #include <functional>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
 namespace meshplan::runtime {
@@ -406,6 +407,15 @@ public:
     });
   }
 
+  Result<void> send(const void *data, int64_t to, int64_t count, DType dtype,
+                    std::string_view tag) override {
+    return transfer(const_cast<void *>(data), to, count, dtype, tag, true);
+  }
+  Result<void> recv(void *data, int64_t from, int64_t count, DType dtype,
+                    std::string_view tag) override {
+    return transfer(data, from, count, dtype, tag, false);
+  }
+
   const std::shared_ptr<gloo::Context> &glooContext() const { return context; }
 
   Result<void> barrier() override {
@@ -417,6 +427,46 @@ public:
   }
 
 private:
+  /// The tag of each slot transfers used (the executor runs one operation
+  /// of a communicator at a time, so no lock).
+  std::unordered_map<uint64_t, std::string> tagOfSlot;
+  static uint64_t transferSlot(std::string_view tag) {
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char c : tag)
+      h = (h ^ c) * 1099511628211ull;
+    return (uint64_t(0xF7) << 56) | (h & ((uint64_t(1) << 56) - 1));
+  }
+  Result<void> transfer(void *data, int64_t peer, int64_t count, DType dtype,
+                        std::string_view tag, bool sending) {
+    size_t bytes = size_t(count * plan::dtypeBytes(dtype));
+    if (bytes == 0)
+      return {};
+    if (peer < 0 || peer >= size() || peer == key())
+      return makeError("key " + std::to_string(peer) +
+                       " is not another member of the group");
+    uint64_t slot = transferSlot(tag);
+    auto [known, fresh] = tagOfSlot.emplace(slot, tag);
+    if (!fresh && known->second != tag)
+      return makeError("the transfer tags \"" + known->second + "\" and \"" +
+                       std::string(tag) + "\" share a Gloo slot; rename one");
+    return guarded([&] {
+      std::unique_ptr<gloo::transport::UnboundBuffer> buffer =
+          context->createUnboundBuffer(data, bytes);
+      if (sending) {
+        buffer->send(static_cast<int>(peer), slot);
+        if (!buffer->waitSend(timeout))
+          throw std::runtime_error("send \"" + std::string(tag) + "\" to key " +
+                                   std::to_string(peer) + " was aborted");
+      } else {
+        buffer->recv(static_cast<int>(peer), slot);
+        if (!buffer->waitRecv(timeout))
+          throw std::runtime_error("receive \"" + std::string(tag) +
+                                   "\" from key " + std::to_string(peer) +
+                                   " was aborted");
+      }
+    });
+  }
+
   GroupSpec spec;
   std::shared_ptr<gloo::Context> context;
   std::chrono::milliseconds timeout;
