@@ -40,6 +40,14 @@ static constexpr int64_t kMaxVerifiedRanks = 8;
 static void planEverything(const frontend::ResolvedSpec &spec) {
   auto context = pipeline::makeContext();
   auto compiled = pipeline::compile(*context, spec);
+  if (spec.pipeline) {
+    // Resolved, not planned yet (issue 16): compile must say so, and
+    // nothing else.
+    check(!compiled && compiled.error().message.find("not planned yet") !=
+                           std::string::npos,
+          "a pipeline-parallel spec compiled, or failed otherwise");
+    return;
+  }
   check(bool(compiled), "the spec resolved but does not compile: " +
                             (compiled ? "" : compiled.error().message));
   auto prepared = plan::PreparedTemplate::prepare(compiled->program);

@@ -22,6 +22,18 @@ names(const std::array<std::string_view, N> &array) {
 
 using T = JsonType;
 
+/// The schedules core builds, by their spec spelling (core's
+/// pipelineScheduleKindName, which parsePipelineScheduleKind reads back).
+static std::vector<std::string_view> pipelineScheduleNames() {
+  std::vector<std::string_view> out;
+  for (PipelineScheduleKind kind :
+       {PipelineScheduleKind::GPipe, PipelineScheduleKind::OneFOneB,
+        PipelineScheduleKind::Interleaved1F1B,
+        PipelineScheduleKind::ZeroBubbleV})
+    out.push_back(pipelineScheduleKindName(kind));
+  return out;
+}
+
 const std::vector<SectionRule> &specSections() {
   static const std::vector<SectionRule> sections = {
       {"",
@@ -41,6 +53,9 @@ const std::vector<SectionRule> &specSections() {
             .type = T::Object,
             .section = "tensor_parallel"},
            {.name = "extra_axes", .type = T::Array, .items = T::String},
+           {.name = "pipeline_parallel",
+            .type = T::Object,
+            .section = "pipeline_parallel"},
            {.name = "mixed_precision",
             .type = T::Object,
             .section = "mixed_precision"},
@@ -97,6 +112,17 @@ const std::vector<SectionRule> &specSections() {
             .items = T::Object,
             .section = "tp_rule"},
        }},
+      {"pipeline_parallel",
+       {
+           {.name = "axis", .type = T::String, .required = true},
+           {.name = "schedule",
+            .type = T::String,
+            .required = true,
+            .values = pipelineScheduleNames()},
+           {.name = "microbatches", .type = T::Integer, .required = true},
+           {.name = "stages_per_rank", .type = T::Integer},
+           {.name = "split", .type = T::Array, .items = T::Array},
+       }},
       {"tp_rule",
        {
            {.name = "pattern", .type = T::String, .required = true},
@@ -152,6 +178,7 @@ const std::vector<KeyAlternative> &specKeyAlternatives() {
   static const std::vector<KeyAlternative> alternatives = {
       {"data_parallel", "reshard_after_forward", T::Boolean},
       {"data_parallel", "units", T::String, names(kUnitGroupingNames)},
+      {"pipeline_parallel", "split", T::String, names(kPipelineSplitNames)},
   };
   return alternatives;
 }

@@ -30,6 +30,12 @@ std::string_view activationCheckpointingName(ActivationCheckpointing mode) {
   return kActivationCheckpointingNames[static_cast<int>(mode)];
 }
 
+std::string_view pipelineSplitName(PipelineSplit split) {
+  return split == PipelineSplit::Explicit
+             ? std::string_view("explicit")
+             : kPipelineSplitNames[static_cast<int>(split)];
+}
+
 /// The index of `name` in a closed set the schema already checked.
 template <size_t N>
 static int indexOf(const std::array<std::string_view, N> &names,
@@ -194,9 +200,10 @@ static Result<void> checkObjectWithAlternatives(const Json &value,
       return errorAt(keyPtr,
                      "unknown " + std::string(alt.key) + " " + quote(str(*v)) +
                          "; expected one of " + joinNames(alt.values) + " or " +
-                         (rule->type == JsonType::Array
-                              ? "an array of units"
-                              : "a " + std::string(jsonTypeName(rule->type))) +
+                         (rule->type != JsonType::Array
+                              ? "a " + std::string(jsonTypeName(rule->type))
+                          : alt.key == "split" ? "an array of stages"
+                                               : "an array of units") +
                          didYouMean(str(*v), alt.values));
     *rule = KeyRule{.name = rule->name, .type = alt.type};
   }
@@ -271,6 +278,58 @@ static Result<TensorParallelSpec> parseTensorParallel(const Json &value) {
     tp.plan.push_back(std::move(rule));
   }
   return tp;
+}
+
+static Result<PipelineParallelSpec> parsePipelineParallel(const Json &value) {
+  const std::string ptr = "/pipeline_parallel";
+  MESHPLAN_TRY(checkObjectWithAlternatives(value, ptr, "pipeline_parallel"));
+  PipelineParallelSpec pp;
+  pp.axis = str(*member(value, "axis"));
+  auto kind = parsePipelineScheduleKind(str(*member(value, "schedule")));
+  if (!kind) // checkObject has checked the name against the same list
+    return kind.error().within(childPointer(ptr, "schedule"));
+  pp.schedule = *kind;
+  // Any integer: core's checkPipelineScheduleConfig states the bounds (at
+  // least 1, the size limit) with the schedule's own rules.
+  auto m = readInt(*member(value, "microbatches"),
+                   childPointer(ptr, "microbatches"));
+  MESHPLAN_TRY(m);
+  pp.microbatches = *m;
+  // torchtitan's pipeline_llm: one stage per rank for its single-stage
+  // schedules, two for the multi-stage ones (a V holds exactly two).
+  pp.stagesPerRank = pp.schedule == PipelineScheduleKind::Interleaved1F1B ||
+                             pp.schedule == PipelineScheduleKind::ZeroBubbleV
+                         ? 2
+                         : 1;
+  if (const Json *v = member(value, "stages_per_rank")) {
+    auto stages = readInt(*v, childPointer(ptr, "stages_per_rank"));
+    MESHPLAN_TRY(stages);
+    pp.stagesPerRank = *stages;
+    pp.stagesPerRankGiven = true;
+  }
+  if (const Json *v = member(value, "split")) {
+    const std::string splitPtr = childPointer(ptr, "split");
+    if (v->is_string()) {
+      pp.split =
+          static_cast<PipelineSplit>(indexOf(kPipelineSplitNames, str(*v)));
+      return pp;
+    }
+    if (v->empty())
+      return errorAt(splitPtr, "expected at least one stage (an array of "
+                               "module names), or \"auto\" or "
+                               "\"torchtitan\"");
+    pp.split = PipelineSplit::Explicit;
+    for (size_t i = 0; i < v->size(); ++i) {
+      std::string stagePtr = childPointer(splitPtr, i);
+      auto names = readStringArray((*v)[i], stagePtr);
+      MESHPLAN_TRY(names);
+      if (names->empty())
+        return errorAt(stagePtr, "expected at least one module; every "
+                                 "stage runs some of the model");
+      pp.stageModules.push_back(std::move(*names));
+    }
+  }
+  return pp;
 }
 
 static Result<MixedPrecisionSpec> parseMixedPrecision(const Json &value) {
@@ -382,7 +441,9 @@ struct AxisUse {
   std::string name;
   std::string pointer;
   std::string role;
-  bool splitsTensors; ///< shard and TP axes cut tensor dims
+  /// Shard and TP axes cut tensor dims and the PP axis cuts the model: all
+  /// need the axis's size when planning, which a managed axis does not have.
+  bool splitsTensors;
 };
 } // namespace
 
@@ -401,6 +462,11 @@ static std::vector<AxisUse> axisUses(const Spec &spec) {
     uses.push_back({spec.tensorParallel->axis, "/tensor_parallel/axis",
                     "the tensor-parallel axis", true});
   add(spec.extraAxes, "/extra_axes", "an extra axis", false);
+  // Last, so that a pp axis that is also a data, tensor or extra (e.g.
+  // context-parallel) axis is reported at /pipeline_parallel/axis.
+  if (spec.pipelineParallel)
+    uses.push_back({spec.pipelineParallel->axis, "/pipeline_parallel/axis",
+                    "the pipeline-parallel axis", true});
   return uses;
 }
 
@@ -437,11 +503,12 @@ static Result<void> checkAxisRoles(const Spec &spec) {
   for (size_t i = 0; i < spec.mesh.axes.size(); ++i) {
     const std::string &name = spec.mesh.axes[i].name;
     if (!used.count(name))
-      return errorAt("/mesh/axes/" + std::to_string(i) + "/name",
-                     "axis " + quote(name) +
-                         " has no role; name it in data_parallel "
-                         "(replicate_axes or shard_axes), tensor_parallel.axis "
-                         "or extra_axes");
+      return errorAt(
+          "/mesh/axes/" + std::to_string(i) + "/name",
+          "axis " + quote(name) +
+              " has no role; name it in data_parallel "
+              "(replicate_axes or shard_axes), tensor_parallel.axis, "
+              "pipeline_parallel.axis or extra_axes");
   }
   return {};
 }
@@ -456,6 +523,71 @@ static std::string meshProduct(const MeshSpec &mesh) {
 
 Result<Mesh> buildMesh(const MeshSpec &mesh) {
   return Mesh::create(mesh.axes, mesh.deviceOrder);
+}
+
+/// The size of mesh axis `name`, which checkAxisRoles has found.
+static int64_t meshAxisSize(const MeshSpec &mesh, const std::string &name) {
+  for (const MeshAxis &axis : mesh.axes)
+    if (axis.name == name)
+      return axis.size;
+  return 1;
+}
+
+/// The schedule's rules on (pp size, microbatches, stages per rank), asked
+/// of core, and how pipeline_parallel combines with the other sections.
+/// Needs the axis roles checked.
+static Result<void> checkPipelineParallel(const Spec &spec, const Json &root) {
+  const PipelineParallelSpec &pp = *spec.pipelineParallel;
+  const std::string ptr = "/pipeline_parallel";
+  PipelineScheduleConfig config{pp.schedule, meshAxisSize(spec.mesh, pp.axis),
+                                pp.microbatches, pp.stagesPerRank};
+  if (auto ok = checkPipelineScheduleConfig(config); !ok) {
+    // Core words its messages for any caller ("pipeline_parallel: ...");
+    // here the pointer says where, so the section's name would be said
+    // twice. The pointer is that of the value the rule is about: the stages
+    // per rank when the message names them, the microbatches when it is
+    // about them, else the section (the size limit on their product).
+    std::string message = ok.error().message;
+    const std::string prefix = "pipeline_parallel: ";
+    if (message.rfind(prefix, 0) == 0)
+      message = message.substr(prefix.size());
+    std::string where = ptr;
+    if (message.find("stages_per_rank") != std::string::npos)
+      where = childPointer(ptr, "stages_per_rank");
+    else if (message.find("docs/limits.md") == std::string::npos &&
+             message.find("microbatches") != std::string::npos)
+      where = childPointer(ptr, "microbatches");
+    return errorAt(where, message);
+  }
+  const int64_t numStages = config.ranks * config.stagesPerRank;
+  if (pp.split == PipelineSplit::Explicit &&
+      static_cast<int64_t>(pp.stageModules.size()) != numStages)
+    return errorAt(
+        childPointer(ptr, "split"),
+        "expected " + std::to_string(numStages) + " stage" +
+            (numStages == 1 ? "" : "s") + " (pp axis " + quote(pp.axis) +
+            " of size " + std::to_string(config.ranks) + " x " +
+            std::to_string(config.stagesPerRank) + " stages per rank), got " +
+            std::to_string(pp.stageModules.size()));
+  // The pipeline's microbatches are the accumulation: each stage sums its
+  // gradients over them before the optimizer step. Accumulating further
+  // around whole pipeline steps would be a second loop that the plans do
+  // not express, so a second count is refused rather than ignored.
+  if (spec.gradientAccumulationSteps != 1) {
+    std::string stepsPtr = member(root, "gradient_accumulation_steps")
+                               ? std::string("/gradient_accumulation_steps")
+                               : std::string("/gradient_accumulation/steps");
+    return errorAt(stepsPtr,
+                   "gradient accumulation (" +
+                       std::to_string(spec.gradientAccumulationSteps) +
+                       " steps) cannot be combined with pipeline_parallel: "
+                       "the pipeline already splits each step's batch into " +
+                       std::to_string(pp.microbatches) +
+                       " microbatches (/pipeline_parallel/microbatches) and "
+                       "accumulates their gradients; raise microbatches "
+                       "instead and leave this at 1");
+  }
+  return {};
 }
 
 //===----------------------------------------------------------------------===//
@@ -496,6 +628,11 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
   }
   if (const Json *v = member(root, "extra_axes"))
     spec.extraAxes = *readStringArray(*v, "/extra_axes");
+  if (const Json *v = sectionOf(root, "pipeline_parallel")) {
+    auto pp = parsePipelineParallel(*v);
+    MESHPLAN_TRY(pp);
+    spec.pipelineParallel = std::move(*pp);
+  }
   if (const Json *v = sectionOf(root, "mixed_precision")) {
     auto mp = parseMixedPrecision(*v);
     MESHPLAN_TRY(mp);
@@ -556,6 +693,8 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
   if (auto core = buildMesh(spec.mesh); !core)
     return core.error().within("/mesh");
   MESHPLAN_TRY(checkAxisRoles(spec));
+  if (spec.pipelineParallel)
+    MESHPLAN_TRY(checkPipelineParallel(spec, root));
   if (spec.float8 && spec.float8->enabled && spec.float8->allGather &&
       spec.dataParallel.shardAxes.empty())
     return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
@@ -861,6 +1000,16 @@ static bool unitPatternSelects(const std::string &pattern,
   return false;
 }
 
+/// A container whose children are all containers ("layers", holding the
+/// transformer blocks): FSDP units and pipeline stages take its children
+/// one by one rather than the whole.
+static bool isContainerOfBlocks(const Module &m) {
+  bool all = !m.children.empty();
+  for (const Module &child : m.children)
+    all &= !isLeafKind(child.kind);
+  return all;
+}
+
 /// The FSDP units of `out` (see UnitAssignment and docs/semantics.md "FSDP
 /// units").
 static Result<void> resolveUnits(ResolvedSpec &out) {
@@ -876,11 +1025,7 @@ static Result<void> resolveUnits(ResolvedSpec &out) {
   };
   // A top-level container of containers ("layers") contributes each child.
   auto splits = [&](int top) {
-    const Module &m = *modules[top].module;
-    bool all = !m.children.empty();
-    for (const Module &child : m.children)
-      all &= !isLeafKind(child.kind);
-    return all;
+    return isContainerOfBlocks(*modules[top].module);
   };
   // The child of top-level module `top` that holds module i.
   auto childOf = [&](int i, int top) {
@@ -1000,6 +1145,436 @@ static Result<void> resolveUnits(ResolvedSpec &out) {
   return {};
 }
 
+//===----------------------------------------------------------------------===//
+// Pipeline stages
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// What a pipeline split places: a top-level module, or one block of a
+/// top-level container of blocks ("layers.3"), the pieces torchtitan's
+/// pipeline_module_split keeps or drops. Each is a subtree, so its
+/// parameters are a contiguous range of ResolvedSpec::params.
+struct SplitPiece {
+  std::string name;
+  int module = -1;    ///< index into ResolvedSpec::modules
+  int container = -1; ///< the container of blocks it is a child of, or -1
+  int firstParam = 0; ///< [firstParam, endParam) in ResolvedSpec::params
+  int endParam = 0;
+  int64_t numParameters = 0;
+};
+
+/// Sums of parameter counts: a model file may hold up to 2^50 elements per
+/// tensor, so sums of them can pass int64.
+using Wide = __int128;
+
+int64_t saturate(Wide v) {
+  return v > INT64_MAX ? INT64_MAX : static_cast<int64_t>(v);
+}
+} // namespace
+
+static std::vector<SplitPiece> splitPieces(const ResolvedSpec &out) {
+  const std::vector<ModuleEntry> &modules = out.modules;
+  std::vector<SplitPiece> pieces;
+  std::vector<int> pieceOf(modules.size(), -1);
+  for (size_t i = 0; i < modules.size(); ++i) {
+    int parent = modules[i].parent;
+    bool top = parent < 0;
+    bool block = !top && modules[parent].parent < 0 &&
+                 isContainerOfBlocks(*modules[parent].module);
+    if ((top && !isContainerOfBlocks(*modules[i].module)) || block) {
+      pieceOf[i] = static_cast<int>(pieces.size());
+      pieces.push_back(
+          {modules[i].path, static_cast<int>(i), block ? parent : -1, 0, 0, 0});
+    } else if (!top) {
+      pieceOf[i] = pieceOf[parent];
+    }
+  }
+  // Forward (pre-)order keeps each subtree's parameters together.
+  std::vector<Wide> counts(pieces.size(), 0);
+  for (size_t p = 0; p < out.params.size(); ++p) {
+    int piece = pieceOf[out.params[p].module];
+    if (pieces[piece].endParam == 0) // its first parameter
+      pieces[piece].firstParam = static_cast<int>(p);
+    pieces[piece].endParam = static_cast<int>(p) + 1;
+    Wide elements = 1;
+    for (int64_t d : out.params[p].shape)
+      elements *= d;
+    counts[piece] += elements;
+  }
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    pieces[k].numParameters = saturate(counts[k]);
+    if (pieces[k].endParam == 0) // no parameters: an empty range in order
+      pieces[k].firstParam = pieces[k].endParam =
+          k == 0 ? 0 : pieces[k - 1].endParam;
+  }
+  return pieces;
+}
+
+/// "tok_embeddings, layers.0 ... layers.31, norm, output": the pieces, with
+/// runs of blocks of one container shortened.
+static std::string describePieces(const std::vector<SplitPiece> &pieces) {
+  std::string out;
+  for (size_t k = 0; k < pieces.size();) {
+    size_t end = k + 1;
+    if (pieces[k].container >= 0)
+      while (end < pieces.size() &&
+             pieces[end].container == pieces[k].container)
+        ++end;
+    out += (out.empty() ? "" : ", ") + pieces[k].name;
+    if (end - k == 2)
+      out += ", " + pieces[k + 1].name;
+    else if (end - k > 2)
+      out += " ... " + pieces[end - 1].name;
+    k = end;
+  }
+  return out;
+}
+
+/// The error for a stage entry that names no piece.
+static Error unknownPiece(const std::string &ptr, const std::string &name,
+                          const ResolvedSpec &out,
+                          const std::vector<SplitPiece> &pieces) {
+  for (size_t i = 0; i < out.modules.size(); ++i) {
+    if (out.modules[i].path != name)
+      continue;
+    if (out.modules[i].parent < 0) { // a container of blocks
+      std::vector<std::string> blocks;
+      for (const SplitPiece &piece : pieces)
+        if (piece.container == static_cast<int>(i))
+          blocks.push_back(piece.name);
+      return errorAt(ptr, "module " + quote(name) +
+                              " is cut into its blocks; list them (" +
+                              quote(blocks.front()) + " ... " +
+                              quote(blocks.back()) + ") in the stages instead");
+    }
+    int top = static_cast<int>(i);
+    while (out.modules[top].parent >= 0 &&
+           !(out.modules[out.modules[top].parent].parent < 0 &&
+             isContainerOfBlocks(*out.modules[out.modules[top].parent].module)))
+      top = out.modules[top].parent;
+    return errorAt(ptr, "module " + quote(name) + " is part of " +
+                            quote(out.modules[top].path) +
+                            "; a stage takes whole blocks and top-level "
+                            "modules");
+  }
+  std::vector<std::string_view> names;
+  for (const SplitPiece &piece : pieces)
+    names.push_back(piece.name);
+  return errorAt(ptr, "unknown module " + quote(name) + " of model " +
+                          quote(out.model->name) + "; stages list " +
+                          describePieces(pieces) + didYouMean(name, names));
+}
+
+/// The stage of each piece for an explicit split.
+static Result<std::vector<int>>
+explicitSplit(const PipelineParallelSpec &pp, const ResolvedSpec &out,
+              const std::vector<SplitPiece> &pieces) {
+  const std::string splitPtr = "/pipeline_parallel/split";
+  std::map<std::string, int> index;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    index.emplace(pieces[k].name, static_cast<int>(k));
+  std::vector<int> stageOf(pieces.size(), -1);
+  std::vector<std::string> listedAt(pieces.size());
+  struct Listed {
+    int piece;
+    std::string ptr;
+  };
+  std::vector<Listed> listed;
+  for (size_t s = 0; s < pp.stageModules.size(); ++s) {
+    for (size_t i = 0; i < pp.stageModules[s].size(); ++i) {
+      const std::string &name = pp.stageModules[s][i];
+      std::string ptr = childPointer(childPointer(splitPtr, s), i);
+      auto it = index.find(name);
+      if (it == index.end())
+        return unknownPiece(ptr, name, out, pieces);
+      if (!listedAt[it->second].empty())
+        return errorAt(ptr, "module " + quote(name) +
+                                " is listed twice (also at " +
+                                listedAt[it->second] +
+                                "); each module runs on exactly one stage");
+      listedAt[it->second] = ptr;
+      stageOf[it->second] = static_cast<int>(s);
+      listed.push_back({it->second, ptr});
+    }
+  }
+  // Stages run one after the other, so listing the pieces in forward order
+  // is what makes each stage a contiguous run.
+  for (size_t k = 1; k < listed.size(); ++k)
+    if (listed[k].piece < listed[k - 1].piece)
+      return errorAt(listed[k].ptr,
+                     "module " + quote(pieces[listed[k].piece].name) +
+                         " is out of forward order: it runs before " +
+                         quote(pieces[listed[k - 1].piece].name) + " (" +
+                         listed[k - 1].ptr +
+                         "), which is listed earlier; stages list the "
+                         "model's modules in forward order");
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    if (stageOf[k] >= 0)
+      continue;
+    std::string between;
+    if (k > 0)
+      between = " (it runs after " + quote(pieces[k - 1].name) + ", " +
+                listedAt[k - 1] + ")";
+    else
+      between = " (it runs first, before " + quote(pieces[k + 1].name) + ", " +
+                listedAt[k + 1] + ")";
+    return errorAt(splitPtr, "module " + quote(pieces[k].name) +
+                                 " is in no stage" + between +
+                                 "; every top-level module and block runs "
+                                 "on exactly one stage");
+  }
+  return stageOf;
+}
+
+/// torchtitan's default split, generate_llm_fqn_per_model_part(num_stages,
+/// num_layers, input_weight=1, output_weight=1)
+/// (torchtitan/distributed/pipeline_parallel.py; the weights are the
+/// defaults of parallelism.pipeline_parallel_first_stage_less_layers and
+/// _last_stage_less_layers): tok_embeddings and norm+output count as one
+/// layer each; the num_layers + 2 "effective layers" are dealt out evenly,
+/// the first (effective % num_stages) stages taking one more; stage 0 is
+/// tok_embeddings and its share less one in layers, the last stage its
+/// share less one in layers and then norm and output, the others their
+/// share in layers.
+static Result<std::vector<int>>
+torchtitanSplit(int64_t numStages, const ResolvedSpec &out,
+                const std::vector<SplitPiece> &pieces) {
+  const std::string splitPtr = "/pipeline_parallel/split";
+  // torchtitan names its pieces outright, so the model must be a Llama as
+  // torchtitan writes it: anything else would be dropped from every stage
+  // by pipeline_module_split.
+  const int64_t layers = static_cast<int64_t>(pieces.size()) - 3;
+  bool llama = layers >= 0 && pieces.front().name == "tok_embeddings" &&
+               pieces[pieces.size() - 2].name == "norm" &&
+               pieces.back().name == "output";
+  for (int64_t l = 0; llama && l < layers; ++l)
+    llama = pieces[l + 1].name == "layers." + std::to_string(l) &&
+            pieces[l + 1].container >= 0;
+  if (!llama)
+    return errorAt(splitPtr,
+                   "split \"torchtitan\" reproduces torchtitan's "
+                   "generate_llm_fqn_per_model_part, which places "
+                   "tok_embeddings, layers.0 ... layers.N-1, norm and output; "
+                   "model " +
+                       quote(out.model->name) + " has " +
+                       describePieces(pieces) +
+                       "; use \"auto\" or list the stages");
+  std::vector<int> stageOf(pieces.size(), 0);
+  if (numStages == 1)
+    return stageOf;
+  const int64_t effective = layers + 2;
+  if (numStages > effective)
+    return errorAt(splitPtr,
+                   "split \"torchtitan\": torchtitan refuses " +
+                       std::to_string(numStages) + " stages for " +
+                       std::to_string(layers) +
+                       " layers (generate_llm_fqn_per_model_part allows at "
+                       "most layers + 2 = " +
+                       std::to_string(effective) +
+                       " stages, counting tok_embeddings and norm+output as "
+                       "one layer each)");
+  const int64_t perStage = effective / numStages;
+  const int64_t extra = effective % numStages;
+  int64_t layer = 0;
+  for (int64_t s = 0; s < numStages; ++s) {
+    int64_t share = perStage + (s < extra ? 1 : 0);
+    if (s == 0 || s == numStages - 1)
+      share -= 1; // the embedding, or the final norm and output
+    for (int64_t k = 0; k < share && layer < layers; ++k, ++layer)
+      stageOf[layer + 1] = static_cast<int>(s);
+  }
+  stageOf.front() = 0;
+  stageOf[pieces.size() - 2] = stageOf.back() = static_cast<int>(numStages - 1);
+  return stageOf;
+}
+
+/// The "auto" split: the pieces grouped so that what comes before the first
+/// block (the embedding) and what comes after the last (the final norm and
+/// output) each stay together, then cut into contiguous stages whose largest
+/// parameter count is as small as possible; among such cuts, each stage in
+/// turn is the one whose count is nearest an even share of what is left
+/// (ties: the lighter, since earlier stages hold more microbatches in
+/// flight).
+static Result<std::vector<int>>
+autoSplit(int64_t numStages, const ResolvedSpec &out,
+          const std::vector<SplitPiece> &pieces) {
+  // Groups of pieces: [groupStart[g], groupStart[g + 1]).
+  std::vector<size_t> groupStart;
+  size_t firstBlock = pieces.size(), lastBlock = 0;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].container >= 0) {
+      firstBlock = std::min(firstBlock, k);
+      lastBlock = k;
+    }
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    bool leading = firstBlock < pieces.size() && k < firstBlock && k > 0;
+    bool trailing = firstBlock < pieces.size() && k > lastBlock + 1;
+    if (!leading && !trailing)
+      groupStart.push_back(k);
+  }
+  const int64_t groups = static_cast<int64_t>(groupStart.size());
+  groupStart.push_back(pieces.size());
+  if (numStages > groups) {
+    std::string names;
+    for (int64_t g = 0; g < groups; ++g) {
+      std::string name;
+      for (size_t k = groupStart[g]; k < groupStart[g + 1]; ++k)
+        name += (name.empty() ? "" : "+") + pieces[k].name;
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    return errorAt("/pipeline_parallel/split",
+                   "split \"auto\" cannot cut model " + quote(out.model->name) +
+                       " into " + std::to_string(numStages) +
+                       " non-empty stages: it has " + std::to_string(groups) +
+                       " pieces to place (" + names +
+                       "; what comes before the first block and after the "
+                       "last stays together); use fewer stages");
+  }
+  std::vector<Wide> prefix(groups + 1, 0);
+  Wide largest = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    Wide cost = 0;
+    for (size_t k = groupStart[g]; k < groupStart[g + 1]; ++k)
+      cost += pieces[k].numParameters;
+    prefix[g + 1] = prefix[g] + cost;
+    largest = std::max(largest, cost);
+  }
+  auto cost = [&](int64_t from, int64_t to) {
+    return prefix[to] - prefix[from];
+  };
+  // next[j]: the end of the longest run from j within `cap`; need[j]: the
+  // fewest stages the groups from j take within `cap` (the greedy longest
+  // runs are optimal).
+  std::vector<int64_t> next(groups + 1), need(groups + 1);
+  auto measure = [&](Wide cap) {
+    int64_t end = 0;
+    for (int64_t j = 0; j < groups; ++j) {
+      end = std::max(end, j + 1);
+      while (end < groups && cost(j, end + 1) <= cap)
+        ++end;
+      next[j] = end;
+    }
+    need[groups] = 0;
+    for (int64_t j = groups - 1; j >= 0; --j)
+      need[j] = 1 + need[next[j]];
+    return need[0];
+  };
+  Wide low = largest, high = prefix[groups];
+  while (low < high) {
+    Wide mid = low + (high - low) / 2;
+    if (measure(mid) <= numStages)
+      high = mid;
+    else
+      low = mid + 1;
+  }
+  measure(low);
+  std::vector<int> stageOfGroup(groups, 0);
+  int64_t at = 0;
+  for (int64_t s = 0; s < numStages; ++s) {
+    const int64_t left = numStages - s; // stages still to fill, this one too
+    int64_t last = std::min(next[at], groups - (left - 1));
+    int64_t first = at + 1;
+    while (first < last && need[first] > left - 1)
+      ++first;
+    // The stage's count grows with its end, so the end nearest the even
+    // share is at, or just before, the first end that reaches it.
+    const Wide share = cost(at, groups); // compared with left x the count
+    int64_t lo = first, hi = last;
+    while (lo < hi) {
+      int64_t mid = lo + (hi - lo) / 2;
+      if (cost(at, mid) * left >= share)
+        hi = mid;
+      else
+        lo = mid + 1;
+    }
+    int64_t best = lo;
+    Wide over = cost(at, lo) * left - share; // < 0: no end reaches it
+    if (lo > first && over >= 0 && share - cost(at, lo - 1) * left <= over)
+      best = lo - 1; // as near, and lighter
+    for (int64_t g = at; g < best; ++g)
+      stageOfGroup[g] = static_cast<int>(s);
+    at = best;
+  }
+  std::vector<int> stageOf(pieces.size(), 0);
+  for (int64_t g = 0; g < groups; ++g)
+    for (size_t k = groupStart[g]; k < groupStart[g + 1]; ++k)
+      stageOf[k] = stageOfGroup[g];
+  return stageOf;
+}
+
+/// The resolved pipeline of `out` (see ResolvedPipeline); the schedule's
+/// rules were checked by parseSpec.
+static Result<void> resolvePipeline(ResolvedSpec &out) {
+  const PipelineParallelSpec &pp = *out.spec.pipelineParallel;
+  ResolvedPipeline resolved;
+  resolved.axis = pp.axis;
+  resolved.axisIndex = *out.mesh->findAxis(pp.axis);
+  resolved.config = {pp.schedule, out.mesh->axis(resolved.axisIndex).size,
+                     pp.microbatches, pp.stagesPerRank};
+  resolved.placement = placementOf(pp.schedule);
+  resolved.split = pp.split;
+  const int64_t p = resolved.config.ranks;
+  const int64_t numStages = p * resolved.config.stagesPerRank;
+
+  std::vector<SplitPiece> pieces = splitPieces(out);
+  auto stageOf = pp.split == PipelineSplit::Explicit
+                     ? explicitSplit(pp, out, pieces)
+                 : pp.split == PipelineSplit::Torchtitan
+                     ? torchtitanSplit(numStages, out, pieces)
+                     : autoSplit(numStages, out, pieces);
+  MESHPLAN_TRY(stageOf);
+
+  resolved.stages.resize(numStages);
+  resolved.stageOfParam.assign(out.params.size(), -1);
+  std::vector<Wide> counts(numStages, 0);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    int s = (*stageOf)[k];
+    PipelineStageAssignment &stage = resolved.stages[s];
+    stage.modules.push_back(pieces[k].name);
+    for (int q = pieces[k].firstParam; q < pieces[k].endParam; ++q) {
+      stage.params.push_back(q);
+      stage.paramNames.push_back(out.params[q].name);
+      resolved.stageOfParam[q] = s;
+    }
+    counts[s] += pieces[k].numParameters;
+  }
+  for (int64_t s = 0; s < numStages; ++s) {
+    resolved.stages[s].numParameters = saturate(counts[s]);
+    resolved.stages[s].rank = rankOfStage(resolved.placement, p, s);
+  }
+  resolved.stagesOfRank.reserve(p);
+  for (int64_t r = 0; r < p; ++r)
+    resolved.stagesOfRank.push_back(
+        stagesOfRank(resolved.placement, p, resolved.config.stagesPerRank, r));
+
+  // Each FSDP unit is gathered and run as one, so it must live on one
+  // stage; only an explicit split, or explicit units, can cut one. The root
+  // unit (what no other unit holds) is the exception: torchtitan applies
+  // fully_shard to each stage's model part, so each stage has its own root,
+  // holding that stage's share.
+  for (const UnitAssignment &unit : out.units) {
+    if (unit.root)
+      continue;
+    int first = resolved.stageOfParam[unit.params.front()];
+    for (int q : unit.params) {
+      int s = resolved.stageOfParam[q];
+      if (s == first)
+        continue;
+      return errorAt("/pipeline_parallel/split",
+                     "FSDP unit " + quote(unit.name) + " holds " +
+                         quote(out.params[unit.params.front()].name) +
+                         " on stage " + std::to_string(first) + " and " +
+                         quote(out.params[q].name) + " on stage " +
+                         std::to_string(s) +
+                         "; a unit is gathered and run as one, so it lies "
+                         "within one stage (put its modules on one stage, or "
+                         "choose data_parallel.units that stages do not cut)");
+    }
+  }
+  out.pipeline = std::move(resolved);
+  return {};
+}
+
 Result<ResolvedSpec> resolveSpec(Spec spec,
                                  std::shared_ptr<const Model> model) {
   ResolvedSpec out;
@@ -1036,6 +1611,8 @@ Result<ResolvedSpec> resolveSpec(Spec spec,
   }
   out.spec = std::move(spec);
   MESHPLAN_TRY(resolveUnits(out));
+  if (out.spec.pipelineParallel)
+    MESHPLAN_TRY(resolvePipeline(out));
   return out;
 }
 

@@ -77,6 +77,12 @@ Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,
                                              const CompileOptions &options) {
   DiagnosticCollector diagnostics(context);
   Compiled out;
+  // The frontend resolves the stages (ResolvedSpec::pipeline), but import
+  // does not lay them out yet: planning on would give every rank the whole
+  // model, a plan that looks valid and is not what the spec asks for.
+  if (spec.pipeline)
+    return Error{
+        "pipeline_parallel is resolved but not planned yet (issue 16)"};
   // The trainer's activations (docs/memory.md): an input error (the
   // context-parallel axis) is reported before anything is built.
   auto activations = estimateActivations(spec, options.import);

@@ -100,6 +100,11 @@ static Planned planOrThrow(
         nullptr) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
+  // compile refuses it as well (for its other callers), but an error from
+  // compile is the planner's (exit 3); this one is the spec's (exit 2).
+  if (p.spec.pipeline)
+    throw CliError(flags.spec + ": pipeline_parallel is resolved but not "
+                                "planned yet (issue 16)");
   if (rank)
     checkRank(*p.spec.mesh, *rank);
   p.import.tokensPerMicrobatch = flags.tokens;

@@ -512,4 +512,36 @@ TEST(Schema, ParserRejectsWhatTheSchemaRejects) {
             200);
 }
 
+TEST(Schema, ParserRejectsWhatTheSchemaRejectsInPipelineSpecs) {
+  // No example spec has pipeline_parallel (every example is planned, and the
+  // planner does not plan pipelines yet), so these cover the section.
+  const char *texts[] = {
+      R"({"model": "tiny",
+          "mesh": {"axes": [{"name": "dp", "size": 2}, {"name": "pp", "size": 2}]},
+          "data_parallel": {"shard_axes": ["dp"]},
+          "pipeline_parallel": {"axis": "pp", "schedule": "1f1b", "microbatches": 4,
+                                "stages_per_rank": 1,
+                                "split": [["tok_embeddings", "layers.0"],
+                                          ["layers.1", "norm", "output"]]}})",
+      R"({"model": "llama3-8b",
+          "mesh": {"axes": [{"name": "pp", "size": 4}, {"name": "tp", "size": 2}]},
+          "tensor_parallel": {"axis": "tp", "plan": [
+            {"pattern": "layers.*.attention.wq", "style": "colwise"}]},
+          "pipeline_parallel": {"axis": "pp", "schedule": "zbv", "microbatches": 8,
+                                "split": "torchtitan"}})",
+  };
+  std::mt19937 rng(16);
+  MiniValidator specs(loadSchema("docs/spec.schema.json"));
+  int rejected = 0;
+  for (const char *text : texts) {
+    Json doc = Json::parse(text);
+    EXPECT_EQ(specs.validate(doc), "");
+    EXPECT_TRUE(parseSpec(text).ok());
+    rejected += schemaRejectionsAreParserRejections(
+        specs, doc, [](const std::string &t) { return parseSpec(t); }, rng,
+        400);
+  }
+  EXPECT_GT(rejected, 150);
+}
+
 } // namespace

@@ -331,7 +331,8 @@ TEST(SpecErrors, MutationTable) {
       {{rename("/mixed_precision", "mixed_precison")},
        "/mixed_precison: unknown key; expected one of $schema, description, "
        "model, world_size, mesh, data_parallel, tensor_parallel, extra_axes, "
-       "mixed_precision, float8, optimizer, gradient_accumulation_steps, "
+       "pipeline_parallel, mixed_precision, float8, optimizer, "
+       "gradient_accumulation_steps, "
        "gradient_accumulation, activation_checkpointing (did you mean "
        "\"mixed_precision\"?)"},
       {{set("/a~1b", "1")}, "/a~1b: unknown key; expected one of"},

@@ -4,7 +4,8 @@
 // with named axes, which axes replicate and which shard the parameters (data
 // parallel: DDP / FSDP / HSDP), which axis splits which modules (tensor
 // parallel, by module-name pattern), which axes are left to other uses
-// (extra axes), and the numerics (mixed precision, float8 all-gather, the
+// (extra axes), which axis runs a pipeline of model stages (pipeline
+// parallel), and the numerics (mixed precision, float8 all-gather, the
 // optimizer, gradient accumulation). The planner derives *how* from it.
 //
 // Reading a spec has two stages, so that errors come as early as possible:
@@ -12,7 +13,8 @@
 //                mesh, and how the sections use its axes;
 //   resolveSpec  against the model: tensor-parallel patterns match modules of
 //                the right kind and sizes divide heads and weight dims; float8
-//                selects linear modules only.
+//                selects linear modules only; the pipeline's stages cut the
+//                model into contiguous runs of whole blocks.
 // Every error starts with the JSON pointer of the offending value (or "line
 // L, column C" for malformed JSON) and says what was expected; see
 // docs/spec.md for the format and docs/spec.schema.json for its schema.
@@ -22,6 +24,7 @@
 #define MESHPLAN_FRONTEND_SPEC_H
 
 #include "meshplan/Core/Mesh.h"
+#include "meshplan/Core/PipelineSchedule.h"
 #include "meshplan/Core/Result.h"
 #include "meshplan/Frontend/Model.h"
 
@@ -160,6 +163,37 @@ inline constexpr std::array<std::string_view, 3> kActivationCheckpointingNames =
     {"none", "full", "selective"};
 std::string_view activationCheckpointingName(ActivationCheckpointing mode);
 
+/// How the model is cut into pipeline stages ("pipeline_parallel.split").
+enum class PipelineSplit {
+  /// Balanced by parameter count, the embedding on the first stage and the
+  /// final norm and output on the last (docs/spec.md).
+  Auto,
+  /// torchtitan's generate_llm_fqn_per_model_part with its default weights.
+  Torchtitan,
+  /// PipelineParallelSpec::stageModules.
+  Explicit,
+};
+inline constexpr std::array<std::string_view, 2> kPipelineSplitNames = {
+    "auto", "torchtitan"};
+std::string_view pipelineSplitName(PipelineSplit split);
+
+/// "pipeline_parallel": the document's values, checked against the mesh and
+/// core's schedule rules by parseSpec; the split is checked against the
+/// model by resolveSpec (ResolvedPipeline).
+struct PipelineParallelSpec {
+  std::string axis;
+  PipelineScheduleKind schedule = PipelineScheduleKind::OneFOneB;
+  int64_t microbatches = 1;
+  /// As written, or the schedule's default: 1 for the single-stage
+  /// schedules (gpipe, 1f1b), 2 for the multi-stage ones
+  /// (interleaved_1f1b, zbv), as torchtitan's pipeline_llm.
+  int64_t stagesPerRank = 1;
+  bool stagesPerRankGiven = false;
+  PipelineSplit split = PipelineSplit::Auto;
+  /// Explicit split: the module names of each stage, in the spec's order.
+  std::vector<std::vector<std::string>> stageModules;
+};
+
 struct Spec {
   std::string description;
   /// A preset name or a path to a model JSON file (relative to the spec).
@@ -169,6 +203,7 @@ struct Spec {
   DataParallelSpec dataParallel;
   std::optional<TensorParallelSpec> tensorParallel;
   std::vector<std::string> extraAxes;
+  std::optional<PipelineParallelSpec> pipelineParallel; ///< absent: no PP
   MixedPrecisionSpec mixedPrecision;
   std::optional<Float8Spec> float8; ///< absent: no float8
   OptimizerSpec optimizer;
@@ -222,6 +257,37 @@ struct UnitAssignment {
   bool root = false; ///< torchtitan's root unit: what no other unit holds
 };
 
+/// One pipeline stage: a contiguous run, in forward order, of the model's
+/// pieces (a top-level module, or one block of a top-level container of
+/// blocks: "tok_embeddings", "layers.3", "norm").
+struct PipelineStageAssignment {
+  std::vector<std::string> modules; ///< the pieces, forward order
+  std::vector<int> params; ///< indices into ResolvedSpec::params, ascending
+  std::vector<std::string> paramNames; ///< their full names, same order
+  int64_t numParameters = 0;           ///< parameter elements
+  int64_t rank = 0; ///< the pp coordinate holding it (core's rankOfStage)
+};
+
+/// "pipeline_parallel" resolved: everything the planner needs, every rule
+/// checked by core (checkPipelineScheduleConfig) or against the model.
+struct ResolvedPipeline {
+  std::string axis;
+  int axisIndex = -1; ///< index of the pp axis in the mesh
+  /// The schedule, pp size (config.ranks), microbatches, stages per rank.
+  PipelineScheduleConfig config;
+  StagePlacement placement = StagePlacement::Loop; ///< core's placementOf
+  PipelineSplit split = PipelineSplit::Auto;
+  /// By stage index; config.ranks * config.stagesPerRank of them.
+  std::vector<PipelineStageAssignment> stages;
+  /// Per pp coordinate, its stages in increasing order (core's
+  /// stagesOfRank).
+  std::vector<std::vector<int64_t>> stagesOfRank;
+  /// Parallel to ResolvedSpec::params: the stage holding each parameter.
+  std::vector<int> stageOfParam;
+
+  int64_t numStages() const { return static_cast<int64_t>(stages.size()); }
+};
+
 /// A spec checked against its model.
 struct ResolvedSpec {
   Spec spec;
@@ -233,6 +299,10 @@ struct ResolvedSpec {
   /// FSDP units, in forward order of their first parameter; every parameter
   /// is in exactly one.
   std::vector<UnitAssignment> units;
+  /// Pipeline parallelism; absent without "pipeline_parallel". Every FSDP
+  /// unit but the root lies within one stage (the root is each stage's own,
+  /// holding that stage's share, as torchtitan shards each model part).
+  std::optional<ResolvedPipeline> pipeline;
 };
 
 /// Checks a parsed spec against its model (see file comment).
