@@ -49,7 +49,7 @@ const char *kUsage =
     "                      [--save-params DIR] [--resume-after K]\n"
     "                      [--load-checkpoint DIR] [--save-checkpoint DIR]\n"
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
-    "                      [--reference | --plain-reference]\n"
+    "                      [--reference | --plain-reference] [--device cpu]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -775,6 +775,19 @@ int main(int argc, char **argv) {
     else if (a == "--compare") {
       compareA = next();
       compareB = next();
+    } else if (a == "--device") {
+      // Only the CPU runs the model today; say why cuda is refused, by
+      // whether this build has the CUDA backend at all (docs/cuda.md).
+      std::string device = next();
+      if (device == "cuda" && !meshplan::runtime::buildHasCudaBackend())
+        usageError("--device cuda: this build has no CUDA backend (build "
+                   "with the CUDA toolkit installed; docs/cuda.md)");
+      if (device == "cuda")
+        usageError("--device cuda: the trainer's cuBLAS path and the CUDA "
+                   "executor are not written yet; this build has the CUDA "
+                   "kernels and the NCCL backend only (docs/cuda.md)");
+      if (device != "cpu")
+        usageError("--device: expected cpu or cuda, got \"" + device + "\"");
     } else if (a == "--rtol") {
       std::string t = next();
       char *end = nullptr;

@@ -99,6 +99,22 @@ Result<SessionOptions> sessionOptionsFromEnv() {
   }
   if (const char *job = std::getenv("MESHPLAN_JOB"); job && *job)
     o.job = job;
+  if (const char *backend = std::getenv("MESHPLAN_BACKEND");
+      backend && *backend) {
+    std::string v = backend;
+    if (v != "gloo" && v != "nccl")
+      return makeError("MESHPLAN_BACKEND=\"" + v +
+                       "\": expected \"gloo\" (CPU, the default) or "
+                       "\"nccl\" (CUDA devices)");
+    if (v == "nccl" && !buildHasCudaBackend())
+      return makeError("MESHPLAN_BACKEND=nccl: this build has no CUDA backend "
+                       "(docs/cuda.md)");
+    o.backend = v;
+  }
+  auto localRank = envInt("LOCAL_RANK", false, 0);
+  if (!localRank)
+    return localRank.error();
+  o.localRank = *localRank;
   if (const char *order = std::getenv("MESHPLAN_REDUCTION_ORDER");
       order && *order) {
     std::string v = order;
@@ -923,9 +939,21 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   impl->plan = std::move(p);
   impl->options = options;
   MESHPLAN_TRY(impl->bind());
+  if (options.backend == "nccl") {
+    // The NCCL backend and the CUDA kernels exist in a CUDA build
+    // (MeshplanRuntimeNccl), but this executor still runs plans on host
+    // buffers; refuse rather than run a GPU job on the CPU.
+    if (!buildHasCudaBackend())
+      return makeError("backend \"nccl\": this build has no CUDA backend "
+                       "(configure with the CUDA toolkit installed and "
+                       "MESHPLAN_CUDA=AUTO or ON; docs/cuda.md)");
+    return makeError("backend \"nccl\": the executor does not run plans on "
+                     "CUDA devices yet; this build has the NCCL backend and "
+                     "the CUDA kernels for it (docs/cuda.md)");
+  }
   if (options.backend != "gloo")
     return makeError("backend \"" + options.backend +
-                     "\": this build has the gloo backend only");
+                     "\": unknown (expected \"gloo\" or \"nccl\")");
   BackendOptions bo;
   bo.store = options.store;
   bo.rank = options.rank;
@@ -933,10 +961,22 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   bo.timeout = options.timeout;
   bo.job = options.job;
   bo.keyOrderReductions = options.keyOrderReductions;
+  bo.localRank = options.localRank;
   auto backend = createGlooBackend(bo);
   if (!backend)
     return backend.error().within("store " + options.store.text());
   impl->backend = std::move(*backend);
+  // Every group this session may create, in the plan's communicator order
+  // (the same on every rank): the plan's, then the trainer's separate ones
+  // over the same members (trainerCommunicator). A backend whose group
+  // creation is collective over the whole job (NCCL) creates them in this
+  // order; Gloo ignores it.
+  std::vector<GroupSpec> groups;
+  for (const plan::Communicator &c : impl->plan.communicators)
+    groups.push_back({c.id, c.color, c.ranks, c.key, 0});
+  for (const plan::Communicator &c : impl->plan.communicators)
+    groups.push_back({"trainer/" + c.id, c.color, c.ranks, c.key, 0});
+  MESHPLAN_TRY(impl->backend->declareGroups(groups));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 

@@ -2,9 +2,10 @@
 //
 // A backend turns the communicators a plan names into process groups and runs
 // collectives on them. It knows collectives and stores, nothing of plans: the
-// executor packs buffers, picks the communicator and calls it. Gloo (CPU) is
-// the implementation today; NCCL (CUDA) comes behind the same interface, with
-// `ncclCommSplit` on (color, key).
+// executor packs buffers, picks the communicator and calls it. Gloo (CPU,
+// host memory) is the executor's today; NCCL (CUDA devices, NcclBackend.h,
+// CUDA builds only) implements the same interface with `ncclCommSplit` on
+// (color, key).
 //
 // A communicator is the group of one plan communicator id on this rank:
 // (id, color) keys it, so groups with one id and different colors never share
@@ -15,6 +16,14 @@
 // Errors are values. A failed collective (peer gone, timeout, size mismatch)
 // is reported with the backend's own words; the executor adds the
 // communicator, instruction and collective number.
+//
+// Memory kinds. A Gloo communicator takes host buffers and returns when the
+// collective is done. A device communicator (NCCL) takes device buffers of
+// this process's device, enqueues the collective on the stream given by
+// setStream and returns once it is enqueued; synchronize() (or an event the
+// executor records on the stream) observes completion. The interface names
+// no CUDA type: a stream travels as an opaque DeviceStream, so the public
+// headers, and a trainer that does not use CUDA, need no CUDA at all.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_RUNTIME_BACKEND_H
@@ -48,15 +57,41 @@ struct GroupSpec {
   int64_t epoch = 0;
 };
 
-/// One process group. Buffers are host memory; counts are elements of
-/// `dtype`. Not thread-safe: the executor issues one collective at a time
-/// per communicator, in plan order.
+/// Where a communicator's buffers live and when its calls complete.
+enum class MemoryKind : uint8_t {
+  /// Host memory; every call returns when the collective has completed.
+  Host,
+  /// Device memory of this process's device; every call returns once the
+  /// collective is enqueued on the communicator's stream.
+  Device
+};
+
+/// A device stream, opaque (a cudaStream_t for the NCCL backend); null is
+/// the device's default stream.
+struct DeviceStream {
+  void *handle = nullptr;
+};
+
+/// One process group. Buffers are of the communicator's memoryKind(); counts
+/// are elements of `dtype`. Not thread-safe: the executor issues one
+/// collective at a time per communicator, in plan order.
 class Communicator {
 public:
   virtual ~Communicator();
   virtual const GroupSpec &group() const = 0;
   int64_t size() const { return static_cast<int64_t>(group().ranks.size()); }
   int64_t key() const { return group().key; }
+
+  /// Host for Gloo, Device for NCCL.
+  virtual MemoryKind memoryKind() const { return MemoryKind::Host; }
+  /// Device communicators: the stream that later calls enqueue on (the
+  /// executor sets its plan stream's). A host communicator refuses it.
+  virtual Result<void> setStream(DeviceStream stream);
+  /// Device communicators: returns when everything enqueued so far has
+  /// completed, polling for the backend's asynchronous errors; past the
+  /// backend's timeout the communicator is aborted and the error says so.
+  /// Host communicators return at once (their calls completed already).
+  virtual Result<void> synchronize();
 
   /// out[k * count .. (k+1) * count) = member k's `in` (count elements).
   virtual Result<void> allGather(const void *in, void *out, int64_t count,
@@ -125,6 +160,9 @@ struct BackendOptions {
   /// Address peers connect to; empty: 127.0.0.1 for a file store (one
   /// machine), the host name otherwise. MESHPLAN_HOSTNAME overrides.
   std::string hostname;
+  /// This process's index on its machine (LOCAL_RANK); device backends use
+  /// the device of that index.
+  int64_t localRank = 0;
 };
 
 class Backend {
@@ -144,10 +182,24 @@ public:
                                 const std::vector<char> &value) = 0;
   /// Waits up to the timeout for `key`, then returns its value.
   virtual Result<std::vector<char>> storeGet(const std::string &key) = 0;
+
+  /// The memory kind of the communicators it creates.
+  virtual MemoryKind memoryKind() const { return MemoryKind::Host; }
+  /// Names, before any createCommunicator, every group this rank may create,
+  /// in an order all ranks share (the plan's communicator list). A backend
+  /// whose group creation is collective over the whole job (NCCL's
+  /// ncclCommSplit) creates groups in this order, lazily, so that every rank
+  /// makes the same sequence of collective calls; Gloo ignores it.
+  virtual Result<void> declareGroups(const std::vector<GroupSpec> &groups);
 };
 
 /// The Gloo backend (TCP transport; FileStore or RedisStore rendezvous).
 Result<std::unique_ptr<Backend>> createGlooBackend(const BackendOptions &);
+
+/// True when this build has the CUDA kernels and the NCCL backend
+/// (MESHPLAN_CUDA, docs/cuda.md). Without them, asking for the "nccl"
+/// backend fails with "this build has no CUDA backend".
+bool buildHasCudaBackend();
 
 } // namespace meshplan::runtime
 

@@ -91,7 +91,12 @@ struct SessionOptions {
   StoreAddress store;
   /// Every rendezvous, collective and wait gives up after this long.
   std::chrono::milliseconds timeout{60000};
+  /// "gloo" (host buffers) or "nccl" (CUDA devices; refused by builds
+  /// without the CUDA backend, and by this executor until it runs plans on
+  /// devices: docs/cuda.md).
   std::string backend = "gloo";
+  /// This process's index on its machine (LOCAL_RANK): its CUDA device.
+  int64_t localRank = 0;
   /// Namespace of this job's keys in the store.
   std::string job = "meshplan";
   /// Reduce in the members' key order (BackendOptions::keyOrderReductions).
@@ -101,7 +106,8 @@ struct SessionOptions {
 /// Options from the environment that `meshplan run`, torchrun or Slurm set:
 /// RANK, WORLD_SIZE, MESHPLAN_STORE (required), MESHPLAN_TIMEOUT (seconds,
 /// default 60), MESHPLAN_JOB, MESHPLAN_REDUCTION_ORDER ("key", the default,
-/// or "gloo"). Errors name the variable.
+/// or "gloo"), MESHPLAN_BACKEND ("gloo", the default, or "nccl"), LOCAL_RANK
+/// (default 0). Errors name the variable.
 Result<SessionOptions> sessionOptionsFromEnv();
 
 /// Where one step's time went, in seconds, from the executor's own clocks

@@ -39,9 +39,6 @@
 
 namespace meshplan::runtime {
 
-Communicator::~Communicator() = default;
-Backend::~Backend() = default;
-
 namespace {
 
 /// Runs a Gloo call; its exception becomes an Error.
@@ -427,6 +424,12 @@ public:
   }
 
 private:
+  /// The Gloo slot of a tagged transfer: a 56-bit FNV-1a hash of the tag
+  /// under a prefix byte Gloo's own collectives never use (theirs are small;
+  /// Slot::build), so transfers never meet collectives or each other's
+  /// messages; both sides compute the same slot from the tag. The plan
+  /// reader makes tags unique per direction on a communicator, and the
+  /// session refuses two tags of one communicator with the same slot.
   /// The tag of each slot transfers used (the executor runs one operation
   /// of a communicator at a time, so no lock).
   std::unordered_map<uint64_t, std::string> tagOfSlot;

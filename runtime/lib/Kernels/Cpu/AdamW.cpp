@@ -1,7 +1,8 @@
 //===- AdamW.cpp - AdamW with fp32 or stochastically rounded bf16 params --===//
 //
-// One element update, written once (updateElement) in the operation order
-// documented at adamwFp32, used by both variants. The large-weight form of
+// One element update, written once (adamwElement in ../ScalarMath.h, shared
+// with the CUDA kernels) in the operation order documented at adamwFp32, used
+// by both variants. The large-weight form of
 // lerp is a template parameter so that the loops have no per-element branch.
 // The library is built with -ffp-contract=off: a fused multiply-add would
 // change the bits and make the order in the header a lie.
@@ -17,40 +18,12 @@ using namespace detail;
 
 namespace {
 
-/// The step's scalars, each rounded to float once.
-struct Scalars {
-  float decay, w1, oneMinusW1, b2, w2, negStepSize, bc2Sqrt, eps;
-  bool smallWeight;
-};
-
-Scalars scalarsOf(const AdamWParams &p, int64_t step) {
-  double bc1 = 1 - std::pow(p.beta1, static_cast<double>(step));
-  double bc2 = 1 - std::pow(p.beta2, static_cast<double>(step));
-  Scalars s;
-  s.decay = static_cast<float>(1 - p.lr * p.weightDecay);
-  s.w1 = static_cast<float>(1 - p.beta1);
-  s.oneMinusW1 = 1.0f - s.w1;
-  s.b2 = static_cast<float>(p.beta2);
-  s.w2 = static_cast<float>(1 - p.beta2);
-  s.negStepSize = static_cast<float>(-(p.lr / bc1));
-  s.bc2Sqrt = static_cast<float>(std::sqrt(bc2));
-  s.eps = static_cast<float>(p.eps);
-  // ATen's is_lerp_weight_small.
-  s.smallWeight = std::abs(s.w1) < 0.5f;
-  return s;
-}
+using Scalars = AdamWScalars;
 
 template <bool SmallWeight>
 MESHPLAN_INLINE float updateElement(float p, float g, float &m, float &v,
                                     const Scalars &s) {
-  p = p * s.decay;
-  float mNew = SmallWeight ? m + s.w1 * (g - m) : g - (g - m) * s.oneMinusW1;
-  float vNew = v * s.b2;
-  vNew = vNew + (s.w2 * g) * g;
-  float denom = std::sqrt(vNew) / s.bc2Sqrt + s.eps;
-  m = mNew;
-  v = vNew;
-  return p + (s.negStepSize * mNew) / denom;
+  return adamwElement<SmallWeight>(p, g, m, v, s);
 }
 
 template <bool SmallWeight>
@@ -104,7 +77,7 @@ void adamwFp32(std::span<float> param, std::span<const float> grad,
                const AdamWParams &params, int64_t step,
                const Threading &threading) {
   requireShapes(param, grad, expAvg, expAvgSq, step, "adamwFp32");
-  Scalars s = scalarsOf(params, step);
+  Scalars s = adamwScalarsOf(params, step);
   parallelFor(static_cast<int64_t>(param.size()), threading,
               [&](int64_t begin, int64_t end) {
                 fp32Loop(param.data() + begin, grad.data() + begin,
@@ -122,7 +95,7 @@ void adamwBf16StochasticRounding(
   requireShapes(paramBf16, grad, expAvg, expAvgSq, step, kernel);
   int64_t n = static_cast<int64_t>(paramBf16.size());
   requireTiling(runs, n, kernel);
-  Scalars s = scalarsOf(params, step);
+  Scalars s = adamwScalarsOf(params, step);
   forEachRandomBlock(
       runs, n, {seed, step, tensorId}, threading,
       [&](int64_t local, int64_t length, const uint32_t *random) {

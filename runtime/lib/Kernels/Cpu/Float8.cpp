@@ -134,16 +134,7 @@ float fp8MaxFinite(Fp8Format format) {
 }
 
 float fp8ScaleFromAmax(float amax, Fp8Format format, bool powerOf2) {
-  // std::max keeps a NaN amax (its first argument) rather than hiding it.
-  double clamped = std::max(static_cast<double>(amax), 1e-12);
-  float scale =
-      static_cast<float>(static_cast<double>(fp8MaxFinite(format)) / clamped);
-  // Scales are normal floats here (maxFinite / FLT_MAX > FLT_MIN), so
-  // clearing the mantissa is the exact floor to a power of two; 0 and NaN
-  // stay as they are.
-  if (powerOf2 && std::isfinite(scale) && scale > 0)
-    scale = std::bit_cast<float>(std::bit_cast<uint32_t>(scale) & 0xFF800000u);
-  return scale;
+  return fp8ScaleOf(amax, fp8MaxFinite(format), powerOf2);
 }
 
 uint8_t floatToFp8(float x, Fp8Format format) {

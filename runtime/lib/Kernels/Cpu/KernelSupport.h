@@ -1,14 +1,16 @@
 //===- KernelSupport.h - Scalar cores shared by the CPU kernels -*- C++ -*-===//
 //
-// The per-element arithmetic of the kernels, written once, branch-free and
-// inline so that the scalar entry points and the span loops run the very same
-// operations (the loops are what the compiler vectorizes), plus the thread
-// splitting and the precondition check every span kernel uses.
+// The thread splitting, the precondition check and the Philox paths every
+// span kernel uses. The per-element arithmetic is in ../ScalarMath.h, written
+// once, branch-free and inline, so that the scalar entry points, the span
+// loops (what the compiler vectorizes) and the CUDA kernels run the very same
+// operations.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_RUNTIME_KERNELS_CPU_KERNELSUPPORT_H
 #define MESHPLAN_RUNTIME_KERNELS_CPU_KERNELSUPPORT_H
 
+#include "../ScalarMath.h"
 #include "meshplan/Runtime/Kernels.h"
 
 #include <bit>
@@ -55,126 +57,14 @@ void requireTiling(std::span<const IndexRun> runs, int64_t n,
 void forEachRunPiece(std::span<const IndexRun> runs, int64_t begin, int64_t end,
                      const std::function<void(int64_t, int64_t, int64_t)> &fn);
 
-//===----------------------------------------------------------------------===//
-// float8
-//===----------------------------------------------------------------------===//
-
-template <Fp8Format F> struct Fp8Traits;
-template <> struct Fp8Traits<Fp8Format::E4M3FN> {
-  static constexpr int kMantissaBits = 3;
-  static constexpr int kBias = 7;
-  static constexpr float kMaxFinite = 448.0f;
-  static constexpr int32_t kMinNormalBits = (127 - 6) << 23; // 2^-6
-};
-template <> struct Fp8Traits<Fp8Format::E5M2> {
-  static constexpr int kMantissaBits = 2;
-  static constexpr int kBias = 15;
-  static constexpr float kMaxFinite = 57344.0f;
-  static constexpr int32_t kMinNormalBits = (127 - 14) << 23; // 2^-14
-};
-
-/// cuda_fp8.h's code for every NaN input, for both formats.
-constexpr uint32_t kFp8NaN = 0x7F;
-
-/// Saturating round-to-nearest-even float -> fp8, branch-free (the compiler
-/// turns the selects into vector blends). |x| is first clamped to maxFinite,
-/// which equals rounding then saturating (everything above maxFinite rounds
-/// to it or beyond). Then the FPU does the rounding: with E = |x|'s exponent
-/// (at least the smallest normal fp8 exponent), M = 2^(E + 23 - mantissa
-/// bits) has a float ulp of exactly one fp8 ulp at E, so |x| + M rounds |x|
-/// to the fp8 grid, ties to even, and its low bits count the fp8 ulps k.
-/// The code is then ((E - Emin) << mantissa bits) + k: k may carry into the
-/// exponent (rounding up to the next binade), and below Emin it is the
-/// subnormal code itself.
-template <Fp8Format F> MESHPLAN_INLINE uint8_t encodeFp8(float x) {
-  using T = Fp8Traits<F>;
-  constexpr int kShift = 23 - T::kMantissaBits;
-  constexpr int32_t kMaxBits = std::bit_cast<int32_t>(T::kMaxFinite);
-  uint32_t bits = std::bit_cast<uint32_t>(x);
-  uint32_t sign = (bits >> 24) & 0x80u;
-  int32_t abs = static_cast<int32_t>(bits & 0x7FFFFFFFu);
-  bool nan = abs > 0x7F800000;
-  int32_t a = abs < kMaxBits ? abs : kMaxBits;
-  int32_t exponent = a & 0x7F800000;
-  exponent = exponent > T::kMinNormalBits ? exponent : T::kMinNormalBits;
-  int32_t magic = exponent + (kShift << 23);
-  int32_t sum = std::bit_cast<int32_t>(std::bit_cast<float>(a) +
-                                       std::bit_cast<float>(magic));
-  uint32_t code =
-      static_cast<uint32_t>(sum - magic) +
-      (static_cast<uint32_t>(exponent - T::kMinNormalBits) >> kShift);
-  return static_cast<uint8_t>(nan ? kFp8NaN : (code | sign));
-}
+// The per-element arithmetic (float8, bf16, Philox, AdamW) is in
+// ../ScalarMath.h, shared with the CUDA kernels.
 
 /// Every code's value (NaN codes: 0x7FC00000).
 const float *fp8DecodeTable(Fp8Format format);
 
-//===----------------------------------------------------------------------===//
-// bfloat16
-//===----------------------------------------------------------------------===//
-
-constexpr uint16_t kBf16NaN = 0x7FC0;
-
-MESHPLAN_INLINE float widenBf16(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
-
-MESHPLAN_INLINE uint16_t roundBf16(float x) {
-  uint32_t bits = std::bit_cast<uint32_t>(x);
-  bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  uint32_t r = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  return static_cast<uint16_t>(nan ? kBf16NaN : r);
-}
-
-MESHPLAN_INLINE uint16_t roundBf16Stochastic(float x, uint32_t random16) {
-  uint32_t bits = std::bit_cast<uint32_t>(x);
-  bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  uint32_t low = bits & 0xFFFFu;
-  uint32_t truncated = bits & 0xFFFF0000u;
-  uint32_t r = (random16 < low ? truncated + 0x10000u : truncated) >> 16;
-  return static_cast<uint16_t>(nan ? kBf16NaN : r);
-}
-
-//===----------------------------------------------------------------------===//
-// Philox
-//===----------------------------------------------------------------------===//
-
-constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
-constexpr int kPhiloxRounds = 10;
-
-/// The key of each round (the key bumped by the Weyl constants).
-struct PhiloxSchedule {
-  uint32_t k0[kPhiloxRounds], k1[kPhiloxRounds];
-
-  explicit PhiloxSchedule(std::array<uint32_t, 2> key) {
-    for (int r = 0; r < kPhiloxRounds; ++r) {
-      k0[r] = key[0] + uint32_t(r) * kPhiloxW0;
-      k1[r] = key[1] + uint32_t(r) * kPhiloxW1;
-    }
-  }
-};
-
-MESHPLAN_INLINE void philoxRounds(uint32_t &c0, uint32_t &c1, uint32_t &c2,
-                                  uint32_t &c3, const PhiloxSchedule &s) {
-  for (int r = 0; r < kPhiloxRounds; ++r) {
-    uint64_t p0 = uint64_t(kPhiloxM0) * c0;
-    uint64_t p1 = uint64_t(kPhiloxM1) * c2;
-    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ s.k0[r];
-    uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ s.k1[r];
-    c0 = n0;
-    c1 = uint32_t(p1);
-    c2 = n2;
-    c3 = uint32_t(p0);
-  }
-}
-
 /// The Philox key of a (seed, tensor id) pair (see stochasticRoundingBits).
 std::array<uint32_t, 2> stochasticRoundingKey(uint64_t seed, uint64_t tensorId);
-
-/// Elements one superblock of 8 Philox counters serves (see
-/// stochasticRoundingBits).
-constexpr int64_t kSuperblock = 64;
 
 /// The ways to run Philox over superblocks: plain C++, and on x86-64 SSE2,
 /// AVX2 and AVX-512F intrinsics (compilers do not vectorize Philox's 32 x 32

@@ -287,13 +287,7 @@ std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter,
 
 std::array<uint32_t, 2> detail::stochasticRoundingKey(uint64_t seed,
                                                       uint64_t tensorId) {
-  // SplitMix64's finalizer: a bijection of the tensor id, so for one seed no
-  // two tensors share a key.
-  uint64_t z = tensorId + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  uint64_t k = seed ^ z;
+  uint64_t k = stochasticRoundingKeyBits(seed, tensorId);
   return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
 }
 
@@ -324,15 +318,10 @@ void detail::forEachRandomBlock(
 
 uint16_t stochasticRoundingBits(const StochasticRoundingKey &key,
                                 int64_t globalIndex) {
-  uint64_t index = static_cast<uint64_t>(globalIndex);
-  uint64_t r = index % kSuperblock;
-  uint64_t counter = index / kSuperblock * 8 + r % 8;
-  uint64_t step = static_cast<uint64_t>(key.step);
-  std::array<uint32_t, 4> words = philox4x32_10(
-      {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-       static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)},
-      stochasticRoundingKey(key.seed, key.tensorId));
-  return static_cast<uint16_t>(words[r / 16] >> (16 * (r / 8 % 2)));
+  PhiloxSchedule schedule(stochasticRoundingKey(key.seed, key.tensorId));
+  return static_cast<uint16_t>(
+      stochasticBitsOf(schedule, static_cast<uint64_t>(key.step),
+                       static_cast<uint64_t>(globalIndex)));
 }
 
 } // namespace meshplan::runtime::kernels
