@@ -25,7 +25,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <map>
 #include <set>
 #include <tuple>
@@ -756,23 +755,22 @@ TEST(PipelineSchedule, InterleavedWithOneStageIsNot1F1B) {
   EXPECT_EQ(b->peakActivations, (std::vector<int64_t>{4, 3, 2, 1}));
 }
 
-TEST(PipelineSchedule, Speed) {
-  // 256 pp ranks, 16 microbatches, v = 2; and the largest realistic size
-  // (pp 64, v 8, 512 microbatches = 2^18 stage-microbatches).
+// Large schedules build and simulate (no time bound here: unit tests run
+// under sanitizers and on loaded machines; speed belongs in a benchmark).
+// On the 2-core VM, Release, each takes about 2 ms (pp 256) to 0.3 s (pp 64,
+// v 8, 512 microbatches: 2^18 stage-microbatches).
+TEST(PipelineSchedule, LargeSchedulesBuildAndSimulate) {
   for (PipelineScheduleConfig c :
        {PipelineScheduleConfig{Kind::Interleaved1F1B, 256, 16, 2},
         PipelineScheduleConfig{Kind::ZeroBubbleV, 256, 16, 2},
         PipelineScheduleConfig{Kind::Interleaved1F1B, 64, 512, 8}}) {
-    auto t0 = std::chrono::steady_clock::now();
     auto s = buildPipelineSchedule(c);
-    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(s.ok()) << where(c.kind, c.ranks, c.microbatches,
+                                 c.stagesPerRank);
     auto sim = simulatePipelineSchedule(*s);
     ASSERT_TRUE(sim.ok()) << sim.error().message;
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
-    EXPECT_LT(seconds, 1.0)
-        << where(c.kind, c.ranks, c.microbatches, c.stagesPerRank);
+    EXPECT_GT(sim->bubbleFraction, 0.0);
+    EXPECT_LT(sim->bubbleFraction, 1.0);
   }
 }
 
