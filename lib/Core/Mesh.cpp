@@ -9,19 +9,6 @@
 
 namespace meshplan {
 
-static bool isIdentifier(std::string_view name) {
-  if (name.empty())
-    return false;
-  auto isStart = [](char c) {
-    return std::isalpha((unsigned char)c) || c == '_';
-  };
-  if (!isStart(name[0]))
-    return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum((unsigned char)c) || c == '_';
-  });
-}
-
 Result<Mesh> Mesh::create(std::vector<MeshAxis> axes,
                           std::optional<std::vector<int64_t>> deviceOrder) {
   if (axes.empty())

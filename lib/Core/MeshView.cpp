@@ -334,6 +334,12 @@ Result<void> AxisNamespace::define(const std::string &name,
                                    const AxisRefList &refs) {
   if (name.empty())
     return makeError("empty axis name");
+  // Names end up in every output (JSON included) and in plans: the rule of
+  // mesh axes (found by fuzz-layout: a flatten name of arbitrary bytes made
+  // --json fail on invalid UTF-8, exit 3).
+  if (!isIdentifier(name))
+    return makeError("axis name \"" + printable(name) +
+                     "\" is not an identifier (letters, digits, _)");
   const Mesh &mesh = *meshPtr;
   auto it = names.find(name);
   if (it == names.end()) {

@@ -2,6 +2,8 @@
 
 #include "meshplan/Core/Text.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 namespace meshplan {
@@ -56,6 +58,35 @@ std::string joinInts(const std::vector<int64_t> &values, std::string_view sep) {
     if (i)
       out += sep;
     out += std::to_string(values[i]);
+  }
+  return out;
+}
+
+bool isIdentifier(std::string_view name) {
+  if (name.empty())
+    return false;
+  auto isStart = [](char c) {
+    return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
+  };
+  if (!isStart(name[0]))
+    return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  });
+}
+
+std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u < 0x7f) {
+      out += c;
+    } else {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    }
   }
   return out;
 }

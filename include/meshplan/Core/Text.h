@@ -19,6 +19,12 @@ std::optional<int64_t> parseInt(std::string_view text);
 std::string_view unquote(std::string_view text);
 std::string joinInts(const std::vector<int64_t> &values,
                      std::string_view sep = ",");
+/// Letters, digits and '_', not starting with a digit: what mesh axes and
+/// the names a view defines (flatten, unflatten) may be called.
+bool isIdentifier(std::string_view name);
+/// `text` with every byte outside printable ASCII written as \xHH, for
+/// messages that quote a name the input gave.
+std::string printable(std::string_view text);
 
 } // namespace meshplan
 
