@@ -20,10 +20,13 @@ trap 'rm -rf "$plans"' EXIT
 # the Python processes get them: meshplan itself links its runtime (clang
 # links it statically, and two ASan runtimes in one process are refused).
 python=(python3)
-if ldd "$lib/libmeshplan_runtime.so" | grep -q libasan; then
+# ldd's output is matched in the shell: `ldd | grep -q` fails now and then
+# under pipefail (grep exits at the first match and ldd dies of SIGPIPE).
+deps=$(ldd "$lib/libmeshplan_runtime.so")
+if [[ $deps == *libasan* ]]; then
   python=(env "LD_PRELOAD=$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
           "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" python3)
-elif ldd "$lib/libmeshplan_runtime.so" | grep -q libclang_rt.asan; then
+elif [[ $deps == *libclang_rt.asan* ]]; then
   # clang's shared runtime (-shared-libsan, the asan preset), which holds
   # UBSan's handlers too; it is not on the library path.
   python=(env "LD_PRELOAD=$(clang++-22 -print-runtime-dir)/libclang_rt.asan-x86_64.so"
