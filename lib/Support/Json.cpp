@@ -2,6 +2,8 @@
 
 #include "meshplan/Support/Json.h"
 
+#include "meshplan/Core/Text.h"
+
 #include "JsonDetail.h"
 
 #include <algorithm>
@@ -179,12 +181,10 @@ std::string didYouMean(std::string_view word,
   return " (did you mean " + quote(best) + "?)";
 }
 
+// One rule for every name (mesh axes, view names, spec and model names):
+// core's.
 bool isIdentifier(std::string_view name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])))
-    return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-  });
+  return meshplan::isIdentifier(name);
 }
 
 //===----------------------------------------------------------------------===//
