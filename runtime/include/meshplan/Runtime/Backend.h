@@ -155,7 +155,7 @@ struct BackendOptions {
   std::string job = "meshplan";
   /// Floating-point sums and products over three or more members in the
   /// members' key order (deterministic, docs/runtime.md "Determinism"); off:
-  /// Gloo's own ring and halving-doubling orders, faster for small tensors.
+  /// Gloo's own ring and halving-doubling orders (kept to compare against).
   bool keyOrderReductions = true;
   /// Address peers connect to; empty: 127.0.0.1 for a file store (one
   /// machine), the host name otherwise. MESHPLAN_HOSTNAME overrides.

@@ -29,6 +29,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -180,6 +181,30 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
   }
 }
 
+/// out = term(0) + term(1) + ... + term(n - 1), elementwise and left to
+/// right (the members' key order), in pieces that stay in cache: each output
+/// element goes through memory once, not once per term as whole-block
+/// passes would take it. The sums are exactly those of whole-block passes.
+template <typename Term>
+void foldInKeyOrder(const ReduceFn &fn, void *out, Term &&term, int64_t n,
+                    int64_t count, DType dtype) {
+  size_t width = size_t(plan::dtypeBytes(dtype));
+  constexpr size_t kPieceBytes = 16 << 10;
+  size_t piece = std::max<size_t>(1, kPieceBytes / width);
+  auto *dst = static_cast<uint8_t *>(out);
+  for (size_t first = 0; first < size_t(count); first += piece) {
+    size_t length = std::min(piece, size_t(count) - first);
+    size_t at = first * width;
+    if (n == 1) {
+      std::memcpy(dst + at, term(0) + at, length * width);
+      continue;
+    }
+    fn(dst + at, term(0) + at, term(1) + at, length);
+    for (int64_t s = 2; s < n; ++s)
+      fn(dst + at, dst + at, term(s) + at, length);
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Communicator
 //===----------------------------------------------------------------------===//
@@ -196,6 +221,17 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 /// runs Gloo's halving-doubling algorithm; above, an all-to-all and a local
 /// reduction (bench-runtime-collectives; docs/performance.md).
 constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
+
+/// Up to these many bytes in all (the gathered output; the reduce-scatter's
+/// input; the all-reduce's tensor times the members) the backend's own
+/// log-round algorithms replace Gloo's: there the number of messages, not
+/// the bytes, sets the time (bench-runtime-collectives, docs/performance.md
+/// section D).
+constexpr size_t kBruckAllGatherBytes = size_t(1) << 40;
+constexpr size_t kBruckAllToAllBytes = size_t(256) << 10;
+constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
+/// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
+constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
 
 static bool orderMatters(DType dtype, ReduceOp op, int64_t members,
                          bool keyOrder) {
@@ -225,6 +261,8 @@ public:
     }
     if (bytes == 0)
       return {};
+    if (bytes * size_t(size()) <= kBruckAllGatherBytes)
+      return guarded([&] { bruckAllGather(in, out, bytes); });
     return guarded([&] {
       gloo::AllgatherOptions opts(context);
       opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
@@ -268,12 +306,22 @@ public:
         algorithm.run();
       }));
       std::memcpy(out, work.data(), block);
+    } else if (block && block * size_t(n) <= kBruckAllToAllBytes) {
+      // Small: Bruck's all-to-all (ceil(log2 n) messages, not n - 1), which
+      // leaves member s's block at index (key - s) mod n.
+      scratch.resize(block * size_t(n));
+      MESHPLAN_TRY(guarded([&] { bruckAllToAll(in, scratch.data(), block); }));
+      auto from = [&](int64_t s) {
+        return scratch.data() + block * size_t((key() - s + n) % n);
+      };
+      foldInKeyOrder(*fn, out, from, n, count, dtype);
     } else if (block) {
       scratch.resize(block * size_t(n));
       MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
-      std::memcpy(out, scratch.data(), block);
-      for (int64_t k = 1; k < n; ++k)
-        (*fn)(out, out, scratch.data() + block * size_t(k), size_t(count));
+      foldInKeyOrder(
+          *fn, out,
+          [&](int64_t s) { return scratch.data() + block * size_t(s); }, n,
+          count, dtype);
     }
     if (op == ReduceOp::Avg)
       divideBy(out, count, dtype, n);
@@ -285,30 +333,29 @@ public:
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
-    if (count > 0 && orderMatters(dtype, op, size(), keyOrder)) {
-      // A key-order reduce-scatter, then an all-gather: 2 (n-1)/n of the
-      // data per rank, as the ring sends. The first n * (count / n)
-      // elements go in place; the last count % n (fewer than n) through a
-      // block of one element per member.
-      int64_t n = size(), blockCount = count / n, tail = count % n;
-      size_t bytes = size_t(plan::dtypeBytes(dtype));
+    if (count > 0 && orderMatters(dtype, op, size(), keyOrder) &&
+        size_t(count * plan::dtypeBytes(dtype)) * size_t(size()) <=
+            kGatherAllReduceBytes) {
+      // Small: every member gathers every member's whole input (Bruck's
+      // all-gather, ceil(log2 n) messages) and folds them in key order; the
+      // same sums as the path below, in far fewer messages than a ring.
+      int64_t n = size();
+      size_t bytes = size_t(count * plan::dtypeBytes(dtype));
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-      auto *base = static_cast<uint8_t *>(data);
-      if (blockCount > 0) {
-        reduced.resize(size_t(blockCount) * bytes);
-        MESHPLAN_TRY(
-            reduceScatter(base, reduced.data(), blockCount, dtype, sumOp));
-        MESHPLAN_TRY(allGather(reduced.data(), base, blockCount, dtype));
-      }
-      if (tail > 0) {
-        std::vector<uint8_t> padded(size_t(n) * bytes), one(bytes);
-        std::memcpy(padded.data(), base + size_t(blockCount * n) * bytes,
-                    size_t(tail) * bytes);
-        MESHPLAN_TRY(reduceScatter(padded.data(), one.data(), 1, dtype, sumOp));
-        MESHPLAN_TRY(allGather(one.data(), padded.data(), 1, dtype));
-        std::memcpy(base + size_t(blockCount * n) * bytes, padded.data(),
-                    size_t(tail) * bytes);
-      }
+      auto sum = reduceFunction(dtype, sumOp);
+      scratch.resize(bytes * size_t(n));
+      MESHPLAN_TRY(
+          guarded([&] { bruckAllGather(data, scratch.data(), bytes); }));
+      foldInKeyOrder(
+          *sum, data,
+          [&](int64_t s) { return scratch.data() + bytes * size_t(s); }, n,
+          count, dtype);
+    } else if (count > 0 && orderMatters(dtype, op, size(), keyOrder)) {
+      ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+      auto sum = reduceFunction(dtype, sumOp);
+      MESHPLAN_TRY(guarded([&] {
+        pipelinedAllReduce(static_cast<uint8_t *>(data), count, dtype, *sum);
+      }));
     } else if (size() > 1 && count > 0) {
       size_t bytes = size_t(plan::dtypeBytes(dtype));
       MESHPLAN_TRY(guarded([&] {
@@ -424,6 +471,190 @@ public:
   }
 
 private:
+  /// Waits for `sends` sends and `recvs` receives posted on the buffers.
+  void waitAll(gloo::transport::UnboundBuffer &sending, int sends,
+               gloo::transport::UnboundBuffer &receiving, int recvs,
+               const char *what) {
+    for (; sends > 0; --sends)
+      if (!sending.waitSend(timeout))
+        throw std::runtime_error(std::string(what) + ": a send was aborted");
+    for (; recvs > 0; --recvs)
+      if (!receiving.waitRecv(timeout))
+        throw std::runtime_error(std::string(what) + ": a receive was aborted");
+  }
+
+  /// ceil(log2 n): the rounds of Bruck's algorithms on n members.
+  static int bruckRounds(int64_t n) {
+    int rounds = 0;
+    while ((int64_t(1) << rounds) < n)
+      ++rounds;
+    return rounds;
+  }
+
+  /// Bruck's all-gather (Bruck et al., "Efficient algorithms for all-to-all
+  /// communications in multiport message-passing systems", IEEE TPDS 1997):
+  /// after round k a member holds the blocks of the 2^k members that follow
+  /// it (mod n), and in round k it sends all it holds to the member 2^k
+  /// before it. ceil(log2 n) rounds instead of the ring's n - 1, every block
+  /// still sent once per member, and received straight into its place in
+  /// `out` (a range that wraps past member n - 1 goes as two messages).
+  void bruckAllGather(const void *in, void *out, size_t block) {
+    int64_t n = size(), me = key();
+    auto *base = static_cast<uint8_t *>(out);
+    if (base + block * size_t(me) != in)
+      std::memcpy(base + block * size_t(me), in, block);
+    auto buffer = context->createUnboundBuffer(out, block * size_t(n));
+    // Two slots per round, one per piece of a wrapping range.
+    uint64_t slot = uint64_t(context->nextSlot(2 * bruckRounds(n)));
+    int64_t have = 1;
+    for (int round = 0; have < n; ++round) {
+      int64_t count = std::min(have, n - have);
+      int sends = 0, recvs = 0;
+      // The blocks of members [first, first + count) mod n, as at most two
+      // contiguous pieces: sender and receiver split the same range alike.
+      auto pieces = [&](int64_t first, auto &&post) {
+        int64_t end = first + count;
+        post(first, std::min(end, n) - first, 0);
+        if (end > n)
+          post(int64_t(0), end - n, 1);
+      };
+      pieces((me + have) % n, [&](int64_t first, int64_t blocks, int piece) {
+        buffer->recv(int((me + have) % n), slot + 2 * round + piece,
+                     block * size_t(first), block * size_t(blocks));
+        ++recvs;
+      });
+      pieces(me, [&](int64_t first, int64_t blocks, int piece) {
+        buffer->send(int((me - have + n) % n), slot + 2 * round + piece,
+                     block * size_t(first), block * size_t(blocks));
+        ++sends;
+      });
+      waitAll(*buffer, sends, *buffer, recvs, "all-gather");
+      have += count;
+    }
+  }
+
+  /// A key-order all-reduce of a large tensor. The tensor is cut into n
+  /// regions, member s owning region s; each region into pieces. Per piece,
+  /// every member sends its part of region s to member s, which folds the n
+  /// parts in key order and sends the sum back to every member: one message
+  /// per member and direction, (n-1)/n of the tensor each way, as the ring
+  /// sends, but two message latencies per piece instead of the ring's
+  /// 2 (n - 1). The transfers of piece c + 1 run on Gloo's I/O thread while
+  /// piece c is folded (two inboxes).
+  void pipelinedAllReduce(uint8_t *data, int64_t count, DType dtype,
+                          const ReduceFn &sum) {
+    int64_t n = size(), me = key();
+    size_t width = size_t(plan::dtypeBytes(dtype));
+    int64_t region = (count + n - 1) / n;
+    int64_t piece = std::max<int64_t>(1, int64_t(kAllReducePieceBytes / width));
+    int64_t pieces = (region + piece - 1) / piece;
+    // Elements [first, last) of region s's piece c (empty past the end).
+    auto span = [&](int64_t s, int64_t c) {
+      int64_t first = std::min(count, s * region + c * piece);
+      int64_t last = std::min({count, (s + 1) * region, first + piece});
+      return std::pair<size_t, size_t>(
+          size_t(first) * width, size_t(std::max(first, last) - first) * width);
+    };
+    size_t inboxBytes = size_t(piece) * width * size_t(n);
+    packed.resize(2 * inboxBytes);
+    auto whole = context->createUnboundBuffer(data, size_t(count) * width);
+    std::unique_ptr<gloo::transport::UnboundBuffer> inbox[2] = {
+        context->createUnboundBuffer(packed.data(), inboxBytes),
+        context->createUnboundBuffer(packed.data() + inboxBytes, inboxBytes)};
+    uint64_t slot = uint64_t(context->nextSlot(int(2 * pieces)));
+    int sends = 0, results = 0;
+    int parts[2] = {0, 0};
+    // Sends this member's parts of piece c to their owners and receives the
+    // others' parts of its own region into inbox c % 2.
+    auto scatter = [&](int64_t c) {
+      auto [at, bytes] = span(me, c);
+      for (int64_t s = 0; s < n && bytes; ++s)
+        if (s != me) {
+          inbox[c % 2]->recv(int(s), slot + 2 * c, size_t(s) * bytes, bytes);
+          ++parts[c % 2];
+        }
+      for (int64_t s = 0; s < n; ++s) {
+        auto [theirs, length] = span(s, c);
+        if (s != me && length) {
+          whole->send(int(s), slot + 2 * c, theirs, length);
+          ++sends;
+        }
+      }
+    };
+    scatter(0);
+    for (int64_t c = 0; c < pieces; ++c) {
+      if (c + 1 < pieces)
+        scatter(c + 1);
+      auto [at, bytes] = span(me, c);
+      for (; parts[c % 2] > 0; --parts[c % 2])
+        if (!inbox[c % 2]->waitRecv(timeout))
+          throw std::runtime_error("all-reduce: a receive was aborted");
+      if (bytes) {
+        uint8_t *box = packed.data() + (c % 2) * inboxBytes;
+        std::memcpy(box + size_t(me) * bytes, data + at, bytes);
+        foldInKeyOrder(
+            sum, data + at, [&](int64_t s) { return box + size_t(s) * bytes; },
+            n, int64_t(bytes / width), dtype);
+      }
+      // The sum of piece c of this member's region, to every member; theirs
+      // into place. (A member sends its sum only after it received every
+      // part, this one's included, so no part is still being sent from the
+      // bytes a result lands on.)
+      for (int64_t s = 0; s < n; ++s) {
+        if (s == me)
+          continue;
+        auto [theirs, length] = span(s, c);
+        if (length) {
+          whole->recv(int(s), slot + 2 * c + 1, theirs, length);
+          ++results;
+        }
+        if (bytes) {
+          whole->send(int(s), slot + 2 * c + 1, at, bytes);
+          ++sends;
+        }
+      }
+    }
+    waitAll(*whole, sends, *whole, results, "all-reduce");
+  }
+
+  /// Bruck's all-to-all (same paper): the blocks are first rotated so that
+  /// index i holds the block for member (key + i) mod n; in round k every
+  /// block whose index has bit k set moves 2^k members on, packed into one
+  /// message. Afterwards index i holds the block member (key - i) mod n sent
+  /// here. ceil(log2 n) messages instead of n - 1, for about n/2 blocks
+  /// each: the choice for small blocks, where the messages cost the time.
+  void bruckAllToAll(const void *in, uint8_t *rotated, size_t block) {
+    int64_t n = size(), me = key();
+    auto *src = static_cast<const uint8_t *>(in);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(rotated + block * size_t(i),
+                  src + block * size_t((me + i) % n), block);
+    size_t most = size_t(n / 2 + 1) * block;
+    packed.resize(2 * most);
+    uint8_t *outgoing = packed.data(), *incoming = packed.data() + most;
+    auto sending = context->createUnboundBuffer(outgoing, most);
+    auto receiving = context->createUnboundBuffer(incoming, most);
+    uint64_t slot = uint64_t(context->nextSlot(bruckRounds(n)));
+    int round = 0;
+    for (int64_t bit = 1; bit < n; bit <<= 1, ++round) {
+      size_t length = 0;
+      for (int64_t i = bit; i < n; ++i)
+        if (i & bit) {
+          std::memcpy(outgoing + length, rotated + block * size_t(i), block);
+          length += block;
+        }
+      receiving->recv(int((me - bit + n) % n), slot + round, 0, length);
+      sending->send(int((me + bit) % n), slot + round, 0, length);
+      waitAll(*sending, 1, *receiving, 1, "all-to-all");
+      length = 0;
+      for (int64_t i = bit; i < n; ++i)
+        if (i & bit) {
+          std::memcpy(rotated + block * size_t(i), incoming + length, block);
+          length += block;
+        }
+    }
+  }
+
   /// The Gloo slot of a tagged transfer: a 56-bit FNV-1a hash of the tag
   /// under a prefix byte Gloo's own collectives never use (theirs are small;
   /// Slot::build), so transfers never meet collectives or each other's
@@ -474,9 +705,9 @@ private:
   std::shared_ptr<gloo::Context> context;
   std::chrono::milliseconds timeout;
   std::vector<uint8_t> scratch;
+  /// Bruck all-to-all's outgoing and incoming messages.
+  std::vector<uint8_t> packed;
   bool keyOrder = true;
-  /// This member's block of a key-order all-reduce.
-  std::vector<uint8_t> reduced;
 };
 
 /// A group of one rank needs no context: every collective is a copy.
