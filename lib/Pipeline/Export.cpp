@@ -147,6 +147,17 @@ private:
         t.view = "slice(" + formatAxisRefs(*mesh, *refs) + ")";
       out.comms.push_back(std::move(t));
     }
+    // Pipeline stages' point-to-point pairs (dist-lower-pipeline): only
+    // the pairs this pp coordinate's program uses exist.
+    for (auto pair : module.getOps<dist::PairOp>()) {
+      if (pair.getMeshAttr() != meshName || pair.getCoords().size() != 2)
+        return opError(pair, "is not a pair of the module's mesh");
+      pl::CommTemplate t;
+      t.id = pair.getSymName().str();
+      t.pair = pl::PairTemplate{pair.getAxis().str(),
+                                {pair.getCoords()[0], pair.getCoords()[1]}};
+      out.comms.push_back(std::move(t));
+    }
     return {};
   }
 
@@ -249,6 +260,35 @@ private:
   /// take over).
   std::set<int> freed;
 
+  /// The buffer a transfer tagged "F s0 mb3" (or "B s2 mb3") carries:
+  /// act.s0.mb3 (actgrad.s2.mb3), as its producer names it.
+  static std::string activationId(StringRef tag) {
+    SmallVector<StringRef> parts;
+    tag.split(parts, ' ');
+    std::string id = tag.starts_with("B") ? "actgrad" : "act";
+    for (StringRef part : llvm::drop_begin(parts))
+      id += "." + part.str();
+    return id;
+  }
+
+  /// The fields a send or recv shares: pair, peer, tag, dtype, count.
+  Result<void> exportTransfer(Operation *op, FlatSymbolRefAttr comm,
+                              int64_t peer, StringRef tag, Value value,
+                              pl::Instruction &in) {
+    auto type = cast<RankedTensorType>(value.getType());
+    auto dtype = planDType(type.getElementType());
+    if (!dtype)
+      return opError(op, "no plan dtype for its element type");
+    in.comm = comm.getValue().str();
+    in.peer = peer;
+    in.tag = tag.str();
+    in.dtype = *dtype;
+    in.count = type.getNumElements();
+    in.label =
+        std::string(isa<dist::SendOp>(op) ? "send " : "recv ") + tag.str();
+    return {};
+  }
+
   Result<void> exportArguments(func::FuncOp step) {
     int64_t nextTensorId = 0;
     for (BlockArgument arg : step.getArguments()) {
@@ -272,8 +312,12 @@ private:
         return index.error();
       // The parameter's index among the dist.param arguments: the model's
       // order, the same under every layout (dist.adamw's tensor_id).
-      if (kind == pl::BufferKind::ParamShard)
-        out.buffers[*index].tensorId = nextTensorId++;
+      // (A pp rank's program states it: dist.tensor_id.)
+      if (kind == pl::BufferKind::ParamShard) {
+        auto id = step.getArgAttrOfType<IntegerAttr>(i, "dist.tensor_id");
+        out.buffers[*index].tensorId = id ? id.getInt() : nextTensorId;
+        ++nextTensorId;
+      }
       // Optimizer state "<param>.exp_avg" belongs to its parameter.
       if (kind == pl::BufferKind::OptimizerState)
         for (std::string_view suffix : {".exp_avg_sq", ".exp_avg"})
@@ -360,21 +404,78 @@ private:
       }
     }
 
-    if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
+    if (auto transfer = dyn_cast<dist::SendOp>(op)) {
+      if (auto ok = exportTransfer(op, transfer.getCommAttr(),
+                                   transfer.getPeerAttr().getInt(),
+                                   transfer.getTag(), transfer.getInput(), in);
+          !ok)
+        return ok.error();
+      in.op = pl::OpKind::Send;
+      in.inputs = inputs;
+    } else if (auto transfer = dyn_cast<dist::RecvOp>(op)) {
+      if (auto ok = exportTransfer(op, transfer.getCommAttr(),
+                                   transfer.getPeerAttr().getInt(),
+                                   transfer.getTag(), transfer.getResult(), in);
+          !ok)
+        return ok.error();
+      in.op = pl::OpKind::Recv;
+      // "F s0 mb3" arrives as act.s0.mb3, "B s2 mb3" as actgrad.s2.mb3:
+      // the names its producer's buffer has on the other rank.
+      auto index =
+          addBuffer(op, transfer.getResult(), activationId(transfer.getTag()),
+                    pl::BufferKind::Activation, false);
+      if (!index)
+        return index.error();
+      in.outputs = {bufferId(transfer.getResult())};
+    } else if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
+      // The plan's compute knows forward and backward; zbv's split
+      // backward needs its phases in the plan format first (issue 16).
+      if (compute.getPhase() != dist::Phase::Forward &&
+          compute.getPhase() != dist::Phase::Backward)
+        return opError(op, "is a split backward (" +
+                               dist::stringifyPhase(compute.getPhase()).str() +
+                               "), which plans cannot express yet");
       in.op = pl::OpKind::Compute;
       bool forward = compute.getPhase() == dist::Phase::Forward;
       in.label = std::string(forward ? "forward " : "backward ") +
                  compute.getModule().str();
       in.phase = forward ? "forward" : "backward";
       in.unit = compute.getModule().str();
-      if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch")) {
-        in.label += " (microbatch " + std::to_string(mb.getInt()) + ")";
-        in.microbatch = mb.getInt();
+      auto mbAttr = op->getAttrOfType<IntegerAttr>("dist.microbatch");
+      if (auto stage = compute.getStageAttr())
+        in.label +=
+            " (stage " + std::to_string(stage.getInt()) + (mbAttr ? ", " : ")");
+      else if (mbAttr)
+        in.label += " (";
+      if (mbAttr) {
+        in.label += "microbatch " + std::to_string(mbAttr.getInt()) + ")";
+        in.microbatch = mbAttr.getInt();
       }
       if (auto f = compute.getFlopsAttr())
         flops = f.getValueAsDouble();
       in.inputs = inputs;
+      int64_t mb = 0;
+      if (auto attr = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
+        mb = attr.getInt();
+      auto stageTag = [&](std::string_view what) {
+        return std::string(what) + ".s" +
+               std::to_string(compute.getStageAttr().getInt()) + ".mb" +
+               std::to_string(mb);
+      };
       for (auto [i, grad] : llvm::enumerate(compute.getGrads())) {
+        // A stage's activations (rank-local, no layout): a forward's
+        // output for the next stage, a backward's gradient of the stage's
+        // input activation.
+        if (compute.getStageAttr() && !dist::getLayout(grad.getType())) {
+          bool forward = compute.getPhase() == dist::Phase::Forward;
+          auto index =
+              addBuffer(op, grad, stageTag(forward ? "act" : "actgrad"),
+                        pl::BufferKind::Activation, false);
+          if (!index)
+            return index.error();
+          in.outputs.push_back(bufferId(grad));
+          continue;
+        }
         Value source = compute.getInputs()[i];
         std::string root = rootOf.lookup(source);
         rootOf[grad] = root;
@@ -384,6 +485,7 @@ private:
           return index.error();
         in.outputs.push_back(bufferId(grad));
       }
+
     } else if (auto adam = dyn_cast<dist::AdamWOp>(op)) {
       in.op = pl::OpKind::OptimizerUpdate;
       // In place: the results are the parameter and state buffers.

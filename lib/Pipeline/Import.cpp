@@ -114,6 +114,45 @@ static double leafFlops(const ResolvedSpec &spec, const ParamAssignment &param,
          tp;
 }
 
+/// A unit's name in `stage`: its own, or "<unit>@stage<k>" when it spans
+/// stages (see splitUnitsByStage).
+static std::string unitNameInStage(const ResolvedSpec &spec,
+                                   const std::string &name,
+                                   const std::vector<int> &params, int stage) {
+  if (!spec.pipeline || stage < 0)
+    return name;
+  for (int p : params)
+    if (spec.pipeline->stageOfParam[p] != stage)
+      return name + "@stage" + std::to_string(stage);
+  return name;
+}
+
+/// Under pipeline parallelism every unit runs in one stage. The root unit
+/// (what no other unit holds) spans stages: each stage gets its share,
+/// "<unit>@stage<k>", as torchtitan shards each model part on its own.
+/// Units stay in forward order of their first parameter.
+static std::vector<Unit> splitUnitsByStage(const ResolvedSpec &spec,
+                                           std::vector<Unit> units) {
+  const std::vector<int> &stageOf = spec.pipeline->stageOfParam;
+  std::vector<Unit> out;
+  for (Unit &unit : units) {
+    std::map<int, std::vector<int>> byStage;
+    for (int p : unit.params)
+      byStage[stageOf[p]].push_back(p);
+    if (byStage.size() == 1) {
+      out.push_back(std::move(unit));
+      continue;
+    }
+    for (auto &[stage, params] : byStage)
+      out.push_back({unitNameInStage(spec, unit.name, unit.params, stage),
+                     std::move(params), 0, 0, unit.reshardAfterForward});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Unit &a, const Unit &b) {
+    return a.params.front() < b.params.front();
+  });
+  return out;
+}
+
 std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
                                                 const ImportOptions &options) {
   const std::vector<ModuleEntry> &modules = spec.modules;
@@ -121,6 +160,8 @@ std::vector<Unit> meshplan::pipeline::fsdpUnits(const ResolvedSpec &spec,
   for (const UnitAssignment &assigned : spec.units)
     units.push_back(
         {assigned.name, assigned.params, 0, 0, assigned.reshardAfterForward});
+  if (spec.pipeline)
+    units = splitUnitsByStage(spec, std::move(units));
   double tokens = static_cast<double>(tokensPerRank(spec, options));
   double seq = static_cast<double>(options.sequenceLength);
   ActivationCheckpointing policy = spec.spec.activationCheckpointing;
@@ -215,11 +256,21 @@ meshplan::pipeline::estimateActivations(const ResolvedSpec &spec,
 
   // The unit of a module: the unit of its first parameter in forward order
   // (its own or a descendant's).
+  // Under a pipeline, a unit spanning stages is charged per stage (its
+  // parts are units of their own, fsdpUnits).
   std::vector<int> unitOfParamModule(modules.size(), -1);
+  std::vector<int> stageOfParamModule(modules.size(), -1);
   for (size_t u = 0; u < spec.units.size(); ++u)
-    for (int param : spec.units[u].params)
+    for (int param : spec.units[u].params) {
       unitOfParamModule[spec.params[param].module] = static_cast<int>(u);
-  auto unitOf = [&](size_t module) -> int {
+      if (spec.pipeline)
+        stageOfParamModule[spec.params[param].module] =
+            spec.pipeline->stageOfParam[param];
+    }
+  struct UnitRef {
+    int unit = -1, stage = -1;
+  };
+  auto unitOf = [&](size_t module) -> UnitRef {
     for (size_t i = module; i < modules.size(); ++i) {
       // Stop at the first module outside `module`'s subtree.
       if (i != module) {
@@ -230,9 +281,9 @@ meshplan::pipeline::estimateActivations(const ResolvedSpec &spec,
           break;
       }
       if (unitOfParamModule[i] >= 0)
-        return unitOfParamModule[i];
+        return {unitOfParamModule[i], stageOfParamModule[i]};
     }
-    return -1;
+    return {};
   };
   auto child = [&](size_t parent, ModuleKind kind,
                    std::string_view preferred) -> int {
@@ -248,11 +299,13 @@ meshplan::pipeline::estimateActivations(const ResolvedSpec &spec,
     }
     return first;
   };
-  auto charge = [&](int unit, int64_t saved, int64_t forwardTransient,
+  auto charge = [&](UnitRef ref, int64_t saved, int64_t forwardTransient,
                     int64_t backwardTransient) {
-    if (unit < 0)
+    if (ref.unit < 0)
       return;
-    plan::UnitActivation &a = out.units[spec.units[unit].name];
+    const frontend::UnitAssignment &unit = spec.units[ref.unit];
+    plan::UnitActivation &a =
+        out.units[unitNameInStage(spec, unit.name, unit.params, ref.stage)];
     a.saved += saved;
     // A unit runs its blocks one at a time: the largest working set.
     a.forwardTransient = std::max(a.forwardTransient, forwardTransient);
@@ -456,6 +509,33 @@ private:
         b, loc, b.getStringAttr("mesh"), b.getArrayAttr(names),
         b.getDenseI64ArrayAttr(sizes),
         managed.empty() ? ArrayAttr() : b.getArrayAttr(managed), order);
+    if (spec.pipeline)
+      buildPipeline();
+  }
+
+  /// The schedule, and what crosses a stage boundary: one microbatch's
+  /// hidden states on one rank (tokens x model dim, in the compute dtype).
+  void buildPipeline() {
+    const frontend::ResolvedPipeline &pp = *spec.pipeline;
+    int64_t dim = 0;
+    for (const ParamAssignment &param : spec.params)
+      if (param.shape.size() == 2 &&
+          std::string_view(param.name).ends_with("attention.wq.weight")) {
+        dim = param.shape[1]; // Linear weights are [out, in]
+        break;
+      }
+    for (const ParamAssignment &param : spec.params)
+      if (!dim && !param.shape.empty())
+        dim = param.shape.back();
+    auto activation = RankedTensorType::get(
+        {tokensPerRank(spec, options), std::max<int64_t>(dim, 1)},
+        elementType(&ctx, spec.spec.mixedPrecision.paramDtype));
+    dist::PipelineScheduleOp::create(
+        b, loc, b.getStringAttr("pipeline"), meshName, b.getStringAttr(pp.axis),
+        b.getStringAttr(pipelineScheduleKindName(pp.config.kind)),
+        b.getI64IntegerAttr(pp.config.microbatches),
+        b.getI64IntegerAttr(pp.config.stagesPerRank),
+        TypeAttr::get(activation));
   }
 
   DictionaryAttr optimizerAttr() {
@@ -526,6 +606,14 @@ private:
         grad);
   }
 
+  /// The stage of a unit (fsdpUnits keeps each within one), or none.
+  IntegerAttr stageOf(const Unit &unit) {
+    if (!spec.pipeline)
+      return {};
+    return b.getI64IntegerAttr(
+        spec.pipeline->stageOfParam[unit.params.front()]);
+  }
+
   void buildStep() {
     const Spec &s = spec.spec;
     SmallVector<Type> argTypes;
@@ -543,6 +631,10 @@ private:
         func.setArgAttr(p, "dist.float8", b.getUnitAttr());
     }
     func->setAttr("dist.train_step", b.getUnitAttr());
+    // One microbatch per stage: dist-lower-pipeline replays it in the
+    // schedule's order for one pp coordinate.
+    if (spec.pipeline)
+      func->setAttr("dist.pipeline", FlatSymbolRefAttr::get(&ctx, "pipeline"));
     func->setAttr("dist.reshard_after_forward",
                   b.getBoolAttr(s.dataParallel.reshardAfterForward !=
                                 ReshardPolicy::Never));
@@ -609,10 +701,10 @@ private:
             gather(p);
           inputs.push_back(gathered[p]);
         }
-        auto compute =
-            dist::ComputeOp::create(b, loc, TypeRange{}, dist::Phase::Forward,
-                                    b.getStringAttr(unit.name), inputs,
-                                    b.getF64FloatAttr(unit.forwardFlops));
+        auto compute = dist::ComputeOp::create(
+            b, loc, TypeRange{}, dist::Phase::Forward,
+            b.getStringAttr(unit.name), inputs,
+            b.getF64FloatAttr(unit.forwardFlops), stageOf(unit));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
         // The unit's own policy, which dist-schedule follows over the
@@ -638,7 +730,8 @@ private:
         auto compute = dist::ComputeOp::create(
             b, loc, gradTypes, dist::Phase::Backward,
             b.getStringAttr(unit.name), inputs,
-            b.getF64FloatAttr(2 * unit.forwardFlops + unit.recomputeFlops));
+            b.getF64FloatAttr(2 * unit.forwardFlops + unit.recomputeFlops),
+            stageOf(unit));
         if (microbatches > 1)
           compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
         for (auto [i, p] : llvm::enumerate(unit.params)) {

@@ -107,9 +107,31 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (auto [it, fresh] = comms.emplace(c.id, i); !fresh)
       return makeError(name + ": duplicate id (also communicator #" +
                        std::to_string(it->second) + ")");
+    if (c.pair) {
+      if (!c.axes.empty())
+        return makeError(name + ": a pair has no axes");
+      std::optional<int> axis = mesh.findAxis(c.pair->axis);
+      if (!axis)
+        return makeError(name + ": pair axis " + quote(c.pair->axis) +
+                         " is not in the mesh (axes: " + mesh.axisNameList() +
+                         ")");
+      int64_t size = mesh.axis(*axis).size;
+      const int64_t *k = c.pair->coords;
+      if (k[0] == k[1] || k[0] < 0 || k[1] < 0 || k[0] >= size || k[1] >= size)
+        return makeError(name + ": pair coordinates " + std::to_string(k[0]) +
+                         ", " + std::to_string(k[1]) +
+                         " are not two distinct coordinates of axis " +
+                         quote(c.pair->axis) + " (size " +
+                         std::to_string(size) + ")");
+      groupSize.push_back(2);
+      p.commRefs.emplace_back();
+      p.pairAxis.push_back(*axis);
+      continue;
+    }
     if (c.axes.empty())
       return makeError(name + ": no axes (a template communicator is the "
                               "group of each rank along root-mesh axes)");
+    p.pairAxis.push_back(-1);
     AxisRefList refs;
     for (const std::string &text : c.axes) {
       Result<AxisRef> ref = parseAxisRefText(mesh, text);
@@ -171,12 +193,24 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (!streams.count(in.stream))
       return makeError(name + ": unknown stream " + quote(in.stream) +
                        " (streams: " + joinStrings(tm.streams) + ")");
-    if (isPointToPoint(in.op))
-      // A pair's keys, hence the peer, differ between the ranks that share
-      // a template; pipeline plans are not templated (docs/pipeline.md).
-      return makeError(name + ": " + opName +
-                       " cannot be templated (its peer depends on the rank)");
-    if (isCollective(in.op)) {
+    if (isPointToPoint(in.op)) {
+      // Only on a pair: every rank that shares the template sits at the
+      // same pair coordinate, so the peer's key is the same for all.
+      auto c = comms.find(in.comm);
+      if (c == comms.end() || !tm.comms[c->second].pair)
+        return makeError(name + ": " + opName +
+                         " needs a pair communicator, not " + quote(in.comm));
+      if (!in.dtype)
+        return makeError(name + ": " + opName + " needs a dtype");
+      if (in.count < 0 || in.count > kMaxTensorElements)
+        return makeError(name + ": count " + std::to_string(in.count) +
+                         " is out of range");
+      if (in.peer != 0 && in.peer != 1)
+        return makeError(name + ": peer " + std::to_string(in.peer) +
+                         " is not a key of a pair (0 or 1)");
+      if (in.tag.empty())
+        return makeError(name + ": " + opName + " needs a tag");
+    } else if (isCollective(in.op)) {
       auto c = comms.find(in.comm);
       if (c == comms.end())
         return makeError(name + ": unknown communicator " + quote(in.comm));
@@ -346,6 +380,29 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
     const CommTemplate &c = tmpl.comms[i];
     Communicator out;
     out.id = c.id;
+    if (c.pair) {
+      // The rank at the other coordinate of the pair, O(1): one stride.
+      int axis = pairAxis[i];
+      Result<int64_t> position = mesh.positionOf(rank);
+      if (!position)
+        return position.error().within("communicator " + quote(c.id));
+      int64_t coord = mesh.coordinateAt(*position, axis);
+      const int64_t *k = c.pair->coords;
+      if (coord != k[0] && coord != k[1])
+        return makeError("communicator " + quote(c.id) + ": rank " +
+                         std::to_string(rank) + " is at coordinate " +
+                         std::to_string(coord) + " of axis " +
+                         quote(c.pair->axis) + ", not one of the pair's " +
+                         std::to_string(k[0]) + ", " + std::to_string(k[1]));
+      for (int64_t member : c.pair->coords)
+        out.ranks.push_back(
+            mesh.rankAt(*position + (member - coord) * mesh.stride(axis)));
+      out.key = coord == k[0] ? 0 : 1;
+      // Distinct per group of one id: its key-0 member.
+      out.color = out.ranks[0];
+      plan.communicators.push_back(std::move(out));
+      continue;
+    }
     Result<std::vector<int64_t>> group = groupOf(mesh, commRefs[i], rank);
     if (!group)
       return group.error().within("communicator " + quote(c.id));

@@ -533,3 +533,50 @@ func.func @accumulate(%w: !s {dist.param = "w"}) -> !s
   %sum = arith.addf %a2, %w : !s
   return %sum : !s
 }
+
+// -----
+
+// One pp rank's program (after dist-lower-pipeline, `dist.pp_rank`): its
+// stages gather once per step, as torchtitan's FSDP under pipelining; no
+// compute gets a re-gather, whatever the reshard policy. Transfers run on
+// the compute stream, and a received activation is freed after its last
+// reader.
+!s = tensor<32x32xf32, #dist.layout<@m, [{"dp"}, {}]>>
+!sb = tensor<32x32xbf16, #dist.layout<@m, [{"dp"}, {}]>>
+!g = tensor<32x32xbf16, #dist.layout<@m, [{}, {}]>>
+!d = tensor<32x32xf32, #dist.layout<@m, [{}, {}], partial(avg) = {"dp"}>>
+!a = tensor<4x32xbf16>
+dist.mesh @m ["pp" = 2, "dp" = 2]
+dist.comm @comm_m_dp on @m axes {"dp"}
+dist.pair @pp_0_1 on @m axis "pp" coords = [0, 1]
+// CHECK-LABEL: func.func @pipelined
+// CHECK-NEXT: %[[X0:.*]] = dist.recv {{.*}}tag "F s0 mb0" {dist.id = 0 : i64, dist.stream = "compute"}
+// CHECK-NEXT: %[[C:.*]] = arith.truncf %arg0 {dist.id = 1 : i64
+// CHECK-NEXT: %[[G:.*]] = dist.all_gather %[[C]] {{.*}}{dist.id = 2 : i64
+// CHECK-NEXT: dist.free %[[C]]
+// CHECK-NEXT: dist.compute forward "layers.1"(%[[G]], %[[X0]]) stage 1 {dist.id = 4 : i64
+// CHECK-NEXT: %[[X1:.*]] = dist.recv {{.*}}tag "F s0 mb1" {dist.id = 5 : i64, dist.stream = "compute"}
+// CHECK-NEXT: %[[B0:.*]]:2 = dist.compute backward "layers.1"(%[[G]], %[[X0]]) stage 1 {dist.id = 6 : i64
+// CHECK-NEXT: dist.free %[[X0]] {dist.id = 7 : i64
+// CHECK-NEXT: dist.send %[[B0]]#1 {{.*}}tag "B s1 mb0" {dist.id = 8 : i64, dist.stream = "compute"}
+// CHECK-NEXT: dist.free %[[B0]]#1 {dist.id = 9 : i64
+// CHECK-NEXT: dist.compute forward "layers.1"(%[[G]], %[[X1]]) stage 1 {dist.id = 10 : i64
+// CHECK-NEXT: %[[B1:.*]]:2 = dist.compute backward "layers.1"(%[[G]], %[[X1]], %[[B0]]#0) stage 1 {dist.id = 11 : i64
+// CHECK-NEXT: dist.free %[[G]], %[[X1]], %[[B0]]#0 {dist.id = 12 : i64
+// CHECK-NOT:  dist.all_gather
+// CHECK:      dist.send %[[B1]]#1 {{.*}}tag "B s1 mb1"
+func.func @pipelined(%w: !s {dist.param = "layers.1.w"}) -> !s
+    attributes {dist.train_step, dist.pp_rank = 1 : i64} {
+  %c = arith.truncf %w : !s to !sb
+  %g = dist.all_gather %c dim 0 over {"dp"} comm = @comm_m_dp : !sb -> !g
+  %x0 = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" : !a
+  dist.compute forward "layers.1" (%g, %x0) stage 1 {dist.microbatch = 0 : i64} : !g, !a
+  %x1 = dist.recv on @pp_0_1 from 0 tag "F s0 mb1" : !a
+  %b0, %gx0 = dist.compute backward "layers.1" (%g, %x0) stage 1 {dist.microbatch = 0 : i64} : !g, !a -> !d, !a
+  dist.send %gx0 on @pp_0_1 to 0 tag "B s1 mb0" : !a
+  dist.compute forward "layers.1" (%g, %x1) stage 1 {dist.microbatch = 1 : i64} : !g, !a
+  %b1, %gx1 = dist.compute backward "layers.1" (%g, %x1, %b0) stage 1 {dist.microbatch = 1 : i64} : !g, !a, !d -> !d, !a
+  %r = dist.reduce_scatter %b1 dim 0 avg over {"dp"} comm = @comm_m_dp : !d -> !s
+  dist.send %gx1 on @pp_0_1 to 0 tag "B s1 mb1" : !a
+  return %r : !s
+}

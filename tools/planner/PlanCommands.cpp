@@ -42,6 +42,27 @@ struct Planned {
   pipeline::ImportOptions import;
   pipeline::Compiled compiled;
   std::optional<plan::PreparedTemplate> prepared;
+  /// Under pipeline_parallel: one template per pp coordinate (the ranks at
+  /// a coordinate share its stages and schedule), those that were planned.
+  /// `prepared` is then the first of them.
+  std::vector<std::optional<plan::PreparedTemplate>> byPipelineRank;
+
+  /// The pp coordinate of `rank` (0 without a pipeline).
+  int64_t pipelineRankOf(int64_t rank) const {
+    if (!spec.pipeline)
+      return 0;
+    auto position = spec.mesh->positionOf(rank);
+    return position
+               ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
+               : 0;
+  }
+  /// The template `rank`'s plan comes from.
+  const plan::PreparedTemplate &templateFor(int64_t rank) const {
+    if (!spec.pipeline)
+      return *prepared;
+    const auto &t = byPipelineRank[size_t(pipelineRankOf(rank))];
+    return t ? *t : *prepared;
+  }
 };
 
 using Clock = std::chrono::steady_clock;
@@ -97,14 +118,23 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
 static Planned planOrThrow(
     const SpecFlags &flags, const CostFlags &cost, std::optional<int64_t> rank,
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
-        nullptr) {
+        nullptr,
+    bool pipelineOk = false) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
-  // compile refuses it as well (for its other callers), but an error from
-  // compile is the planner's (exit 3); this one is the spec's (exit 2).
-  if (p.spec.pipeline)
-    throw CliError(flags.spec + ": pipeline_parallel is resolved but not "
-                                "planned yet (issue 16)");
+  // Only `plan` handles one template per pp coordinate so far; an error
+  // from compile would be the planner's (exit 3), this one is the spec's
+  // (exit 2).
+  if (p.spec.pipeline && !pipelineOk)
+    throw CliError(flags.spec + ": pipeline_parallel is planned by "
+                                "`meshplan plan` only so far (issue 16)");
+  // zbv splits backward into I and W, which the plan's compute cannot
+  // express yet (its phases are forward and backward).
+  if (p.spec.pipeline &&
+      p.spec.pipeline->config.kind == PipelineScheduleKind::ZeroBubbleV)
+    throw CliError(flags.spec + ": pipeline_parallel schedule zbv is resolved "
+                                "but not planned yet: plans have no "
+                                "split-backward phases (issue 16)");
   if (rank)
     checkRank(*p.spec.mesh, *rank);
   p.import.tokensPerMicrobatch = flags.tokens;
@@ -118,16 +148,33 @@ static Planned planOrThrow(
   pipeline::CompileOptions options;
   options.import = p.import;
   options.afterStage = std::move(afterStage);
-  auto compiled = pipeline::compile(*p.context, p.spec, options);
-  if (!compiled)
-    throw std::runtime_error(compiled.error().message);
-  p.compiled = std::move(*compiled);
-  auto prepared = plan::PreparedTemplate::prepare(p.compiled.program);
-  if (!prepared)
-    throw std::runtime_error("internal error: the exported program is "
-                             "invalid: " +
-                             prepared.error().message);
-  p.prepared.emplace(std::move(*prepared));
+  auto compileOne = [&]() {
+    auto compiled = pipeline::compile(*p.context, p.spec, options);
+    if (!compiled)
+      throw std::runtime_error(compiled.error().message);
+    p.compiled = std::move(*compiled);
+    auto prepared = plan::PreparedTemplate::prepare(p.compiled.program);
+    if (!prepared)
+      throw std::runtime_error("internal error: the exported program is "
+                               "invalid: " +
+                               prepared.error().message);
+    return std::move(*prepared);
+  };
+  if (!p.spec.pipeline) {
+    p.prepared.emplace(compileOne());
+    return p;
+  }
+  // One compile per pp coordinate planned: --rank's, or all of them.
+  int64_t pp = p.spec.pipeline->config.ranks;
+  p.byPipelineRank.resize(size_t(pp));
+  for (int64_t coord = 0; coord < pp; ++coord) {
+    if (rank && coord != p.pipelineRankOf(*rank))
+      continue;
+    options.pipelineRank = coord;
+    p.byPipelineRank[size_t(coord)].emplace(compileOne());
+    if (!p.prepared)
+      p.prepared.emplace(*p.byPipelineRank[size_t(coord)]);
+  }
   return p;
 }
 
@@ -353,7 +400,8 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       return {};
     };
   }
-  Planned p = planOrThrow(options.spec, options.cost, options.rank, dump);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank, dump,
+                          /*pipelineOk=*/true);
   auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = *p.prepared;
   int64_t world = prepared.mesh().size();
@@ -393,7 +441,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::string over; // the lowest over-capacity rank's message
   int64_t overRank = -1;
   // (An instantiation error is left to the writer, which names the file.)
-  if (auto first = prepared.instantiate(ranks.front())) {
+  if (auto first = p.templateFor(ranks.front()).instantiate(ranks.front())) {
     over = overCapacity(*first, device);
     overRank = ranks.front();
     if (!over.empty() && !options.allowOverCapacity)
@@ -408,8 +456,8 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     plans.reserve(ranks.size());
     ProgressBar bar(showProgress, "verifying");
     for (int64_t rank : ranks) {
-      auto plan = prepared.instantiate(rank, /*withEstimates=*/false,
-                                       /*verificationOnly=*/true);
+      auto plan = p.templateFor(rank).instantiate(rank, /*withEstimates=*/false,
+                                                  /*verificationOnly=*/true);
       if (!plan)
         throw std::runtime_error("internal error: " + plan.error().message);
       plans.push_back(std::move(*plan));
@@ -447,7 +495,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   auto written = plan::writePlanDirectory(
       options.outDir, world,
       [&](int64_t rank) -> Result<plan::Plan> {
-        auto plan = prepared.instantiate(rank);
+        auto plan = p.templateFor(rank).instantiate(rank);
         if (!plan)
           return plan;
         std::string why = overCapacity(*plan, device);
@@ -476,14 +524,19 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
         "meshplan: warning: over capacity (--allow-over-capacity): " + over +
         " (docs/memory.md)\n";
 
-  const plan::ProgramTemplate &program = prepared.get();
+  const plan::ProgramTemplate &program = p.templateFor(ranks.front()).get();
   std::ostringstream out;
   out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
       << " of " << p.spec.model->name << " on mesh "
       << meshText(prepared.mesh()) << " (" << world
       << " ranks): " << count(program.comms.size(), "communicator") << ", "
       << count(program.buffers.size(), "buffer") << ", "
-      << count(program.program.size(), "instruction") << " per rank\n";
+      << count(program.program.size(), "instruction") << " per rank";
+  if (p.spec.pipeline)
+    out << " at pp coordinate " << p.pipelineRankOf(ranks.front()) << " ("
+        << p.spec.pipeline->config.ranks << " pp coordinates, one template "
+        << "each)";
+  out << "\n";
   out << verified << "\n";
   out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
       << " s\n";

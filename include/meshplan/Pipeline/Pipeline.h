@@ -2,7 +2,8 @@
 //
 // The planner's main job in one place:
 //
-//   import -> dist-propagate-layouts -> dist-lower-redistribute
+//   import [-> dist-lower-pipeline] -> dist-propagate-layouts
+//     -> dist-lower-redistribute
 //     -> dist-fuse-fp8-gather -> dist-lower-optimizer -> dist-materialize-comms
 //     -> dist-schedule -> export (one rank-independent ProgramTemplate)
 //
@@ -52,6 +53,10 @@ struct CompileOptions {
   /// Verify the module after every stage (on by default; the bench turns it
   /// off to time the passes alone).
   bool verifyEachStage = true;
+  /// Under pipeline_parallel: the pp coordinate whose program to plan
+  /// (dist-lower-pipeline's pp-rank). Ranks at one pp coordinate share one
+  /// template; a pipelined spec without it is refused.
+  int64_t pipelineRank = -1;
 };
 
 struct Compiled {

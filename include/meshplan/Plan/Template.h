@@ -30,14 +30,29 @@
 
 namespace meshplan::plan {
 
+/// Two coordinates of one axis (a pipeline's neighbouring pp ranks): each
+/// rank at one of them pairs with the rank at the other, all other
+/// coordinates equal; the member at coords[k] has key k. A template with
+/// a pair serves only ranks at those coordinates (one template per pp
+/// coordinate).
+struct PairTemplate {
+  std::string axis;
+  int64_t coords[2] = {0, 1};
+
+  bool operator==(const PairTemplate &) const = default;
+};
+
 /// A communicator of the whole mesh: every rank gets its own group along
-/// `axes`.
+/// `axes`, or its pair.
 struct CommTemplate {
   std::string id;
-  /// Root-mesh axis ref texts ("dp", "tp:(2)2"), major to minor; non-empty.
+  /// Root-mesh axis ref texts ("dp", "tp:(2)2"), major to minor; non-empty
+  /// unless `pair` is set (then empty).
   std::vector<std::string> axes;
   std::optional<std::string> view;
   bool faultTolerant = false;
+  /// Last, so that {id, axes, view, faultTolerant} still initializes.
+  std::optional<PairTemplate> pair;
 };
 
 /// A buffer of the whole mesh: every rank gets the box `layout` gives it.
@@ -154,7 +169,8 @@ private:
   ProgramTemplate tmpl;
   std::shared_ptr<const Mesh> meshPtr;
   std::optional<View> root;
-  std::vector<AxisRefList> commRefs;    ///< parsed CommTemplate::axes
+  std::vector<AxisRefList> commRefs; ///< parsed CommTemplate::axes
+  std::vector<int> pairAxis;         ///< per comm: the pair's axis index, or -1
   std::vector<std::string> layoutTexts; ///< formatLayout of each buffer
   std::vector<double> flopsOrZero;
   /// Liveness of non-persistent buffers, ordered by position (births before

@@ -855,3 +855,191 @@ func.func @f(%a: tensor<8xf32>) {
   } : tensor<4xf32>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// Pipelines: dist.pipeline, dist.pair, dist.send, dist.recv, staged computes
+//===----------------------------------------------------------------------===//
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pipeline' op activation must be a statically shaped floating-point tensor without a layout (one rank's microbatch), not 'tensor<?x8xbf16>'}}
+dist.pipeline @p on @m axis "pp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<?x8xbf16>
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pipeline' op activation must be a statically shaped floating-point tensor without a layout (one rank's microbatch), not 'tensor<4x8xi32>'}}
+dist.pipeline @p on @m axis "pp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<4x8xi32>
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pipeline' op activation must be a statically shaped floating-point tensor without a layout}}
+dist.pipeline @p on @m axis "pp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16, #dist.layout<@m, [{"pp"}, {}]>>
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pipeline' op unknown pipeline schedule "1f2b"; expected one of gpipe, 1f1b, interleaved_1f1b, zbv}}
+dist.pipeline @p on @m axis "pp" schedule "1f2b" microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>
+
+// -----
+
+// expected-error @+1 {{'dist.pipeline' op refers to @nowhere, which is not a dist.mesh}}
+dist.pipeline @p on @nowhere axis "pp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>
+
+// -----
+
+dist.mesh @m ["pp" = 2, "dp" = 2]
+// expected-error @+1 {{'dist.pipeline' op axis "tp" is not in mesh @m (axes: pp, dp)}}
+dist.pipeline @p on @m axis "tp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>
+
+// -----
+
+dist.mesh @m ["pp" = 2, "dp" = 2] managed = ["pp"]
+// expected-error @+1 {{'dist.pipeline' op pipeline axis "pp" is managed; stages need a fixed membership}}
+dist.pipeline @p on @m axis "pp" schedule "1f1b" microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>
+
+// -----
+
+// The schedule's rules are core's (checkPipelineScheduleConfig).
+dist.mesh @m ["pp" = 4]
+// expected-error @+1 {{'dist.pipeline' op schedule 1f1b needs at least as many microbatches as pp ranks (torch's Schedule1F1B requires microbatches >= stages), got 3 microbatches for 4 ranks}}
+dist.pipeline @p on @m axis "pp" schedule "1f1b" microbatches 3 stages_per_rank 1 activation tensor<4x8xbf16>
+
+// -----
+
+dist.mesh @m ["pp" = 4]
+// expected-error @+1 {{'dist.pipeline' op schedule zbv places exactly 2}}
+dist.pipeline @p on @m axis "pp" schedule "zbv" microbatches 8 stages_per_rank 3 activation tensor<4x8xbf16>
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pair' op needs exactly two coordinates, not 3}}
+dist.pair @c on @m axis "pp" coords = [0, 1, 1]
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pair' op pairs coordinate 1 with itself}}
+dist.pair @c on @m axis "pp" coords = [1, 1]
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pair' op coordinate -1 is negative}}
+dist.pair @c on @m axis "pp" coords = [-1, 1]
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pair' op coordinate 2 is outside axis "pp" of size 2}}
+dist.pair @c on @m axis "pp" coords = [1, 2]
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+// expected-error @+1 {{'dist.pair' op axis "dp" is not in mesh @m (axes: pp)}}
+dist.pair @c on @m axis "dp" coords = [0, 1]
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+dist.pair @c on @m axis "pp" coords = [0, 1]
+func.func @f(%a: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.send' op peer 2 is not a key of a pair (0 or 1)}}
+  dist.send %a on @c to 2 tag "F s0 mb0" : tensor<4xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+dist.pair @c on @m axis "pp" coords = [0, 1]
+func.func @f() {
+  // expected-error @+1 {{'dist.recv' op needs a tag naming what travels}}
+  %a = dist.recv on @c from 0 tag "" : tensor<4xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+dist.pair @c on @m axis "pp" coords = [0, 1]
+func.func @f(%a: tensor<4xf32, #dist.layout<@m, [{}]>>) {
+  // expected-error @+1 {{'dist.send' op moves one rank's buffer; 'tensor<4xf32, #dist.layout<@m, [{}]>>' has a layout (point-to-point transfers are rank-local)}}
+  dist.send %a on @c to 1 tag "F s0 mb0" : tensor<4xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+dist.pair @c on @m axis "pp" coords = [0, 1]
+func.func @f() {
+  // expected-error @+1 {{'dist.recv' op needs a statically shaped tensor, not 'tensor<?xf32>'}}
+  %a = dist.recv on @c from 0 tag "F s0 mb0" : tensor<?xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+dist.comm @c on @m axes {"pp"}
+func.func @f(%a: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.send' op refers to @c, which is not a dist.pair}}
+  dist.send %a on @c to 1 tag "F s0 mb0" : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'dist.recv' op refers to @nowhere, which is not a dist.pair}}
+  %a = dist.recv on @nowhere from 0 tag "F s0 mb0" : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.compute' op stage -1 is negative}}
+  dist.compute forward "a" (%w) stage -1 : tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.compute' op backward_weight belongs to a pipeline stage's split backward; it needs a stage}}
+  %g = dist.compute backward_weight "a" (%w) : tensor<4xf32> -> tensor<4xf32>
+  return
+}
+
+// -----
+
+func.func @f(%w: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.compute' op a stage's forward produces at most one value (the activation for the next stage), not 2}}
+  %a, %b = dist.compute forward "a" (%w) stage 0 : tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>
+  return
+}
+
+// -----
+
+dist.mesh @m ["pp" = 2]
+func.func @f(%w: tensor<4xf32>) {
+  // expected-error @+1 {{'dist.compute' op a stage's output activation is rank-local; it must have no layout, not 'tensor<4xf32, #dist.layout<@m, [{}]>>'}}
+  %a = dist.compute forward "a" (%w) stage 0 : tensor<4xf32> -> tensor<4xf32, #dist.layout<@m, [{}]>>
+  return
+}
+
+// -----
+
+// backward_input's gradients follow the backward rule (gradient i of input i).
+func.func @f(%x: tensor<4x8xbf16>, %w: tensor<8xf32>) {
+  // expected-error @+1 {{'dist.compute' op gradient #0 ('tensor<8xf32>') must be a floating-point tensor of the shape of input #0 ('tensor<4x8xbf16>'), or of that shape with one leading dim}}
+  %g = dist.compute backward_input "a" (%x, %w) stage 1 : tensor<4x8xbf16>, tensor<8xf32> -> tensor<8xf32>
+  return
+}

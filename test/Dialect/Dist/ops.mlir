@@ -161,3 +161,38 @@ func.func @train_step_rank_local(%x: tensor<32x64xbf16>, %y: tensor<64x32xbf16>,
   dist.free %q, %q2, %gy : tensor<32x64xf8E4M3FN>, tensor<64x32xf8E5M2>, tensor<64x32xbf16>
   return
 }
+
+// Pipelines: the schedule, a pair of pp coordinates, transfers and staged
+// computes (a stage's activations are rank-local among laid-out weights).
+// CHECK-LABEL: dist.mesh @pmesh ["pp" = 4, "dp" = 2]
+dist.mesh @pmesh ["pp" = 4, "dp" = 2]
+// CHECK: dist.pipeline @pipe on @pmesh axis "pp" schedule "interleaved_1f1b" microbatches 8 stages_per_rank 2 activation tensor<16x8xbf16>{{$}}
+dist.pipeline @pipe on @pmesh axis "pp" schedule "interleaved_1f1b" microbatches 8 stages_per_rank 2 activation tensor<16x8xbf16>
+// CHECK: dist.pipeline @zb on @pmesh axis "pp" schedule "zbv" microbatches 1 stages_per_rank 2 activation tensor<2x3x4xf32>{{$}}
+dist.pipeline @zb on @pmesh axis "pp" schedule "zbv" microbatches 1 stages_per_rank 2 activation tensor<2x3x4xf32>
+// CHECK: dist.pair @pp_0_1 on @pmesh axis "pp" coords = [0, 1]{{$}}
+dist.pair @pp_0_1 on @pmesh axis "pp" coords = [0, 1]
+// CHECK: dist.pair @pp_3_0 on @pmesh axis "pp" coords = [3, 0]{{$}}
+dist.pair @pp_3_0 on @pmesh axis "pp" coords = [3, 0]
+
+// CHECK-LABEL: func.func @stages
+func.func @stages(%w: tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>)
+    attributes {dist.train_step, dist.pipeline = @pipe} {
+  // CHECK: %[[X:.*]] = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" : tensor<16x8xbf16>{{$}}
+  %x = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" : tensor<16x8xbf16>
+  // CHECK: %[[Y:.*]] = dist.compute forward "layers.1"(%{{.*}}, %[[X]]) stage 1 flops = 1.000000e+06 : tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>, tensor<16x8xbf16> -> tensor<16x8xbf16>{{$}}
+  %y = dist.compute forward "layers.1" (%w, %x) stage 1 flops = 1.0e+06 : tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>, tensor<16x8xbf16> -> tensor<16x8xbf16>
+  // CHECK: dist.send %[[Y]] on @pp_0_1 to 1 tag "F s1 mb0" : tensor<16x8xbf16>{{$}}
+  dist.send %y on @pp_0_1 to 1 tag "F s1 mb0" : tensor<16x8xbf16>
+  // CHECK: %[[D:.*]] = dist.recv on @pp_0_1 from 1 tag "B s2 mb0" : tensor<16x8xbf16>{{$}}
+  %d = dist.recv on @pp_0_1 from 1 tag "B s2 mb0" : tensor<16x8xbf16>
+  // CHECK: %[[G:.*]]:2 = dist.compute backward "layers.1"(%{{.*}}, %[[X]], %[[D]]) stage 1 : {{.*}} -> tensor<8x8xf32, #dist.layout<@pmesh, [{}, {}], partial(avg) = {"dp"}>>, tensor<16x8xbf16>{{$}}
+  %g, %gx = dist.compute backward "layers.1" (%w, %x, %d) stage 1 : tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>, tensor<16x8xbf16>, tensor<16x8xbf16> -> tensor<8x8xf32, #dist.layout<@pmesh, [{}, {}], partial(avg) = {"dp"}>>, tensor<16x8xbf16>
+  // CHECK: %[[I:.*]] = dist.compute backward_input "layers.1"(%[[X]], %{{.*}}, %[[D]]) stage 1 : {{.*}} -> tensor<16x8xbf16>{{$}}
+  %i = dist.compute backward_input "layers.1" (%x, %w, %d) stage 1 : tensor<16x8xbf16>, tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>, tensor<16x8xbf16> -> tensor<16x8xbf16>
+  // CHECK: dist.compute backward_weight "layers.1"(%{{.*}}, %[[G]]#0) stage 1 : {{.*}} -> tensor<8x8xf32, #dist.layout<@pmesh, [{}, {}], partial(avg) = {"dp"}>>{{$}}
+  %gw = dist.compute backward_weight "layers.1" (%w, %g) stage 1 : tensor<8x8xf32, #dist.layout<@pmesh, [{"dp"}, {}]>>, tensor<8x8xf32, #dist.layout<@pmesh, [{}, {}], partial(avg) = {"dp"}>> -> tensor<8x8xf32, #dist.layout<@pmesh, [{}, {}], partial(avg) = {"dp"}>>
+  // CHECK: dist.send %[[G]]#1 on @pp_0_1 to 0 tag "B s1 mb0" : tensor<16x8xbf16>{{$}}
+  dist.send %gx on @pp_0_1 to 0 tag "B s1 mb0" : tensor<16x8xbf16>
+  return
+}

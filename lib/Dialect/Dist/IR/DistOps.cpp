@@ -566,10 +566,12 @@ static LogicalResult verifyOneForm(Operation *op) {
   return success();
 }
 
-/// Checks every operand's and result's layout resolves on one mesh.
+/// Checks every operand's and result's layout resolves on one mesh; with
+/// `oneForm`, that all values or none have one.
 static LogicalResult verifyAllLayouts(Operation *op,
-                                      SymbolTableCollection &symbols) {
-  if (failed(verifyOneForm(op)))
+                                      SymbolTableCollection &symbols,
+                                      bool oneForm = true) {
+  if (oneForm && failed(verifyOneForm(op)))
     return failure();
   std::optional<View> view;
   FlatSymbolRefAttr meshName;
@@ -588,18 +590,48 @@ static bool isFloat8(Type type) {
   return isa<Float8E4M3FNType, Float8E5M2Type>(type);
 }
 
+/// A rank-local tensor: what a pipeline stage hands to its neighbour.
+static bool isLocalTensor(Type type) {
+  auto tensor = dyn_cast<RankedTensorType>(type);
+  return tensor && !getLayout(tensor);
+}
+
 LogicalResult ComputeOp::verify() {
   if (getModule().empty())
     return emitOpError() << "needs a module name";
-  if (getPhase() == Phase::Forward && !getGrads().empty())
-    return emitOpError() << "forward produces no values; gradients come "
-                            "from backward";
+  if (auto flops = getFlopsAttr(); flops && !(flops.getValueAsDouble() >= 0))
+    return emitOpError() << "flops must be >= 0";
+  std::optional<int64_t> stage;
+  if (auto attr = getStageAttr())
+    stage = attr.getInt();
+  if (stage && *stage < 0)
+    return emitOpError() << "stage " << *stage << " is negative";
+  bool split =
+      getPhase() == Phase::BackwardInput || getPhase() == Phase::BackwardWeight;
+  if (split && !stage)
+    return emitOpError() << stringifyPhase(getPhase())
+                         << " belongs to a pipeline stage's split backward; "
+                            "it needs a stage";
+  if (getPhase() == Phase::Forward) {
+    // Outside a pipeline the trainer keeps its activations; a stage hands
+    // one to the next stage.
+    if (!stage && !getGrads().empty())
+      return emitOpError() << "forward produces no values; gradients come "
+                              "from backward";
+    if (getGrads().size() > 1)
+      return emitOpError() << "a stage's forward produces at most one value "
+                              "(the activation for the next stage), not "
+                           << getGrads().size();
+    if (getGrads().size() == 1 && !isLocalTensor(getGrads()[0].getType()))
+      return emitOpError() << "a stage's output activation is rank-local; "
+                              "it must have no layout, not "
+                           << getGrads()[0].getType();
+    return success();
+  }
   if (getGrads().size() > getInputs().size())
     return emitOpError() << "has " << getGrads().size()
                          << " gradients but only " << getInputs().size()
                          << " inputs";
-  if (auto flops = getFlopsAttr(); flops && !(flops.getValueAsDouble() >= 0))
-    return emitOpError() << "flops must be >= 0";
   // Gradient i is the gradient of input i (parameters come first; scales
   // and accumulated gradients follow): of its shape, or stacked with one
   // leading dim (per-rank contributions still to be summed, split over the
@@ -621,7 +653,9 @@ LogicalResult ComputeOp::verify() {
 }
 
 LogicalResult ComputeOp::verifySymbolUses(SymbolTableCollection &symbols) {
-  return verifyAllLayouts(*this, symbols);
+  // A stage's activations are rank-local among laid-out parameters (see
+  // the op's description): check the layouts that are there.
+  return verifyAllLayouts(*this, symbols, /*oneForm=*/!getStageAttr());
 }
 
 LogicalResult
@@ -781,6 +815,149 @@ LogicalResult Fp8CastOp::verifySymbolUses(SymbolTableCollection &symbols) {
         return emitOpError() << "amax must be replicated: every rank reads "
                                 "every weight's scale";
   return verifyAllLayouts(*this, symbols);
+}
+
+//===----------------------------------------------------------------------===//
+// Pipeline ops
+//===----------------------------------------------------------------------===//
+
+/// The whole axis `name` of a dist.mesh, or an error on `op`.
+static FailureOr<int> lookupWholeAxis(Operation *op, FlatSymbolRefAttr meshName,
+                                      StringRef name,
+                                      SymbolTableCollection &symbols) {
+  auto view = lookupView(op, meshName, symbols);
+  if (failed(view))
+    return failure();
+  const Mesh &mesh = view->mesh();
+  auto axis = mesh.findAxis(name.str());
+  if (!axis)
+    return op->emitOpError()
+           << "axis \"" << name << "\" is not in mesh " << meshName
+           << " (axes: " << mesh.axisNameList() << ")";
+  return *axis;
+}
+
+FailureOr<PipelineScheduleConfig> PipelineScheduleOp::getConfig(int64_t ranks) {
+  auto kind = parsePipelineScheduleKind(getSchedule().str());
+  if (!kind)
+    return emitOpError() << kind.error().message;
+  PipelineScheduleConfig config;
+  config.kind = *kind;
+  config.ranks = ranks;
+  config.microbatches = getMicrobatchesAttr().getInt();
+  config.stagesPerRank = getStagesPerRankAttr().getInt();
+  return config;
+}
+
+LogicalResult PipelineScheduleOp::verify() {
+  auto type = dyn_cast<RankedTensorType>(getActivation());
+  if (!type || !type.hasStaticShape() ||
+      !isa<FloatType>(type.getElementType()) || getLayout(type))
+    return emitOpError() << "activation must be a statically shaped "
+                            "floating-point tensor without a layout (one "
+                            "rank's microbatch), not "
+                         << getActivation();
+  if (auto kind = parsePipelineScheduleKind(getSchedule().str()); !kind)
+    return emitOpError() << kind.error().message;
+  return success();
+}
+
+/// Core's messages speak of the spec section; here the op is the context.
+static std::string withoutSpecPrefix(const std::string &message) {
+  constexpr std::string_view prefix = "pipeline_parallel: ";
+  if (message.compare(0, prefix.size(), prefix) == 0)
+    return message.substr(prefix.size());
+  return message;
+}
+
+LogicalResult
+PipelineScheduleOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto axis = lookupWholeAxis(*this, getMeshAttr(), getAxis(), symbols);
+  if (failed(axis))
+    return failure();
+  const Mesh &mesh = lookupView(*this, getMeshAttr(), symbols)->mesh();
+  // Fault-tolerant replicas come and go; a stage cannot.
+  if (mesh.axis(*axis).managed)
+    return emitOpError() << "pipeline axis \"" << getAxis()
+                         << "\" is managed; stages need a fixed membership";
+  auto config = getConfig(mesh.axis(*axis).size);
+  if (failed(config))
+    return failure();
+  if (auto ok = checkPipelineScheduleConfig(*config); !ok)
+    return emitOpError() << withoutSpecPrefix(ok.error().message);
+  return success();
+}
+
+LogicalResult PairOp::verify() {
+  ArrayRef<int64_t> coords = getCoords();
+  if (coords.size() != 2)
+    return emitOpError() << "needs exactly two coordinates, not "
+                         << coords.size();
+  if (coords[0] == coords[1])
+    return emitOpError() << "pairs coordinate " << coords[0] << " with itself";
+  for (int64_t c : coords)
+    if (c < 0)
+      return emitOpError() << "coordinate " << c << " is negative";
+  return success();
+}
+
+LogicalResult PairOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto axis = lookupWholeAxis(*this, getMeshAttr(), getAxis(), symbols);
+  if (failed(axis))
+    return failure();
+  const Mesh &mesh = lookupView(*this, getMeshAttr(), symbols)->mesh();
+  int64_t size = mesh.axis(*axis).size;
+  for (int64_t c : getCoords())
+    if (c >= size)
+      return emitOpError() << "coordinate " << c << " is outside axis \""
+                           << getAxis() << "\" of size " << size;
+  return success();
+}
+
+/// The rules shared by send and recv: a pair member's key, a tag, and a
+/// rank-local tensor of known size.
+static LogicalResult verifyTransfer(Operation *op, int64_t peer, StringRef tag,
+                                    Type type) {
+  if (peer != 0 && peer != 1)
+    return op->emitOpError()
+           << "peer " << peer << " is not a key of a pair (0 or 1)";
+  if (tag.empty())
+    return op->emitOpError() << "needs a tag naming what travels";
+  auto tensor = cast<RankedTensorType>(type);
+  if (getLayout(tensor))
+    return op->emitOpError()
+           << "moves one rank's buffer; " << type
+           << " has a layout (point-to-point transfers are rank-local)";
+  if (!tensor.hasStaticShape())
+    return op->emitOpError()
+           << "needs a statically shaped tensor, not " << type;
+  return success();
+}
+
+static LogicalResult verifyPairUse(Operation *op, FlatSymbolRefAttr comm,
+                                   SymbolTableCollection &symbols) {
+  if (!symbols.lookupNearestSymbolFrom<PairOp>(op, comm))
+    return op->emitOpError()
+           << "refers to " << comm << ", which is not a dist.pair";
+  return success();
+}
+
+LogicalResult SendOp::verify() {
+  return verifyTransfer(*this, getPeerAttr().getInt(), getTag(),
+                        getInput().getType());
+}
+
+LogicalResult SendOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPairUse(*this, getCommAttr(), symbols);
+}
+
+LogicalResult RecvOp::verify() {
+  return verifyTransfer(*this, getPeerAttr().getInt(), getTag(),
+                        getResult().getType());
+}
+
+LogicalResult RecvOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyPairUse(*this, getCommAttr(), symbols);
 }
 
 LogicalResult FreeOp::verify() {

@@ -282,10 +282,15 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
 
   // tensor_id: the parameter's index among the dist.param arguments, the
   // same on every rank and under every layout.
+  // A pp rank's program keeps only its stages' parameters; each carries
+  // its index in the whole model (`dist.tensor_id`, dist-lower-pipeline).
   llvm::DenseMap<unsigned, int64_t> tensorIds;
   for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
-    if (func.getArgAttrOfType<StringAttr>(i, "dist.param"))
-      tensorIds.try_emplace(i, static_cast<int64_t>(tensorIds.size()));
+    if (func.getArgAttrOfType<StringAttr>(i, "dist.param")) {
+      auto id = func.getArgAttrOfType<IntegerAttr>(i, "dist.tensor_id");
+      tensorIds.try_emplace(i, id ? id.getInt()
+                                  : static_cast<int64_t>(tensorIds.size()));
+    }
 
   SmallVector<Update> updates;
   llvm::DenseMap<unsigned, OptimizerStepOp> seen;

@@ -263,6 +263,14 @@ private:
     auto walk = func.walk([&](Operation *op) {
       if (isa<AnnotateOp>(op))
         return WalkResult::advance(); // its operand is unlaid-out by design
+      // A pipeline stage's activations (received, or handed on by a
+      // staged compute) are rank-local by design: one microbatch of one
+      // data-parallel rank, with no layout to infer.
+      if (isa<RecvOp>(op))
+        return WalkResult::advance();
+      if (auto compute = dyn_cast<ComputeOp>(op);
+          compute && compute.getStageAttr())
+        return WalkResult::advance();
       for (Value v : op->getResults())
         if (isa<RankedTensorType>(v.getType()) && !getLayout(v.getType())) {
           op->emitOpError()

@@ -200,6 +200,8 @@ private:
   func::FuncOp func;
   Block &body;
   bool reshard = true;
+  /// The function is one pp rank's program (dist.pp_rank).
+  bool pipelined = false;
 
   SmallVector<ComputeOp> computes;
   DenseMap<Operation *, unsigned> computeIndex;
@@ -231,6 +233,7 @@ LogicalResult StepScheduler::check() {
              << "dist.reshard_after_forward must be a bool, not " << attr;
     reshard = flag.getValue();
   }
+  pipelined = func->hasAttr("dist.pp_rank");
   DenseSet<std::pair<Attribute, int64_t>> forwards;
   SmallVector<Operation *> oldFrees;
   for (Operation &op : body.without_terminator()) {
@@ -358,6 +361,11 @@ void StepScheduler::buildGatherGroups() {
       if (std::optional<bool> unitReshard = unitPolicy(compute);
           unitReshard && compute.getPhase() == Phase::Backward)
         regather = *unitReshard && lastReader != i;
+      // One pp rank's stages (after dist-lower-pipeline) gather once per
+      // step, as torchtitan's FSDP under pipelining: unsharded before a
+      // stage's first forward, resharded after its last backward.
+      if (pipelined)
+        regather = false;
       if (regather) {
         regathersPrevious[i] = regathersPrevious[i] || lastReader + 1 == i;
         for (Operation *op : chain) {

@@ -3,6 +3,7 @@
 #define MESHPLAN_DIALECT_DIST_IR_DISTOPS_H
 
 #include "meshplan/Core/LayoutRules.h"
+#include "meshplan/Core/PipelineSchedule.h"
 #include "meshplan/Dialect/Dist/IR/DistAttrs.h"
 
 #include "meshplan/Dialect/Dist/IR/DistInterfaces.h.inc"

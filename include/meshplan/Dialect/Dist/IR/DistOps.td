@@ -223,9 +223,14 @@ def Dist_ReduceSumOp : Dist_ModelOp<"reduce_sum"> {
 // dist-lower-optimizer their optimizer state, are its arguments.
 //===----------------------------------------------------------------------===//
 
+// A zero-bubble pipeline schedule splits a stage's backward into the input
+// gradient (sent upstream at once) and the weight gradient (run later, to
+// fill the bubble); see docs/pipeline.md.
 def Dist_PhaseAttr : I32EnumAttr<"Phase", "training-step phase", [
   I32EnumAttrCase<"Forward", 0, "forward">,
-  I32EnumAttrCase<"Backward", 1, "backward">
+  I32EnumAttrCase<"Backward", 1, "backward">,
+  I32EnumAttrCase<"BackwardInput", 2, "backward_input">,
+  I32EnumAttrCase<"BackwardWeight", 3, "backward_weight">
 ]> {
   let cppNamespace = "::meshplan::dist";
 }
@@ -244,14 +249,32 @@ def Dist_ComputeOp : Dist_Op<"compute",
     under one leading dim (a sequence-parallel weight's rows, one per TP
     rank), in a layout partial over the data-parallel axes. `flops` is the
     cost model's estimate.
+
+    Under pipeline parallelism (`dist.pipeline`) each compute names the
+    `stage` it belongs to, and activations travel between stages as
+    rank-local tensors (no layout; each data-parallel rank has its own
+    microbatch), which may sit among laid-out values:
+    ```mlir
+    %a = dist.compute forward "layers.1" (%w1) stage 0 : tensor<...> -> tensor<16x8xbf16>
+    %x = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" : tensor<16x8xbf16>
+    dist.compute forward "layers.2" (%w2, %x) stage 1 : tensor<...>, tensor<16x8xbf16>
+    ```
+    A stage's forward may produce one value: the activation handed to the
+    next stage. Its backward reads the output gradient as its last input
+    and, if it reads the stage's input activation, produces that
+    activation's gradient in the activation's position, like any other
+    input's gradient. `backward_input` and `backward_weight` (zero-bubble
+    schedules, pipeline stages only) split a backward into the input
+    gradient (the activation's, nothing else) and the weight gradients.
   }];
   let arguments = (ins Dist_PhaseAttr:$phase, StrAttr:$module,
                        Variadic<AnyRankedTensor>:$inputs,
-                       OptionalAttr<F64Attr>:$flops);
+                       OptionalAttr<F64Attr>:$flops,
+                       OptionalAttr<I64Attr>:$stage);
   let results = (outs Variadic<AnyRankedTensor>:$grads);
   let assemblyFormat = [{
-    $phase $module `(` $inputs `)` (`flops` `=` $flops^)? attr-dict
-    (`:` type($inputs)^)? (`->` type($grads)^)?
+    $phase $module `(` $inputs `)` (`stage` $stage^)? (`flops` `=` $flops^)?
+    attr-dict (`:` type($inputs)^)? (`->` type($grads)^)?
   }];
   let hasVerifier = 1;
 }
@@ -349,6 +372,104 @@ def Dist_Fp8CastOp : Dist_Op<"fp8_cast",
     $input `scale` $amax `[` $index `]` (`power_of_2` $power_of_2^)? attr-dict
     `:` type($input) `,` type($amax) `->` type($result)
   }];
+}
+
+//===----------------------------------------------------------------------===//
+// Pipeline parallelism: the schedule, point-to-point communicators and
+// transfers. Orders and placements come from core (PipelineSchedule.h).
+//===----------------------------------------------------------------------===//
+
+def Dist_PipelineScheduleOp : Dist_Op<"pipeline", [Symbol,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "A pipeline-parallel schedule over one mesh axis";
+  let description = [{
+    ```mlir
+    dist.pipeline @pipe on @m axis "pp" schedule "interleaved_1f1b" microbatches 8 stages_per_rank 2 activation tensor<8192x4096xbf16>
+    ```
+    The model is cut into `size(axis) * stages_per_rank` stages, laid onto
+    the coordinates of `axis` by the schedule's placement (loop, or V for
+    `zbv`); `schedule` is one of core's (`gpipe`, `1f1b`,
+    `interleaved_1f1b`, `zbv`) and `microbatches` must satisfy its rule
+    (docs/pipeline.md). `activation` is one microbatch's activation on one
+    rank as it crosses a stage boundary (its gradient has the same type):
+    a rank-local tensor, without a layout. A `dist.train_step` function
+    names its pipeline with `dist.pipeline = @pipe`;
+    `dist-lower-pipeline` expands its stages into one pp rank's program.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, FlatSymbolRefAttr:$mesh,
+                       StrAttr:$axis, StrAttr:$schedule, I64Attr:$microbatches,
+                       I64Attr:$stages_per_rank, TypeAttr:$activation);
+  let assemblyFormat = [{
+    $sym_name `on` $mesh `axis` $axis `schedule` $schedule
+    `microbatches` $microbatches `stages_per_rank` $stages_per_rank
+    `activation` $activation attr-dict
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// The core schedule configuration with the axis size `ranks`, or an
+    /// error naming the schedule.
+    ::mlir::FailureOr<::meshplan::PipelineScheduleConfig>
+    getConfig(int64_t ranks);
+  }];
+}
+
+def Dist_PairOp : Dist_Op<"pair", [Symbol,
+    DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "A point-to-point communicator: two coordinates of one axis";
+  let description = [{
+    ```mlir
+    dist.pair @pp_0_1 on @m axis "pp" coords [0, 1]
+    ```
+    Every rank whose coordinate along `axis` is one of `coords` belongs to
+    the pair made of it and the rank at the other coordinate, all other
+    coordinates equal; the member at `coords[i]` has key i. Pipeline stages
+    on neighbouring pp ranks exchange activations on such pairs; one exists
+    only for the pairs a program uses.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name, FlatSymbolRefAttr:$mesh,
+                       StrAttr:$axis, DenseI64ArrayAttr:$coords);
+  let assemblyFormat = [{
+    $sym_name `on` $mesh `axis` $axis `coords` `=` $coords attr-dict
+  }];
+  let hasVerifier = 1;
+}
+
+def Dist_SendOp : Dist_Op<"send",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Sends a rank-local tensor to the other member of a pair";
+  let description = [{
+    ```mlir
+    dist.send %a on @pp_0_1 to 1 tag "F s0 mb3" : tensor<16x8xbf16>
+    ```
+    `to` is the receiver's key in the `dist.pair`; the receiver's
+    `dist.recv` carries the same `tag` (what travels: "F s0 mb3" is stage
+    0's forward activation of microbatch 3, "B s1 mb3" stage 1's input
+    gradient). Becomes the plan's `send` instruction.
+  }];
+  let arguments = (ins AnyRankedTensor:$input, FlatSymbolRefAttr:$comm,
+                       I64Attr:$peer, StrAttr:$tag);
+  let assemblyFormat = [{
+    $input `on` $comm `to` $peer `tag` $tag attr-dict `:` type($input)
+  }];
+  let hasVerifier = 1;
+}
+
+def Dist_RecvOp : Dist_Op<"recv",
+    [DeclareOpInterfaceMethods<SymbolUserOpInterface>]> {
+  let summary = "Receives a rank-local tensor from the other member of a pair";
+  let description = [{
+    ```mlir
+    %a = dist.recv on @pp_0_1 from 0 tag "F s0 mb3" : tensor<16x8xbf16>
+    ```
+    Pairs with the peer's `dist.send` of the same tag and type. Becomes the
+    plan's `recv` instruction.
+  }];
+  let arguments = (ins FlatSymbolRefAttr:$comm, I64Attr:$peer, StrAttr:$tag);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = [{
+    `on` $comm `from` $peer `tag` $tag attr-dict `:` type($result)
+  }];
+  let hasVerifier = 1;
 }
 
 def Dist_FreeOp : Dist_Op<"free"> {

@@ -172,7 +172,8 @@ def DistSchedule : Pass<"dist-schedule", "mlir::ModuleOp"> {
     gets a copy of its chain (sharing the float8 amax) when it is a backward
     and `dist.reshard_after_forward` (default true) holds, or a forward of a
     later microbatch; not when the compute right before it read the same
-    gather. Gradient reductions go right after their backward compute. A
+    gather, and never in one pp rank's program (`dist.pp_rank`, after
+    `dist-lower-pipeline`), whose stages gather once per step. Gradient reductions go right after their backward compute. A
     group's collectives that share comm, op, dtype and reduce op form one
     `dist.bucket`. Every value gets a `dist.free` after its last use; every
     op a `dist.stream` ("compute", "comm.ag", "comm.rs") and a `dist.id`
@@ -201,6 +202,67 @@ def DistSchedule : Pass<"dist-schedule", "mlir::ModuleOp"> {
     dist.free %g1 {dist.id = 9, ...}
     ```
   }];
+}
+
+def DistLowerPipeline : Pass<"dist-lower-pipeline", "mlir::ModuleOp"> {
+  let summary = "Expands a pipeline's stages into one pp rank's program";
+  let description = [{
+    For every `dist.train_step` function naming a `dist.pipeline`
+    (`dist.pipeline = @pipe`), whose body is one microbatch's step with
+    every `dist.compute` tagged with its `stage`: keeps only the stages
+    core places on pp coordinate `pp-rank` (other stages' computes, what
+    reads their results, and then every parameter argument, gather and
+    optimizer step nothing needs any more are erased; each remaining
+    parameter keeps its index in the whole model as `dist.tensor_id`, the
+    optimizer's `tensor_id`), and replays their
+    computes per (stage, microbatch) in the order core's
+    `buildPipelineSchedule` gives that coordinate, with a `dist.send` /
+    `dist.recv` of the activation (forward) or activation gradient
+    (backward) wherever core places one, on a `dist.pair` created for each
+    pair of pp coordinates that exchange (none between two stages on one
+    rank). A stage's last forward produces the activation its successor
+    reads as its first forward's last input; its first backward reads the
+    output gradient as its last input, and its last backward produces the
+    gradient of the stage's input activation. Backwards of later
+    microbatches read the gradients accumulated so far (inputs after the
+    activation); the gradient consumers (reductions, optimizer steps) move
+    after the program and read the last microbatch's. zbv's `I` and `W`
+    become `backward_input` (activation gradient only) and
+    `backward_weight` (weight gradients), each with half the backward's
+    flops. Every op the schedule creates carries `dist.microbatch` and
+    `dist.action`, core's text of its action ("1F0", "1SEND_F0"). The
+    function gets `dist.pp_rank`; a function that has it is left alone.
+
+    Before (`dist.pipeline @pipe on @m axis "pp" schedule "gpipe"
+    microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>`,
+    `pp-rank=1`):
+    ```mlir
+    dist.compute forward "a" (%w0) stage 0 : ...
+    dist.compute forward "b" (%w1) stage 1 : ...
+    %g1 = dist.compute backward "b" (%w1) stage 1 : ... -> ...
+    %g0 = dist.compute backward "a" (%w0) stage 0 : ... -> ...
+    dist.optimizer_step %w1, %g1 : ...
+    dist.optimizer_step %w0, %g0 : ...
+    ```
+    After (`%w0` and its uses are gone):
+    ```mlir
+    dist.pair @pp_0_1 on @m axis "pp" coords = [0, 1]
+    %x0 = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" {dist.action = "1RECV_F0", ...}
+    dist.compute forward "b" (%w1, %x0) stage 1 {dist.microbatch = 0 : i64, ...}
+    %x1 = dist.recv on @pp_0_1 from 0 tag "F s0 mb1" ...
+    dist.compute forward "b" (%w1, %x1) stage 1 {dist.microbatch = 1 : i64, ...}
+    %b0:2 = dist.compute backward "b" (%w1, %x0) stage 1 ...
+    dist.send %b0#1 on @pp_0_1 to 0 tag "B s1 mb0" ...
+    %b1:2 = dist.compute backward "b" (%w1, %x1, %b0#0) stage 1 ...
+    dist.send %b1#1 on @pp_0_1 to 0 tag "B s1 mb1" ...
+    dist.optimizer_step %w1, %b1#0 : ...
+    ```
+  }];
+  let options = [
+    Option<"ppRank", "pp-rank", "int64_t", /*default=*/"-1",
+           "The coordinate along the pipeline axis whose program to build">
+  ];
+  let dependentDialects = ["::meshplan::dist::DistDialect"];
 }
 
 def DistSpecializeRank : Pass<"dist-specialize-rank", "mlir::ModuleOp"> {
