@@ -262,7 +262,7 @@ public:
     if (bytes == 0)
       return {};
     if (bytes * size_t(size()) <= kBruckAllGatherBytes)
-      return guarded([&] { bruckAllGather(in, out, bytes); });
+      return guarded([&] { logRoundAllGather(in, out, bytes); });
     return guarded([&] {
       gloo::AllgatherOptions opts(context);
       opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
@@ -307,12 +307,12 @@ public:
       }));
       std::memcpy(out, work.data(), block);
     } else if (block && block * size_t(n) <= kBruckAllToAllBytes) {
-      // Small: Bruck's all-to-all (ceil(log2 n) messages, not n - 1), which
-      // leaves member s's block at index (key - s) mod n.
+      // Small: a log-round all-to-all (ceil(log2 n) messages, not n - 1).
       scratch.resize(block * size_t(n));
-      MESHPLAN_TRY(guarded([&] { bruckAllToAll(in, scratch.data(), block); }));
+      MESHPLAN_TRY(
+          guarded([&] { logRoundAllToAll(in, scratch.data(), block); }));
       auto from = [&](int64_t s) {
-        return scratch.data() + block * size_t((key() - s + n) % n);
+        return scratch.data() + block * size_t(exchangedIndex(s));
       };
       foldInKeyOrder(*fn, out, from, n, count, dtype);
     } else if (block) {
@@ -345,7 +345,7 @@ public:
       auto sum = reduceFunction(dtype, sumOp);
       scratch.resize(bytes * size_t(n));
       MESHPLAN_TRY(
-          guarded([&] { bruckAllGather(data, scratch.data(), bytes); }));
+          guarded([&] { logRoundAllGather(data, scratch.data(), bytes); }));
       foldInKeyOrder(
           *sum, data,
           [&](int64_t s) { return scratch.data() + bytes * size_t(s); }, n,
@@ -483,12 +483,41 @@ private:
         throw std::runtime_error(std::string(what) + ": a receive was aborted");
   }
 
-  /// ceil(log2 n): the rounds of Bruck's algorithms on n members.
-  static int bruckRounds(int64_t n) {
+  /// ceil(log2 n): the rounds of the log-round algorithms on n members.
+  static int logRounds(int64_t n) {
     int rounds = 0;
     while ((int64_t(1) << rounds) < n)
       ++rounds;
     return rounds;
+  }
+  bool powerOfTwo() const { return (size() & (size() - 1)) == 0; }
+
+  /// An all-gather in ceil(log2 n) rounds, every block received straight
+  /// into its place in `out`. On 2^k members, recursive doubling: in round
+  /// k a member swaps the 2^k blocks it holds with member key ^ 2^k, so each
+  /// round is a pairwise exchange (a member waits only on the member it
+  /// sends to, which matters where processes outnumber cores and a wake-up
+  /// can wait for the scheduler's next tick). On other sizes, Bruck's.
+  void logRoundAllGather(const void *in, void *out, size_t block) {
+    if (!powerOfTwo())
+      return bruckAllGather(in, out, block);
+    int64_t n = size(), me = key();
+    auto *base = static_cast<uint8_t *>(out);
+    if (base + block * size_t(me) != in)
+      std::memcpy(base + block * size_t(me), in, block);
+    auto buffer = context->createUnboundBuffer(out, block * size_t(n));
+    uint64_t slot = uint64_t(context->nextSlot(logRounds(n)));
+    int round = 0;
+    for (int64_t bit = 1; bit < n; bit <<= 1, ++round) {
+      int64_t partner = me ^ bit;
+      // Each holds the aligned run of `bit` blocks around itself.
+      size_t length = block * size_t(bit);
+      buffer->recv(int(partner), slot + round,
+                   block * size_t(partner & ~(bit - 1)), length);
+      buffer->send(int(partner), slot + round, block * size_t(me & ~(bit - 1)),
+                   length);
+      waitAll(*buffer, 1, *buffer, 1, "all-gather");
+    }
   }
 
   /// Bruck's all-gather (Bruck et al., "Efficient algorithms for all-to-all
@@ -505,7 +534,7 @@ private:
       std::memcpy(base + block * size_t(me), in, block);
     auto buffer = context->createUnboundBuffer(out, block * size_t(n));
     // Two slots per round, one per piece of a wrapping range.
-    uint64_t slot = uint64_t(context->nextSlot(2 * bruckRounds(n)));
+    uint64_t slot = uint64_t(context->nextSlot(2 * logRounds(n)));
     int64_t have = 1;
     for (int round = 0; have < n; ++round) {
       int64_t count = std::min(have, n - have);
@@ -617,35 +646,53 @@ private:
     waitAll(*whole, sends, *whole, results, "all-reduce");
   }
 
-  /// Bruck's all-to-all (same paper): the blocks are first rotated so that
-  /// index i holds the block for member (key + i) mod n; in round k every
-  /// block whose index has bit k set moves 2^k members on, packed into one
-  /// message. Afterwards index i holds the block member (key - i) mod n sent
-  /// here. ceil(log2 n) messages instead of n - 1, for about n/2 blocks
-  /// each: the choice for small blocks, where the messages cost the time.
-  void bruckAllToAll(const void *in, uint8_t *rotated, size_t block) {
+  /// Where logRoundAllToAll leaves the block member s sent here.
+  int64_t exchangedIndex(int64_t s) const {
+    return powerOfTwo() ? (key() ^ s) : (key() - s + size()) % size();
+  }
+
+  /// An all-to-all in ceil(log2 n) rounds instead of Gloo's one round of
+  /// n - 1 messages: the choice for small blocks, where waiting for the
+  /// messages costs the time. Index i first holds the block for member
+  /// key ^ i (2^k members) or (key + i) mod n (others); in round k every
+  /// block whose index has bit k set goes to member key ^ 2^k (a pairwise
+  /// exchange, as in logRoundAllGather) or key + 2^k (Bruck's all-to-all,
+  /// same paper), where it keeps its index. Afterwards index
+  /// exchangedIndex(s) holds the block member s sent here. Each block is a
+  /// message of its own: packing a round's blocks into one message of 8 to
+  /// 32 KiB made 4-rank reduce-scatters of 16 and 64 KiB 5-10x slower on the
+  /// 2-core VM (bench-runtime-collectives), for reasons in the transport.
+  void logRoundAllToAll(const void *in, uint8_t *rotated, size_t block) {
     int64_t n = size(), me = key();
+    bool pairwise = powerOfTwo();
     auto *src = static_cast<const uint8_t *>(in);
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(rotated + block * size_t(i),
-                  src + block * size_t((me + i) % n), block);
+                  src + block * size_t(pairwise ? (me ^ i) : (me + i) % n),
+                  block);
     size_t most = size_t(n / 2 + 1) * block;
     packed.resize(2 * most);
     uint8_t *outgoing = packed.data(), *incoming = packed.data() + most;
     auto sending = context->createUnboundBuffer(outgoing, most);
     auto receiving = context->createUnboundBuffer(incoming, most);
-    uint64_t slot = uint64_t(context->nextSlot(bruckRounds(n)));
+    int64_t perRound = n / 2 + 1;
+    uint64_t slot = uint64_t(context->nextSlot(int(logRounds(n) * perRound)));
     int round = 0;
     for (int64_t bit = 1; bit < n; bit <<= 1, ++round) {
+      int64_t to = pairwise ? (me ^ bit) : (me + bit) % n;
+      int64_t from = pairwise ? (me ^ bit) : (me - bit + n) % n;
       size_t length = 0;
+      int messages = 0;
       for (int64_t i = bit; i < n; ++i)
         if (i & bit) {
           std::memcpy(outgoing + length, rotated + block * size_t(i), block);
+          uint64_t tag = slot + uint64_t(round * perRound + messages);
+          receiving->recv(int(from), tag, length, block);
+          sending->send(int(to), tag, length, block);
+          ++messages;
           length += block;
         }
-      receiving->recv(int((me - bit + n) % n), slot + round, 0, length);
-      sending->send(int((me + bit) % n), slot + round, 0, length);
-      waitAll(*sending, 1, *receiving, 1, "all-to-all");
+      waitAll(*sending, messages, *receiving, messages, "all-to-all");
       length = 0;
       for (int64_t i = bit; i < n; ++i)
         if (i & bit) {
