@@ -63,10 +63,27 @@ std::string where(const Plan &plan, size_t i) {
 
 } // namespace
 
-Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
-                          const CostModel &model) {
-  MESHPLAN_TRY(checkCostModel(model));
-  const size_t n = plan.program.size();
+namespace {
+
+/// The instructions of one plan as nodes [offset, offset + n) of a timing
+/// graph: durations, and edges for stream order and deps.
+struct TimingGraph {
+  std::vector<double> duration;
+  std::vector<std::vector<size_t>> preds, succs;
+
+  void edge(size_t from, size_t to) {
+    preds[to].push_back(from);
+    succs[from].push_back(to);
+  }
+};
+
+/// Checks `flops`, sizes `s` for `plan` and appends its nodes to `g`. With
+/// `recvWaitsForSend`, a recv costs nothing here: the caller adds an edge
+/// from the matching send, which carries the transfer's duration.
+Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
+                     const CostModel &model, bool recvWaitsForSend, Schedule &s,
+                     TimingGraph &g) {
+  const size_t n = plan.program.size(), offset = g.duration.size();
   if (!flops.empty() && flops.size() != n)
     return makeError("flops has " + std::to_string(flops.size()) +
                      " entries but the program has " + std::to_string(n) +
@@ -77,8 +94,8 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
                        " is not a finite number >= 0");
 
   std::unordered_map<std::string_view, int> streams;
-  for (size_t s = 0; s < plan.streams.size(); ++s)
-    streams.emplace(plan.streams[s], static_cast<int>(s));
+  for (size_t st = 0; st < plan.streams.size(); ++st)
+    streams.emplace(plan.streams[st], static_cast<int>(st));
   std::unordered_map<std::string_view, const Communicator *> comms;
   for (const Communicator &c : plan.communicators)
     comms.emplace(c.id, &c);
@@ -94,7 +111,6 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
   for (size_t i = 0; i < n; ++i)
     ids.emplace(plan.program[i].id, i);
 
-  Schedule s;
   s.model = model;
   s.start.assign(n, 0);
   s.end.assign(n, 0);
@@ -106,9 +122,9 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
   else if (!plan.streams.empty())
     s.computeStream = 0;
 
-  // Durations, and the graph: stream order plus deps.
-  std::vector<double> duration(n, 0);
-  std::vector<std::vector<size_t>> preds(n), succs(n);
+  g.duration.resize(offset + n, 0);
+  g.preds.resize(offset + n);
+  g.succs.resize(offset + n);
   std::vector<size_t> lastOnStream(plan.streams.size(), n);
   for (size_t i = 0; i < n; ++i) {
     const Instruction &in = plan.program[i];
@@ -132,68 +148,82 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
           if (auto it = bufferBytes.find(b); it != bufferBytes.end())
             s.bytes[i] += it->second;
     }
-    duration[i] = durationSeconds(in, comm, flops.empty() ? 0 : flops[i], model,
-                                  isCollective(in.op) ? 0 : s.bytes[i]);
-    s.streamBusySeconds[st->second] += duration[i];
-    if (size_t prev = lastOnStream[st->second]; prev != n) {
-      preds[i].push_back(prev);
-      succs[prev].push_back(i);
-    }
+    double d = durationSeconds(in, comm, flops.empty() ? 0 : flops[i], model,
+                               isCollective(in.op) ? 0 : s.bytes[i]);
+    if (recvWaitsForSend && in.op == OpKind::Recv)
+      d = 0;
+    g.duration[offset + i] = d;
+    s.streamBusySeconds[st->second] += d;
+    if (size_t prev = lastOnStream[st->second]; prev != n)
+      g.edge(offset + prev, offset + i);
     lastOnStream[st->second] = i;
-    for (const std::string &d : in.deps) {
-      auto it = ids.find(d);
+    for (const std::string &dep : in.deps) {
+      auto it = ids.find(dep);
       if (it == ids.end())
-        return makeError(where(plan, i) + ": unknown dep " + quote(d));
-      preds[i].push_back(it->second);
-      succs[it->second].push_back(i);
+        return makeError(where(plan, i) + ": unknown dep " + quote(dep));
+      g.edge(offset + it->second, offset + i);
     }
   }
+  return {};
+}
 
-  // Longest path by Kahn's algorithm; what is left over lies on or behind a
-  // cycle.
-  std::vector<size_t> pending(n), ready;
+/// Longest paths by Kahn's algorithm: start and end of every node. Returns
+/// the nodes left over (on or behind a cycle), empty when all ran.
+std::vector<size_t> longestPaths(const TimingGraph &g,
+                                 std::vector<double> &start,
+                                 std::vector<double> &end,
+                                 std::vector<size_t> &pending) {
+  const size_t n = g.duration.size();
+  start.assign(n, 0);
+  end.assign(n, 0);
+  pending.assign(n, 0);
+  std::vector<size_t> ready;
   for (size_t i = 0; i < n; ++i)
-    if ((pending[i] = preds[i].size()) == 0)
+    if ((pending[i] = g.preds[i].size()) == 0)
       ready.push_back(i);
   size_t done = 0;
   while (!ready.empty()) {
     size_t u = ready.back();
     ready.pop_back();
     ++done;
-    s.end[u] = s.start[u] + duration[u];
-    for (size_t v : succs[u]) {
-      s.start[v] = std::max(s.start[v], s.end[u]);
+    end[u] = start[u] + g.duration[u];
+    for (size_t v : g.succs[u]) {
+      start[v] = std::max(start[v], end[u]);
       if (--pending[v] == 0)
         ready.push_back(v);
     }
   }
-  if (done < n) {
-    // Every stuck instruction has a stuck predecessor: walk back until one
-    // repeats, then report that cycle.
-    size_t u = 0;
-    while (pending[u] == 0)
-      ++u;
-    std::vector<size_t> seenAt(n, n), path;
-    while (seenAt[u] == n) {
-      seenAt[u] = path.size();
-      path.push_back(u);
-      for (size_t p : preds[u])
-        if (pending[p] != 0) {
-          u = p;
-          break;
-        }
-    }
-    std::string msg = "wait cycle among the instructions of rank " +
-                      std::to_string(plan.rank) + ":";
-    // path[k] waits for path[k + 1]; the last one waits for u.
-    for (size_t k = seenAt[u]; k < path.size(); ++k)
-      msg += " " + where(plan, path[k]) + " waits for";
-    msg += " " + where(plan, u);
-    return makeError(msg);
-  }
+  std::vector<size_t> stuck;
+  if (done < n)
+    for (size_t i = 0; i < n; ++i)
+      if (pending[i] != 0)
+        stuck.push_back(i);
+  return stuck;
+}
 
+/// A cycle among the stuck nodes: every stuck node has a stuck predecessor,
+/// so walking back from one repeats. Returns it with path[k] waiting for
+/// path[k + 1] and the last waiting for the first.
+std::vector<size_t> waitCycle(const TimingGraph &g,
+                              const std::vector<size_t> &pending, size_t from) {
+  std::vector<size_t> seenAt(g.duration.size(), g.duration.size()), path;
+  size_t u = from;
+  while (seenAt[u] == g.duration.size()) {
+    seenAt[u] = path.size();
+    path.push_back(u);
+    for (size_t p : g.preds[u])
+      if (pending[p] != 0) {
+        u = p;
+        break;
+      }
+  }
+  return {path.begin() + std::ptrdiff_t(seenAt[u]), path.end()};
+}
+
+/// Step time and exposed communication of a laid-out schedule.
+void summarize(const Plan &plan, Schedule &s) {
   std::vector<Interval> commIntervals, computeIntervals;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < plan.program.size(); ++i) {
     s.stepSeconds = std::max(s.stepSeconds, s.end[i]);
     if (isCollective(plan.program[i].op))
       commIntervals.push_back({s.start[i], s.end[i]});
@@ -205,7 +235,110 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
       measure(comm) - overlap(comm, unite(std::move(computeIntervals)));
   if (s.exposedCommSeconds < 0)
     s.exposedCommSeconds = 0;
+}
+
+} // namespace
+
+Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
+                          const CostModel &model) {
+  MESHPLAN_TRY(checkCostModel(model));
+  Schedule s;
+  TimingGraph g;
+  MESHPLAN_TRY(addPlan(plan, flops, model, /*recvWaitsForSend=*/false, s, g));
+  std::vector<double> start, end;
+  std::vector<size_t> pending;
+  std::vector<size_t> stuck = longestPaths(g, start, end, pending);
+  if (!stuck.empty()) {
+    std::string msg = "wait cycle among the instructions of rank " +
+                      std::to_string(plan.rank) + ":";
+    std::vector<size_t> cycle = waitCycle(g, pending, stuck.front());
+    for (size_t u : cycle)
+      msg += " " + where(plan, u) + " waits for";
+    msg += " " + where(plan, cycle.front());
+    return makeError(msg);
+  }
+  s.start = std::move(start);
+  s.end = std::move(end);
+  summarize(plan, s);
   return s;
+}
+
+Result<std::vector<Schedule>>
+simulateTogether(const std::vector<const Plan *> &plans,
+                 const std::vector<std::vector<double>> &flops,
+                 const CostModel &model) {
+  MESHPLAN_TRY(checkCostModel(model));
+  if (flops.size() != plans.size())
+    return makeError("flops lists " + std::to_string(flops.size()) +
+                     " plans but there are " + std::to_string(plans.size()));
+  std::vector<Schedule> out(plans.size());
+  std::vector<size_t> offsets;
+  TimingGraph g;
+  std::unordered_map<int64_t, size_t> planOfRank;
+  for (size_t p = 0; p < plans.size(); ++p) {
+    offsets.push_back(g.duration.size());
+    if (!planOfRank.emplace(plans[p]->rank, p).second)
+      return makeError("two plans of rank " + std::to_string(plans[p]->rank));
+    if (auto ok = addPlan(*plans[p], flops[p], model,
+                          /*recvWaitsForSend=*/true, out[p], g);
+        !ok)
+      return ok.error().within("rank " + std::to_string(plans[p]->rank));
+  }
+  // A send's transfer ends where its recv may end: an edge from every send
+  // to the recv of the same tag on the peer's plan, when that plan is one
+  // of these (a peer outside the set is taken to be on time).
+  std::unordered_map<std::string, size_t> recvOfTag; // "<rank>/<tag>"
+  for (size_t p = 0; p < plans.size(); ++p)
+    for (size_t i = 0; i < plans[p]->program.size(); ++i)
+      if (plans[p]->program[i].op == OpKind::Recv)
+        recvOfTag.emplace(std::to_string(plans[p]->rank) + "/" +
+                              plans[p]->program[i].tag,
+                          offsets[p] + i);
+  for (size_t p = 0; p < plans.size(); ++p) {
+    std::unordered_map<std::string_view, const Communicator *> comms;
+    for (const Communicator &c : plans[p]->communicators)
+      comms.emplace(c.id, &c);
+    for (size_t i = 0; i < plans[p]->program.size(); ++i) {
+      const Instruction &in = plans[p]->program[i];
+      if (in.op != OpKind::Send)
+        continue;
+      auto c = comms.find(in.comm);
+      if (c == comms.end() || in.peer < 0 ||
+          size_t(in.peer) >= c->second->ranks.size())
+        continue; // validatePlan refuses these
+      int64_t peerRank = c->second->ranks[size_t(in.peer)];
+      auto r = recvOfTag.find(std::to_string(peerRank) + "/" + in.tag);
+      if (r != recvOfTag.end())
+        g.edge(offsets[p] + i, r->second);
+    }
+  }
+  std::vector<double> start, end;
+  std::vector<size_t> pending;
+  std::vector<size_t> stuck = longestPaths(g, start, end, pending);
+  auto name = [&](size_t node) {
+    size_t p = size_t(std::upper_bound(offsets.begin(), offsets.end(), node) -
+                      offsets.begin()) -
+               1;
+    return "rank " + std::to_string(plans[p]->rank) + " " +
+           where(*plans[p], node - offsets[p]);
+  };
+  if (!stuck.empty()) {
+    std::vector<size_t> cycle = waitCycle(g, pending, stuck.front());
+    std::string msg = "wait cycle across the plans:";
+    for (size_t u : cycle)
+      msg += " " + name(u) + " waits for";
+    msg += " " + name(cycle.front());
+    return makeError(msg);
+  }
+  for (size_t p = 0; p < plans.size(); ++p) {
+    size_t n = plans[p]->program.size();
+    out[p].start.assign(start.begin() + std::ptrdiff_t(offsets[p]),
+                        start.begin() + std::ptrdiff_t(offsets[p] + n));
+    out[p].end.assign(end.begin() + std::ptrdiff_t(offsets[p]),
+                      end.begin() + std::ptrdiff_t(offsets[p] + n));
+    summarize(*plans[p], out[p]);
+  }
+  return out;
 }
 
 std::string chromeTrace(const Plan &plan, const Schedule &schedule) {

@@ -87,16 +87,16 @@ func.func @train_step(%w0: tensor<8x8xf32, #dist.layout<@m, [{"dp"}, {}]>> {dist
 // R1-NEXT:  dist.optimizer_step %[[W]], %[[B1]]#0
 // R1-NEXT:  return
 
-// Transfers run on the compute stream, in program order; activations are
+// Transfers run on their own stream ("p2p"), in program order; activations are
 // freed after their last reader (the send, or the backward that reads the
 // received activation).
 // CHAIN-LABEL: func.func @train_step
-// CHAIN:       %[[X0:.*]] = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" {{{.*}}dist.stream = "compute"}
+// CHAIN:       %[[X0:.*]] = dist.recv on @pp_0_1 from 0 tag "F s0 mb0" {{{.*}}dist.stream = "p2p"}
 // CHAIN:       %[[G:.*]] = dist.all_gather
 // CHAIN:       dist.compute forward "b"(%[[G]], %[[X0]])
 // CHAIN:       %[[B0:.*]]:2 = dist.compute backward "b"(%[[G]], %[[X0]])
 // CHAIN-NEXT:  dist.free %[[X0]]
-// CHAIN-NEXT:  dist.send %[[B0]]#1 on @pp_0_1 to 0 tag "B s1 mb0" {{{.*}}dist.stream = "compute"}
+// CHAIN-NEXT:  dist.send %[[B0]]#1 on @pp_0_1 to 0 tag "B s1 mb0" {{{.*}}dist.stream = "p2p"}
 // CHAIN-NEXT:  dist.free %[[B0]]#1
 // CHAIN:       %[[B1:.*]]:2 = dist.compute backward "b"
 // CHAIN:       dist.reduce_scatter %[[B1]]#0

@@ -539,7 +539,8 @@ func.func @accumulate(%w: !s {dist.param = "w"}) -> !s
 // One pp rank's program (after dist-lower-pipeline, `dist.pp_rank`): its
 // stages gather once per step, as torchtitan's FSDP under pipelining; no
 // compute gets a re-gather, whatever the reshard policy. Transfers run on
-// the compute stream, and a received activation is freed after its last
+// a stream of their own ("p2p"; the compute reading a received activation
+// depends on its recv), and a received activation is freed after its last
 // reader.
 !s = tensor<32x32xf32, #dist.layout<@m, [{"dp"}, {}]>>
 !sb = tensor<32x32xbf16, #dist.layout<@m, [{"dp"}, {}]>>
@@ -550,16 +551,16 @@ dist.mesh @m ["pp" = 2, "dp" = 2]
 dist.comm @comm_m_dp on @m axes {"dp"}
 dist.pair @pp_0_1 on @m axis "pp" coords = [0, 1]
 // CHECK-LABEL: func.func @pipelined
-// CHECK-NEXT: %[[X0:.*]] = dist.recv {{.*}}tag "F s0 mb0" {dist.id = 0 : i64, dist.stream = "compute"}
+// CHECK-NEXT: %[[X0:.*]] = dist.recv {{.*}}tag "F s0 mb0" {dist.id = 0 : i64, dist.stream = "p2p"}
 // CHECK-NEXT: %[[C:.*]] = arith.truncf %arg0 {dist.id = 1 : i64
 // CHECK-NEXT: %[[G:.*]] = dist.all_gather %[[C]] {{.*}}{dist.id = 2 : i64
 // CHECK-NEXT: dist.free %[[C]]
 // CHECK-NEXT: dist.compute forward "layers.1"(%[[G]], %[[X0]]) stage 1 {dist.id = 4 : i64
-// CHECK-NEXT: %[[X1:.*]] = dist.recv {{.*}}tag "F s0 mb1" {dist.id = 5 : i64, dist.stream = "compute"}
+// CHECK-NEXT: %[[X1:.*]] = dist.recv {{.*}}tag "F s0 mb1" {dist.id = 5 : i64, dist.stream = "p2p"}
 // CHECK-NEXT: %[[B0:.*]]:2 = dist.compute backward "layers.1"(%[[G]], %[[X0]]) stage 1 {dist.id = 6 : i64
 // CHECK-NEXT: dist.free %[[X0]] {dist.id = 7 : i64
-// CHECK-NEXT: dist.send %[[B0]]#1 {{.*}}tag "B s1 mb0" {dist.id = 8 : i64, dist.stream = "compute"}
-// CHECK-NEXT: dist.free %[[B0]]#1 {dist.id = 9 : i64
+// CHECK-NEXT: dist.send %[[B0]]#1 {{.*}}tag "B s1 mb0" {dist.id = 8 : i64, dist.stream = "p2p"}
+// CHECK-NEXT: dist.free %[[B0]]#1 {dist.after = array<i64: 8>, dist.id = 9 : i64
 // CHECK-NEXT: dist.compute forward "layers.1"(%[[G]], %[[X1]]) stage 1 {dist.id = 10 : i64
 // CHECK-NEXT: %[[B1:.*]]:2 = dist.compute backward "layers.1"(%[[G]], %[[X1]], %[[B0]]#0) stage 1 {dist.id = 11 : i64
 // CHECK-NEXT: dist.free %[[G]], %[[X1]], %[[B0]]#0 {dist.id = 12 : i64

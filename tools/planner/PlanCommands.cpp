@@ -119,15 +119,16 @@ static Planned planOrThrow(
     const SpecFlags &flags, const CostFlags &cost, std::optional<int64_t> rank,
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
         nullptr,
-    bool pipelineOk = false) {
+    bool pipelineOk = false, bool everyCoordinate = false) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
-  // Only `plan` handles one template per pp coordinate so far; an error
-  // from compile would be the planner's (exit 3), this one is the spec's
-  // (exit 2).
+  // plan, explain and trace handle one template per pp coordinate; the
+  // checkpoint commands (planEveryRank) do not yet. An error from compile
+  // would be the planner's (exit 3), this one is the spec's (exit 2).
   if (p.spec.pipeline && !pipelineOk)
-    throw CliError(flags.spec + ": pipeline_parallel is planned by "
-                                "`meshplan plan` only so far (issue 16)");
+    throw CliError(flags.spec + ": pipeline_parallel: checkpoints of "
+                                "pipelined layouts are not supported yet "
+                                "(issue 16)");
   // zbv splits backward into I and W, which the plan's compute cannot
   // express yet (its phases are forward and backward).
   if (p.spec.pipeline &&
@@ -168,7 +169,7 @@ static Planned planOrThrow(
   int64_t pp = p.spec.pipeline->config.ranks;
   p.byPipelineRank.resize(size_t(pp));
   for (int64_t coord = 0; coord < pp; ++coord) {
-    if (rank && coord != p.pipelineRankOf(*rank))
+    if (rank && !everyCoordinate && coord != p.pipelineRankOf(*rank))
       continue;
     options.pipelineRank = coord;
     p.byPipelineRank[size_t(coord)].emplace(compileOne());
@@ -577,10 +578,125 @@ static plan::Plan instantiateOrThrow(const plan::PreparedTemplate &prepared,
   return std::move(*planned);
 }
 
+/// The ranks that run one pipeline with `rank`: its coordinates with each
+/// pp coordinate in turn.
+static std::vector<int64_t> pipelinePeers(const Planned &p, int64_t rank) {
+  const Mesh &mesh = *p.spec.mesh;
+  int axis = p.spec.pipeline->axisIndex;
+  int64_t position = *mesh.positionOf(rank);
+  int64_t base =
+      position - mesh.coordinateAt(position, axis) * mesh.stride(axis);
+  std::vector<int64_t> ranks;
+  for (int64_t c = 0; c < p.spec.pipeline->config.ranks; ++c)
+    ranks.push_back(mesh.rankAt(base + c * mesh.stride(axis)));
+  return ranks;
+}
+
+/// The per-stage table and the bubble of a pipelined spec: the plans of the
+/// ranks that run one pipeline with `rank`, laid out together under the
+/// cost model (plan::simulateTogether).
+static void explainPipeline(const Planned &p, int64_t rank,
+                            const Device &device, std::ostringstream &out) {
+  const frontend::ResolvedPipeline &pp = *p.spec.pipeline;
+  const PipelineScheduleConfig &config = pp.config;
+  std::vector<int64_t> peers = pipelinePeers(p, rank);
+  std::vector<plan::Plan> plans;
+  std::vector<const plan::Plan *> pointers;
+  std::vector<std::vector<double>> flops;
+  for (int64_t peer : peers) {
+    const plan::PreparedTemplate &t = p.templateFor(peer);
+    plans.push_back(instantiateOrThrow(t, peer));
+    flops.push_back(t.flops());
+  }
+  for (const plan::Plan &one : plans)
+    pointers.push_back(&one);
+  auto schedules = plan::simulateTogether(pointers, flops, device.model);
+  if (!schedules)
+    throw std::runtime_error("internal error: " + schedules.error().message);
+
+  out << "\npipeline: " << pipelineScheduleKindName(config.kind) << " over "
+      << pp.axis << "=" << config.ranks << ", " << config.microbatches
+      << " microbatches, " << config.stagesPerRank << " stage"
+      << (config.stagesPerRank == 1 ? "" : "s") << " per rank ("
+      << pp.numStages() << " stages); rank " << rank << " is " << pp.axis
+      << " coordinate " << p.pipelineRankOf(rank) << "\n";
+  out << "  the pipeline of rank " << rank
+      << ", laid out together under the cost model:\n";
+  out << "  " << std::left << std::setw(6) << pp.axis << std::setw(8) << "rank"
+      << std::setw(10) << "stages" << std::right << std::setw(12)
+      << "parameters" << std::setw(13) << "peak memory" << std::setw(13)
+      << "activations" << std::setw(14) << "compute busy" << std::setw(10)
+      << "step" << std::setw(8) << "idle"
+      << "\n";
+  double step = 0, idle = 0;
+  for (size_t c = 0; c < plans.size(); ++c) {
+    const plan::Schedule &s = (*schedules)[c];
+    step = std::max(step, s.stepSeconds);
+  }
+  for (size_t c = 0; c < plans.size(); ++c) {
+    const plan::Plan &one = plans[c];
+    const plan::Schedule &s = (*schedules)[c];
+    std::string stages;
+    int64_t parameters = 0;
+    for (int64_t stage : pp.stagesOfRank[c]) {
+      stages += (stages.empty() ? "" : ",") + std::to_string(stage);
+      parameters += pp.stages[size_t(stage)].numParameters;
+    }
+    int64_t peak = 0, activations = 0;
+    if (one.estimates) {
+      const auto &m = one.estimates->peakMemoryBytes;
+      if (auto it = m.find("total"); it != m.end())
+        peak = it->second;
+      if (auto it = m.find("activation"); it != m.end())
+        activations = it->second;
+    }
+    double busy = s.computeStream >= 0
+                      ? s.streamBusySeconds[size_t(s.computeStream)]
+                      : 0.0;
+    // Idle against the pipeline's step: every rank's step ends with the
+    // slowest one's.
+    double rankIdle = step > 0 ? std::max(0.0, 1.0 - busy / step) : 0.0;
+    idle += rankIdle;
+    double count = double(parameters);
+    out << "  " << std::left << std::setw(6) << c << std::setw(8) << peers[c]
+        << std::setw(10) << stages << std::right << std::setw(12)
+        << (count >= 1e9   ? fixed(count / 1e9, 2) + "B"
+            : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
+                           : fixed(count / 1e3, 1) + "K")
+        << std::setw(13) << bytesText(double(peak)) << std::setw(13)
+        << bytesText(double(activations)) << std::setw(14)
+        << (fixed(busy * 1e3, 1) + " ms") << std::setw(10)
+        << (fixed(s.stepSeconds * 1e3, 1) + " ms") << std::setw(7)
+        << fixed(100.0 * rankIdle, 1) << "%\n";
+  }
+  double bubble = plans.empty() ? 0 : idle / double(plans.size());
+  const char *formula =
+      config.kind == PipelineScheduleKind::Interleaved1F1B ? "(p-1)/(v m+p-1)"
+      : config.kind == PipelineScheduleKind::ZeroBubbleV   ? "(p-1)/(6m+p-1)"
+                                                           : "(p-1)/(m+p-1)";
+  out << "  bubble: " << fixed(100.0 * bubble, 1)
+      << "% under the cost model (the compute stream idle over the "
+         "pipeline's step, averaged over its ranks; exposed communication "
+         "included); textbook "
+      << formula << " = " << fixed(100.0 * textbookBubbleFraction(config), 1)
+      << "%\n";
+  out << "\nstep under the cost model (docs/plan-format.md#cost-model-and-"
+         "trace), the pipeline's ranks laid out together: "
+      << fixed(step * 1e3, 1) << " ms; rank " << rank << " exposed "
+      << "communication "
+      << fixed((*schedules)[size_t(p.pipelineRankOf(rank))].exposedCommSeconds *
+                   1e3,
+               1)
+      << " ms\n";
+}
+
 std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   Device device = deviceOrThrow(options.cost);
-  Planned p = planOrThrow(options.spec, options.cost, options.rank);
-  const plan::PreparedTemplate &prepared = *p.prepared;
+  // A pipeline: every pp coordinate, for the per-stage table and the
+  // bubble.
+  Planned p = planOrThrow(options.spec, options.cost, options.rank, nullptr,
+                          /*pipelineOk=*/true, /*everyCoordinate=*/true);
+  const plan::PreparedTemplate &prepared = p.templateFor(options.rank);
   plan::Plan plan = instantiateOrThrow(prepared, options.rank);
   const frontend::Spec &spec = p.spec.spec;
   const Mesh &mesh = prepared.mesh();
@@ -768,7 +884,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
     for (const frontend::UnitAssignment &unit : p.spec.units)
       if (unit.name == "norm+output")
         normOutput = &unit;
-    if (normOutput &&
+    if (normOutput && !p.spec.pipeline &&
         spec.dataParallel.units == frontend::UnitGrouping::Torchtitan) {
       frontend::Spec perModule = spec;
       perModule.dataParallel.units = frontend::UnitGrouping::PerModule;
@@ -868,7 +984,9 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
           << "%)\n";
     }
   }
-  if (schedule)
+  if (p.spec.pipeline)
+    explainPipeline(p, options.rank, device, out);
+  else if (schedule)
     out << "\nstep under the cost model (docs/plan-format.md#cost-model-and-"
            "trace): "
         << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed "
@@ -886,9 +1004,31 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   if (options.output.empty())
     throw CliError("-o: an output file is required");
   Device device = deviceOrThrow(options.cost);
-  Planned p = planOrThrow(options.spec, options.cost, options.rank);
-  plan::Plan planned = instantiateOrThrow(*p.prepared, options.rank);
-  auto schedule = plan::simulate(planned, p.prepared->flops(), device.model);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank, nullptr,
+                          /*pipelineOk=*/true, /*everyCoordinate=*/true);
+  plan::Plan planned =
+      instantiateOrThrow(p.templateFor(options.rank), options.rank);
+  Result<plan::Schedule> schedule = makeError("no schedule");
+  if (!p.spec.pipeline) {
+    schedule = plan::simulate(planned, p.prepared->flops(), device.model);
+  } else {
+    // The rank's timeline within its pipeline: laid out together with the
+    // other stages' ranks, so that waiting for a transfer shows as idle.
+    std::vector<plan::Plan> plans;
+    std::vector<const plan::Plan *> pointers;
+    std::vector<std::vector<double>> flops;
+    for (int64_t peer : pipelinePeers(p, options.rank)) {
+      plans.push_back(instantiateOrThrow(p.templateFor(peer), peer));
+      flops.push_back(p.templateFor(peer).flops());
+    }
+    for (const plan::Plan &one : plans)
+      pointers.push_back(&one);
+    auto all = plan::simulateTogether(pointers, flops, device.model);
+    if (all)
+      schedule = std::move((*all)[size_t(p.pipelineRankOf(options.rank))]);
+    else
+      schedule = all.error();
+  }
   if (!schedule)
     throw std::runtime_error("internal error: " + schedule.error().message);
   std::string trace = plan::chromeTrace(planned, *schedule);

@@ -52,6 +52,20 @@ struct Schedule {
 Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
                           const CostModel &model);
 
+/// The timelines of several ranks' plans laid out together, as the ranks
+/// of one pipeline run them: each plan as in simulate(), except that a recv
+/// ends no earlier than the send of the same tag on the peer's plan, when
+/// the peer is one of `plans` (the send carries the transfer's duration; a
+/// peer outside the set is taken to be on time). Waiting for an upstream
+/// stage is then idle time of the receiving rank: the pipeline's bubble
+/// under the cost model. `flops` is parallel to `plans`, each entry as in
+/// simulate(). Errors as simulate()'s, naming the rank; a wait cycle across
+/// plans names every rank and instruction on it.
+Result<std::vector<Schedule>>
+simulateTogether(const std::vector<const Plan *> &plans,
+                 const std::vector<std::vector<double>> &flops,
+                 const CostModel &model);
+
 /// Chrome Trace Event Format JSON: {"traceEvents": [...], "displayTimeUnit":
 /// "ms", "otherData": {...}}. One "X" event per instruction (ts and dur in
 /// microseconds, pid = rank, tid = stream index, name = label or id, args:
