@@ -26,11 +26,18 @@
 // bytes (1 GiB) over the wall time between barriers around the operation on
 // all 4 ranks; it prints the medians and save / plain write and load / plain
 // read. Targets (issue 10): save >= 0.7, load into a different layout >= 0.5.
-// Every load is checked element by element against the values saved.
+// Every load is checked element by element against the values saved. Each
+// layout's loads go into one session, which keeps its staging memory from
+// one load to the next (Session::loadCheckpoint): the first load of each
+// session, which also faults that memory in, is printed apart (its ratio
+// against the median plain read; not part of the verdict). It also prints
+// the CPU time of the plain read and of each load (summed over the ranks),
+// which depends much less than the wall time on what else the machine runs.
 //
 // Uses about 2 GiB of disk at a time (the checkpoint and the plain file; a
-// save briefly holds the previous checkpoint too) and 2.5 GiB of memory; it
-// deletes its files at the end.
+// save briefly holds the previous checkpoint too) and about 5 GiB of memory
+// (1 GiB over the 4 ranks for each of the 3 sessions' buffers and each
+// loading session's staging); it deletes its files at the end.
 //
 //   build/bin/bench-checkpoint [--reps N] [--dir DIR]
 //
@@ -49,7 +56,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -122,6 +131,15 @@ pl::Plan modelPlan(Layout layout, int64_t rank) {
 double seconds(std::chrono::steady_clock::time_point a) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - a)
       .count();
+}
+
+/// CPU time of this process (all its threads): on a machine shared with other
+/// work the wall times vary with what else runs, the CPU a load takes much
+/// less.
+double cpuSeconds() {
+  timespec t;
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 double median(std::vector<double> v) {
@@ -233,6 +251,7 @@ int runRank(int rank, const std::string &dir, int reps) {
   for (size_t i = 0; i < block.size(); ++i)
     block[i] = char(i * 131);
   std::vector<double> tWrite, tSave, tRead, tLoad[2], tDelete;
+  std::vector<double> cRead, cLoad[2]; // CPU seconds (cLoad: this rank's)
   ckpt::CheckpointInfo info;
   info.model = {"bench-1gib", ""};
   info.spec = {"fsdp4", ""};
@@ -270,11 +289,13 @@ int runRank(int rank, const std::string &dir, int reps) {
     if (rank == 0) {
       dropCache(plain);
       auto a = std::chrono::steady_clock::now();
+      double c = cpuSeconds();
       if (!plainRead(plain, block)) {
         std::perror("plain read");
         return 1;
       }
       tRead.push_back(seconds(a));
+      cRead.push_back(cpuSeconds() - c);
     }
     // Loads into the two other layouts, cold.
     for (int l = 0; l < 2; ++l) {
@@ -283,9 +304,11 @@ int runRank(int rank, const std::string &dir, int reps) {
       if (!barrier())
         return 1;
       auto a = std::chrono::steady_clock::now();
+      double c = cpuSeconds();
       auto state = sessions[1 + l]->loadCheckpoint(ckpt);
       if (!state)
         return fail("load", state.error());
+      cLoad[l].push_back(cpuSeconds() - c);
       if (!barrier())
         return 1;
       if (rank == 0)
@@ -297,8 +320,28 @@ int runRank(int rank, const std::string &dir, int reps) {
       }
     }
   }
+  // Every rank's CPU seconds per load, through files: rank 0 sums them.
+  {
+    std::ofstream out(dir + "/cpu." + std::to_string(rank));
+    for (int l = 0; l < 2; ++l)
+      for (double c : cLoad[l])
+        out << c << "\n";
+  }
+  if (!barrier())
+    return 1;
   if (rank != 0)
     return 0;
+  std::vector<double> cpu[2] = {std::vector<double>(size_t(reps), 0.0),
+                                std::vector<double>(size_t(reps), 0.0)};
+  for (int r = 0; r < kRanks; ++r) {
+    std::ifstream in(dir + "/cpu." + std::to_string(r));
+    for (int l = 0; l < 2; ++l)
+      for (int i = 0; i < reps; ++i) {
+        double c = 0;
+        in >> c;
+        cpu[l][size_t(i)] += c;
+      }
+  }
   double gib = double(kModelBytes) / double(1 << 30);
   double w = gib / median(tWrite), s = gib / median(tSave),
          r = gib / median(tRead), lr = gib / median(tLoad[0]),
@@ -324,6 +367,15 @@ int runRank(int rank, const std::string &dir, int reps) {
   std::printf("%-44s %8.3f %10.3f %7.2f\n",
               "load into dp2 x tp2 \"[{dp}, {tp}]\"", median(tLoad[1]), lt,
               lt / r);
+  for (int l = 0; l < 2; ++l)
+    std::printf("%-44s %8.3f %10.3f %7.2f\n",
+                l == 0 ? "  first load into its session, rows"
+                       : "  first load into its session, fsdp x tp",
+                tLoad[l][0], gib / tLoad[l][0], gib / tLoad[l][0] / r);
+  std::printf("CPU seconds (medians): plain read %.3f; load, all 4 ranks: "
+              "rows %.3f, fsdp x tp %.3f (first loads %.3f, %.3f)\n",
+              median(cRead), median(cpu[0]), median(cpu[1]), cpu[0][0],
+              cpu[1][0]);
   bool pass = s / w >= 0.7 && lr / r >= 0.5 && lt / r >= 0.5;
   std::printf("%s: save / plain write >= 0.7 and load into another layout / "
               "plain read >= 0.5 (both layouts)\n",

@@ -315,13 +315,20 @@ Result<void> publishCheckpoint(const std::string &dir) {
   SplitPath p = splitPath(dir);
   std::string parent = parentOrDot(p.parent);
 
+  // Where the previous checkpoint waits between the two renames of a file
+  // system without RENAME_EXCHANGE (below).
+  std::string previous = io::joinPath(parent, "." + p.name + ".previous");
   if (::lstat(dir.c_str(), &st) != 0) {
     if (errno != ENOENT)
       return makeError(dir + ": " + io::errnoText(errno));
     if (::rename(staging.c_str(), dir.c_str()) != 0)
       return makeError(dir + ": cannot rename " + staging +
                        " to it: " + io::errnoText(errno));
-    return io::fsyncPath(parent, /*directory=*/true);
+    MESHPLAN_TRY(io::fsyncPath(parent, /*directory=*/true));
+    // A save that crashed between those two renames left the checkpoint
+    // before it there, the only complete one until now; this save, durable
+    // now, replaces it.
+    return removeTree(previous);
   }
   // Only a checkpoint is ever replaced: a typo in --output must not delete
   // somebody's directory.
@@ -344,7 +351,6 @@ Result<void> publishCheckpoint(const std::string &dir) {
   // A file system without RENAME_EXCHANGE: two renames. A crash between
   // them leaves no `dir` but the old checkpoint complete under
   // `.<name>.previous`, which readCheckpointMetadata points out.
-  std::string previous = io::joinPath(parent, "." + p.name + ".previous");
   MESHPLAN_TRY(removeTree(previous));
   if (::rename(dir.c_str(), previous.c_str()) != 0)
     return makeError(dir + ": cannot move the old checkpoint aside: " +

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +36,8 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+
+#include <sys/mman.h>
 
 namespace meshplan::runtime {
 
@@ -240,6 +243,9 @@ struct Session::Impl {
   std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
   int64_t steps = 0;
   int64_t checkpointsSaved = 0; ///< numbers the store keys of each save
+  /// loadCheckpoint's staging region, kept for the next load (stagingFor).
+  std::shared_ptr<std::byte> loadStaging;
+  size_t loadStagingBytes = 0;
   StepProfile profile;
   bool broken = false;
   bool closed = false;
@@ -1389,6 +1395,56 @@ void slowCheckpointForTests() {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+/// loadCheckpoint stages every box before copying any into the session's
+/// buffers (all or nothing), in one region that the session keeps for its
+/// next load. Fresh anonymous memory costs a page fault and the kernel's
+/// zeroing per 4 KiB page on first touch, which cost more than loading the
+/// bytes into it (docs/performance.md, section G): the region is populated in
+/// one call (MADV_POPULATE_WRITE, no fault per page) and, between loads,
+/// handed to the kernel as lazily freeable (MADV_FREE): the kernel takes the
+/// pages back under memory pressure without writing them anywhere, and a load
+/// that finds them still there reuses them with no fault and no zeroing (it
+/// overwrites every byte, so pages that were taken back and come back zeroed
+/// are as good). Not transparent huge pages: on a VM whose free 2 MiB blocks
+/// are reported to the host, their first touch was slower and erratic.
+Result<std::byte *> stagingFor(std::shared_ptr<std::byte> &region,
+                               size_t &regionBytes, size_t bytes) {
+  if (bytes == 0)
+    return static_cast<std::byte *>(nullptr);
+  if (region && regionBytes == bytes)
+    return region.get();
+  region.reset();
+  regionBytes = 0;
+  void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return makeError("checkpoint: cannot allocate " + std::to_string(bytes) +
+                     " bytes to stage the load: " + std::strerror(errno));
+#ifdef MADV_POPULATE_WRITE
+  // Advice only (EINVAL before Linux 5.14): without it the pages fault in
+  // one by one.
+  (void)::madvise(p, bytes, MADV_POPULATE_WRITE);
+#endif
+  region =
+      std::shared_ptr<std::byte>(static_cast<std::byte *>(p),
+                                 [bytes](std::byte *q) { ::munmap(q, bytes); });
+  regionBytes = bytes;
+  return region.get();
+}
+
+/// Marks the staging region lazily freeable when a load returns, whether it
+/// succeeded or not.
+struct LazyFree {
+  std::byte *data;
+  size_t bytes;
+  ~LazyFree() {
+#ifdef MADV_FREE
+    if (data)
+      (void)::madvise(data, bytes, MADV_FREE);
+#endif
+  }
+};
+
 Result<void> statusFrom(const std::vector<char> &bytes) {
   std::string text(bytes.begin(), bytes.end());
   if (text == "ok")
@@ -1490,14 +1546,14 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   if (!boxes)
     return boxes.error();
   MESHPLAN_TRY(ckpt::checkLoadable(*meta, *boxes));
-  // Everything into fresh memory first (not zero-filled: every byte is
+  // Everything into one staging region first (every byte of it is
   // overwritten): a failure changes nothing.
   struct Loaded {
     int index;
-    std::unique_ptr<std::byte[]> bytes;
-    size_t size;
+    size_t offset, size;
   };
   std::vector<Loaded> loaded;
+  size_t total = 0;
   for (const ckpt::PersistentBox &b : *boxes) {
     auto it = m.bufferIds.find(b.bufferId);
     if (it == m.bufferIds.end())
@@ -1508,17 +1564,26 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
       return makeError("checkpoint: " + b.tensor + " loads " +
                        std::to_string(want) + " bytes into buffer \"" +
                        b.bufferId + "\" of " + std::to_string(size));
-    auto bytes = std::make_unique_for_overwrite<std::byte[]>(size);
-    MESHPLAN_TRY(ckpt::loadBoxInto(*meta, b.tensor, b.globalShape, b.box,
-                                   b.dtype, {bytes.get(), size}));
-    loaded.push_back({it->second, std::move(bytes), size});
+    loaded.push_back({it->second, total, size});
+    // Each box cache-line aligned (any dtype's alignment).
+    total += (size + 63) & ~size_t(63);
+  }
+  auto staging = stagingFor(m.loadStaging, m.loadStagingBytes, total);
+  if (!staging)
+    return staging.error();
+  LazyFree lazyFree{*staging, total};
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const ckpt::PersistentBox &b = (*boxes)[i];
+    MESHPLAN_TRY(
+        ckpt::loadBoxInto(*meta, b.tensor, b.globalShape, b.box, b.dtype,
+                          {*staging + loaded[i].offset, loaded[i].size}));
   }
   // Copied into the existing buffers (same sizes, checked above), so that
   // the data pointers handed out earlier (TensorView, the C API's
   // mp_tensor) stay valid.
-  for (Loaded &l : loaded)
+  for (const Loaded &l : loaded)
     if (l.size)
-      std::memcpy(m.buffers[size_t(l.index)].data.data(), l.bytes.get(),
+      std::memcpy(m.buffers[size_t(l.index)].data.data(), *staging + l.offset,
                   l.size);
   return meta->training;
 }

@@ -15,13 +15,22 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace {
 
@@ -349,6 +358,35 @@ TEST(Crc32c, HardwareAndPortableAgreeAtEveryAlignmentAndSplit) {
       EXPECT_EQ(a, crc32c(buf.data() + start + cut, len - cut,
                           crc32cPortable(buf.data() + start, cut)));
     }
+}
+
+// Inputs of 48 KiB and more go through three interleaved chains joined by a
+// shift operator (Crc32c.cpp): lengths around each multiple of the 48 KiB
+// piece, with a remainder for the single chain, at an odd start and with a
+// nonzero initial value, against the byte-at-a-time portable code.
+TEST(Crc32c, InterleavedChainsAgreeWithPortable) {
+  std::mt19937 rng(11);
+  const size_t piece = size_t(48) << 10;
+  std::vector<unsigned char> buf(3 * piece + 64);
+  for (auto &b : buf)
+    b = static_cast<unsigned char>(rng());
+  for (size_t len : {piece - 1, piece, piece + 1, piece + 8, 2 * piece - 8,
+                     2 * piece, 2 * piece + 13, 3 * piece + 63})
+    for (size_t start : {size_t(0), size_t(1)}) {
+      const unsigned char *p = buf.data() + start;
+      EXPECT_EQ(crc32c(p, len), crc32cPortable(p, len)) << len;
+      EXPECT_EQ(crc32c(p, len, 0xDEADBEEFu),
+                crc32cPortable(p, len, 0xDEADBEEFu))
+          << len;
+    }
+  // One flipped bit in any of the three streams changes the result.
+  std::vector<unsigned char> copy(buf.begin(), buf.begin() + piece);
+  uint32_t whole = crc32c(copy.data(), copy.size());
+  for (size_t at : {size_t(5), piece / 3 + 5, 2 * piece / 3 + 5}) {
+    copy[at] ^= 0x10;
+    EXPECT_NE(crc32c(copy.data(), copy.size()), whole) << at;
+    copy[at] ^= 0x10;
+  }
 }
 
 TEST(Fingerprint, Fnv1a64) {
@@ -836,6 +874,127 @@ TEST(Atomicity, NeverReplacesADirectoryThatIsNotACheckpoint) {
       << m.error().message;
   EXPECT_EQ(readText(dir + "/notes.txt"), "keep me");
   EXPECT_FALSE(writeRankData(tmp / "never-begun", 0, {}).ok());
+}
+
+//===----------------------------------------------------------------------===//
+// A file system without RENAME_EXCHANGE (the ctest checkpoint.RenameFallback)
+//===----------------------------------------------------------------------===//
+
+/// How many renameat2(RENAME_EXCHANGE) calls the preloaded shim
+/// (RenameShim.c) refused so far, or nullopt without the shim.
+std::optional<int> shimRefusals() {
+  auto *count = reinterpret_cast<int (*)()>(
+      dlsym(RTLD_DEFAULT, "meshplan_rename_shim_refusals"));
+  if (!count)
+    return std::nullopt;
+  return count();
+}
+
+/// These tests need the shim: without it (checkpoint.CheckpointTest) they are
+/// skipped; under checkpoint.RenameFallback, which also sets
+/// MESHPLAN_EXPECT_RENAME_SHIM, a shim that did not load (the dynamic loader
+/// only warns) fails them instead.
+#define REQUIRE_RENAME_SHIM()                                                  \
+  do {                                                                         \
+    if (!shimRefusals()) {                                                     \
+      ASSERT_EQ(std::getenv("MESHPLAN_EXPECT_RENAME_SHIM"), nullptr)           \
+          << "the rename shim (RenameShim.c) is not loaded";                   \
+      GTEST_SKIP() << "needs the rename shim: run by the ctest "               \
+                      "checkpoint.RenameFallback";                             \
+    }                                                                          \
+  } while (0)
+
+TEST(RenameFallback, ReplacesACheckpointThroughPrevious) {
+  REQUIRE_RENAME_SHIM();
+  TempDir tmp;
+  // The shim is in the way of exactly the exchange.
+  fs::create_directory(tmp / "x");
+  fs::create_directory(tmp / "y");
+  errno = 0;
+  EXPECT_EQ(::renameat2(AT_FDCWD, (tmp / "x").c_str(), AT_FDCWD,
+                        (tmp / "y").c_str(), RENAME_EXCHANGE),
+            -1);
+  EXPECT_EQ(errno, EINVAL);
+
+  LayoutCase a = layoutCases()[0], b = layoutCases()[3];
+  std::string dir = tmp / "ckpt", previous = tmp / ".ckpt.previous";
+  std::map<std::string, Whole> first = wholeTensors(a, 1);
+  std::map<std::string, Whole> second = wholeTensors(b, 2);
+  ASSERT_TRUE(save(dir, a, first, 32, /*step=*/10).ok());
+  int before = *shimRefusals();
+  Result<CheckpointMetadata> m = save(dir, b, second, 32, /*step=*/20);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  // The exchange was tried, refused, and the two renames replaced it.
+  EXPECT_EQ(*shimRefusals(), before + 1);
+  EXPECT_EQ(readCheckpointMetadata(dir)->training.step, 20);
+  Result<VerifyReport> verified = verifyCheckpoint(dir);
+  EXPECT_TRUE(verified.ok()) << verified.error().message;
+  expectLoads(dir, a, second, "replaced through .previous");
+  EXPECT_FALSE(fs::exists(previous));
+  EXPECT_FALSE(fs::exists(stagingDirOf(dir)));
+}
+
+TEST(RenameFallback, CrashBetweenTheRenamesLeavesThePreviousCheckpoint) {
+  REQUIRE_RENAME_SHIM();
+  TempDir tmp;
+  LayoutCase a = layoutCases()[0], b = layoutCases()[3];
+  std::string dir = tmp / "ckpt", previous = tmp / ".ckpt.previous";
+  std::map<std::string, Whole> first = wholeTensors(a, 1);
+  std::map<std::string, Whole> second = wholeTensors(b, 2);
+  ASSERT_TRUE(save(dir, a, first, 32, /*step=*/10).ok());
+
+  // A second save, killed by the shim right after the old checkpoint was
+  // moved aside (in a child: the kill is real).
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setenv("MESHPLAN_RENAME_SHIM_CRASH", "1", 1);
+    Result<CheckpointMetadata> m = save(dir, b, second, 32, /*step=*/20);
+    ::_exit(m.ok() ? 0 : 1); // not reached when the shim kills it
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the save was not killed between the renames (status " << status
+      << ")";
+
+  // No DIR; reading it names the previous checkpoint, which is complete.
+  EXPECT_FALSE(fs::exists(dir));
+  Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("no checkpoint here"), std::string::npos)
+      << m.error().message;
+  EXPECT_NE(m.error().message.find("a save was interrupted while replacing "
+                                   "it: the previous checkpoint is " +
+                                   previous),
+            std::string::npos)
+      << m.error().message;
+  Result<VerifyReport> verified = verifyCheckpoint(previous);
+  EXPECT_TRUE(verified.ok()) << verified.error().message;
+  EXPECT_EQ(readCheckpointMetadata(previous)->training.step, 10);
+  expectLoads(previous, b, first, "the previous checkpoint after the crash");
+  // The crashed save's complete files are still only a staging directory.
+  EXPECT_TRUE(fs::exists(stagingDirOf(dir) + "/checkpoint.json"));
+  EXPECT_FALSE(readCheckpointMetadata(stagingDirOf(dir)).ok());
+
+  // The next save recovers: DIR is the new checkpoint, nothing else is left.
+  m = save(dir, b, second, 32, /*step=*/30);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(readCheckpointMetadata(dir)->training.step, 30);
+  verified = verifyCheckpoint(dir);
+  EXPECT_TRUE(verified.ok()) << verified.error().message;
+  expectLoads(dir, a, second, "recovered");
+  EXPECT_FALSE(fs::exists(previous));
+  EXPECT_FALSE(fs::exists(stagingDirOf(dir)));
+
+  // And a save over it goes through the fallback again.
+  int before = *shimRefusals();
+  ASSERT_TRUE(save(dir, a, first, 32, /*step=*/40).ok());
+  EXPECT_EQ(*shimRefusals(), before + 1);
+  EXPECT_EQ(readCheckpointMetadata(dir)->training.step, 40);
+  expectLoads(dir, b, first, "saved over the recovered checkpoint");
+  EXPECT_FALSE(fs::exists(previous));
 }
 
 } // namespace
