@@ -136,35 +136,39 @@ void scale(std::vector<float> &x, int64_t n) {
 
 int runReference(const TrainFlags &flags, const Planned &planned,
                  const TextData &data) {
-  auto plan0 = planned.prepared->instantiate(0, false);
-  if (!plan0)
-    fatal(plan0.error().message);
+  // Rank 0's plan and, under a pipeline, those of the ranks that hold the
+  // other stages: together every parameter, as it is cast and split.
+  auto plans0 = stagePlansOf(planned, 0);
+  if (!plans0)
+    fatal(plans0.error().message);
+  const plan::Plan *plan0 = &plans0->front();
   std::map<std::string, RefTensor> tensors;
-  for (const plan::Buffer &b : plan0->buffers) {
-    if (b.kind != plan::BufferKind::ParamShard)
-      continue;
-    RefTensor &t = tensors[b.tensor];
-    t.name = b.tensor;
-    t.id = b.tensorId.value_or(0);
-    t.master = b.dtype;
-    t.seen = b.dtype;
-    t.shape = b.globalShape;
-    int64_t n = 1;
-    for (int64_t d : t.shape)
-      n *= d;
-    t.w.resize(size_t(n));
-    for (int64_t g = 0; g < n; ++g) {
-      float x = initialValue(flags.seed, t.name, g, t.shape);
-      t.w[size_t(g)] = t.master == plan::DType::BFloat16
-                           ? k::bf16ToFloat(k::floatToBf16(x))
-                           : x;
+  for (const plan::Plan &stagePlan : *plans0)
+    for (const plan::Buffer &b : stagePlan.buffers) {
+      if (b.kind != plan::BufferKind::ParamShard)
+        continue;
+      RefTensor &t = tensors[b.tensor];
+      t.name = b.tensor;
+      t.id = b.tensorId.value_or(0);
+      t.master = b.dtype;
+      t.seen = b.dtype;
+      t.shape = b.globalShape;
+      int64_t n = 1;
+      for (int64_t d : t.shape)
+        n *= d;
+      t.w.resize(size_t(n));
+      for (int64_t g = 0; g < n; ++g) {
+        float x = initialValue(flags.seed, t.name, g, t.shape);
+        t.w[size_t(g)] = t.master == plan::DType::BFloat16
+                             ? k::bf16ToFloat(k::floatToBf16(x))
+                             : x;
+      }
+      t.m.assign(size_t(n), 0.0f);
+      t.v.assign(size_t(n), 0.0f);
     }
-    t.m.assign(size_t(n), 0.0f);
-    t.v.assign(size_t(n), 0.0f);
-  }
   // What the compute callbacks read: the dtype (and float8 scale) of the
   // buffers compute instructions take.
-  for (const auto &[name, b] : computeInputs(*plan0))
+  for (const auto &[name, b] : computeInputs(*plans0))
     if (tensors.count(name)) {
       tensors[name].seen = b->dtype;
       tensors[name].scale = b->scale;
@@ -182,7 +186,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   struct Member {
     TpShard shard;
     std::map<std::string, const plan::Buffer *> boxes;
-    plan::Plan plan;
+    std::vector<plan::Plan> plans; ///< stagePlansOf the member's rank
   };
   std::vector<Member> members;
   int64_t P = 1;
@@ -196,17 +200,17 @@ int runReference(const TrainFlags &flags, const Planned &planned,
     P = int64_t(tpComm->ranks.size());
     members.resize(size_t(P));
     for (int64_t t = 0; t < P; ++t) {
-      auto pt = planned.prepared->instantiate(tpComm->ranks[size_t(t)], false);
+      auto pt = stagePlansOf(planned, tpComm->ranks[size_t(t)]);
       if (!pt)
         fatal(pt.error().message);
-      members[size_t(t)].plan = std::move(*pt);
+      members[size_t(t)].plans = std::move(*pt);
     }
     for (Member &m : members) {
-      auto sh = tpShardOf(m.plan, c);
+      auto sh = tpShardOf(m.plans, c);
       if (!sh)
         fatal(sh.error().message);
       m.shard = *sh;
-      m.boxes = computeInputs(m.plan);
+      m.boxes = computeInputs(m.plans);
     }
   }
   if (flags.plainReference)
@@ -230,10 +234,13 @@ int runReference(const TrainFlags &flags, const Planned &planned,
   const AxisRoles &r = planned.roles;
   int64_t M = planned.microbatches;
   // docs/semantics.md, "Gradient accumulation": the order of the sums
-  // depends on when the plan reduces.
+  // depends on when the plan reduces. A pipeline's microbatches are reduced
+  // once, after each stage's last backward (dist-lower-pipeline;
+  // docs/pipeline.md, "Planning"), whatever the accumulation mode says.
   bool reduceEveryMicrobatch =
-      M > 1 && planned.spec.spec.accumulationReduce ==
-                   frontend::AccumulationReduce::EveryMicrobatch;
+      M > 1 && !planned.spec.pipeline &&
+      planned.spec.spec.accumulationReduce ==
+          frontend::AccumulationReduce::EveryMicrobatch;
   int64_t tokensPerStep = r.dataParallel() * M * flags.batch * flags.seqLen;
   std::printf("meshplan-train --reference: model %s in one process; %lld "
               "data-parallel slices x %lld microbatches x %lld sequences of "

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 namespace fs = std::filesystem;
 namespace k = meshplan::runtime::kernels;
@@ -236,6 +237,8 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
   r.extra = s.extraAxes;
   if (s.tensorParallel)
     r.tp = s.tensorParallel->axis;
+  if (out.spec.pipeline)
+    r.pp = out.spec.pipeline->axis;
   for (const MeshAxis &axis : mesh.getAxes()) {
     auto in = [&](const std::vector<std::string> &v) {
       return std::find(v.begin(), v.end(), axis.name) != v.end();
@@ -246,10 +249,10 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
       r.shards *= axis.size;
     else if (in(r.extra))
       r.extras *= axis.size;
-    else if (axis.name != r.tp)
+    else if (axis.name != r.tp && axis.name != r.pp)
       return makeError(flags.spec + ": mesh axis \"" + axis.name +
-                       "\" has no role (data_parallel, tensor_parallel or "
-                       "extra_axes)");
+                       "\" has no role (data_parallel, tensor_parallel, "
+                       "pipeline_parallel or extra_axes)");
   }
   // The callbacks run whole segments (the embedding, a block, the final
   // norm, the output): a unit may hold several, but not part of a block.
@@ -271,20 +274,90 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
   out.modelOptions.bf16Matmul =
       s.mixedPrecision.paramDtype == frontend::DType::BFloat16;
 
+  // Stage boundaries carry the activation in the compute dtype; the model
+  // keeps its residual stream in fp32 and the reference rounds nothing
+  // there, so a bf16 boundary would make the runs differ.
+  if (out.spec.pipeline &&
+      s.mixedPrecision.paramDtype != frontend::DType::Float32)
+    return makeError(flags.spec +
+                     ": pipeline_parallel: meshplan-train passes fp32 "
+                     "activations between stages; set "
+                     "mixed_precision.param_dtype to float32 (bf16 stage "
+                     "boundaries are not implemented)");
+
   auto context = pipeline::makeContext();
   pipeline::CompileOptions options;
   options.import.tokensPerMicrobatch = tokensPerMicrobatch;
   options.import.sequenceLength = flags.seqLen;
-  auto compiled = pipeline::compile(*context, out.spec, options);
-  if (!compiled)
-    return compiled.error().within("planning " + flags.spec);
-  auto prepared = plan::PreparedTemplate::prepare(compiled->program);
-  if (!prepared)
-    return prepared.error().within("internal error: the planned program");
-  out.prepared.emplace(std::move(*prepared));
+  auto compileOne = [&]() -> Result<plan::PreparedTemplate> {
+    auto compiled = pipeline::compile(*context, out.spec, options);
+    if (!compiled)
+      return compiled.error().within("planning " + flags.spec);
+    auto prepared = plan::PreparedTemplate::prepare(compiled->program);
+    if (!prepared)
+      return prepared.error().within("internal error: the planned program");
+    return std::move(*prepared);
+  };
+  // A pipelined spec is planned one template per pp coordinate, as `meshplan
+  // plan --all` does (docs/pipeline.md, "Planning"): every rank plans all of
+  // them, which the reference and the TP shares of other stages need.
+  int64_t coordinates = out.spec.pipeline ? out.spec.pipeline->config.ranks : 1;
+  for (int64_t c = 0; c < coordinates; ++c) {
+    if (out.spec.pipeline)
+      options.pipelineRank = c;
+    auto prepared = compileOne();
+    if (!prepared)
+      return prepared.error();
+    if (out.spec.pipeline)
+      out.byPipelineRank.push_back(*prepared);
+    if (!out.prepared)
+      out.prepared.emplace(std::move(*prepared));
+  }
+  // Microbatches (accumulation or the pipeline's): the compute labels'.
   for (const plan::Instruction &in : out.prepared->get().program)
     if (in.op == plan::OpKind::Compute)
       out.microbatches = std::max(out.microbatches, in.microbatch + 1);
+  return out;
+}
+
+int64_t Planned::pipelineRankOf(int64_t rank) const {
+  if (!spec.pipeline)
+    return 0;
+  auto position = spec.mesh->positionOf(rank);
+  return position ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
+                  : 0;
+}
+
+const plan::PreparedTemplate &Planned::templateFor(int64_t rank) const {
+  if (!spec.pipeline)
+    return *prepared;
+  return byPipelineRank.at(size_t(pipelineRankOf(rank)));
+}
+
+Result<std::vector<plan::Plan>> stagePlansOf(const Planned &planned,
+                                             int64_t rank) {
+  std::vector<plan::Plan> out;
+  auto own = planned.templateFor(rank).instantiate(rank, false);
+  if (!own)
+    return own.error();
+  out.push_back(std::move(*own));
+  if (!planned.spec.pipeline)
+    return out;
+  const Mesh &mesh = *planned.spec.mesh;
+  int axis = planned.spec.pipeline->axisIndex;
+  auto position = mesh.positionOf(rank);
+  if (!position)
+    return position.error();
+  int64_t mine = mesh.coordinateAt(*position, axis);
+  for (int64_t c = 0; c < mesh.axis(axis).size; ++c) {
+    if (c == mine)
+      continue;
+    int64_t peer = mesh.rankAt(*position + (c - mine) * mesh.stride(axis));
+    auto p = planned.templateFor(peer).instantiate(peer, false);
+    if (!p)
+      return p.error();
+    out.push_back(std::move(*p));
+  }
   return out;
 }
 
@@ -303,24 +376,28 @@ Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank) {
   return d;
 }
 
-std::map<std::string, const plan::Buffer *> computeInputs(const plan::Plan &p) {
+std::map<std::string, const plan::Buffer *>
+computeInputs(const std::vector<plan::Plan> &plans) {
   std::map<std::string, const plan::Buffer *> seen;
-  std::map<std::string, const plan::Buffer *> byId;
-  for (const plan::Buffer &b : p.buffers)
-    byId[b.id] = &b;
-  for (const plan::Instruction &in : p.program)
-    if (in.op == plan::OpKind::Compute && in.phase == "forward")
-      for (const std::string &id : in.inputs)
-        if (auto it = byId.find(id);
-            it != byId.end() &&
-            (it->second->kind == plan::BufferKind::Gathered ||
-             it->second->kind == plan::BufferKind::ParamShard))
-          seen[it->second->tensor] = it->second;
+  for (const plan::Plan &p : plans) {
+    std::map<std::string, const plan::Buffer *> byId;
+    for (const plan::Buffer &b : p.buffers)
+      byId[b.id] = &b;
+    for (const plan::Instruction &in : p.program)
+      if (in.op == plan::OpKind::Compute && in.phase == "forward")
+        for (const std::string &id : in.inputs)
+          if (auto it = byId.find(id);
+              it != byId.end() &&
+              (it->second->kind == plan::BufferKind::Gathered ||
+               it->second->kind == plan::BufferKind::ParamShard))
+            seen[it->second->tensor] = it->second;
+  }
   return seen;
 }
 
-Result<TpShard> tpShardOf(const plan::Plan &p, const LlamaConfig &c) {
-  std::map<std::string, const plan::Buffer *> seen = computeInputs(p);
+Result<TpShard> tpShardOf(const std::vector<plan::Plan> &plans,
+                          const LlamaConfig &c) {
+  std::map<std::string, const plan::Buffer *> seen = computeInputs(plans);
   TpShard shard;
   int64_t hd = c.headDim();
   auto rows = [&](const std::string &t, int64_t dim) {
@@ -601,6 +678,9 @@ int compareDumps(const std::string &a, const std::string &b, double rtol) {
   double worst = 0;
   std::string worstAt;
   int64_t elements = 0, identical = 0;
+  // Per tensor (elements that differ, the largest difference): listed when
+  // the dumps do not match, to show where.
+  std::vector<std::tuple<std::string, int64_t, double>> differing;
   for (const auto &[name, wa] : *A) {
     auto it = B->find(name);
     if (it == B->end())
@@ -615,6 +695,7 @@ int compareDumps(const std::string &a, const std::string &b, double rtol) {
       rms += double(x) * x;
     rms = std::sqrt(rms / double(std::max<size_t>(1, wa.values.size())));
     double tensorWorst = 0;
+    int64_t tensorIdentical = identical;
     for (size_t g = 0; g < wa.values.size(); ++g) {
       float x = wa.values[g], y = wb.values[g];
       ++elements;
@@ -628,6 +709,10 @@ int compareDumps(const std::string &a, const std::string &b, double rtol) {
       if (!(rel <= tensorWorst))
         tensorWorst = std::isnan(rel) ? INFINITY : rel;
     }
+    tensorIdentical = identical - tensorIdentical;
+    if (tensorIdentical != int64_t(wa.values.size()))
+      differing.emplace_back(name, int64_t(wa.values.size()) - tensorIdentical,
+                             tensorWorst);
     if (worstAt.empty() || tensorWorst > worst) {
       worst = tensorWorst;
       worstAt = name;
@@ -642,6 +727,10 @@ int compareDumps(const std::string &a, const std::string &b, double rtol) {
               a.c_str(), b.c_str(), A->size(), static_cast<long long>(elements),
               static_cast<long long>(identical), worst, worstAt.c_str(), rtol,
               ok ? "MATCH" : "DIFFERENT");
+  if (!ok)
+    for (const auto &[name, n, rel] : differing)
+      std::fprintf(stderr, "  %s: %lld elements differ, max relative %.3g\n",
+                   name.c_str(), static_cast<long long>(n), rel);
   return ok ? 0 : 1;
 }
 

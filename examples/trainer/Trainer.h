@@ -62,18 +62,28 @@ struct TrainFlags {
 struct AxisRoles {
   std::vector<std::string> replicate, shard, extra; ///< data-parallel, in order
   std::string tp;                                   ///< "" without TP
-  int64_t replicas = 1, shards = 1, extras = 1;     ///< products of sizes
+  std::string pp; ///< the pipeline_parallel axis, "" without one
+  int64_t replicas = 1, shards = 1, extras = 1; ///< products of sizes
   int64_t dataParallel() const { return replicas * shards * extras; }
 };
 
 /// A spec loaded and planned in-process.
 struct Planned {
   frontend::ResolvedSpec spec;
+  /// The template of pp coordinate 0 (of every rank without a pipeline).
   std::optional<plan::PreparedTemplate> prepared;
+  /// With pipeline_parallel: one template per pp coordinate, as `meshplan
+  /// plan --all` compiles them (CompileOptions::pipelineRank).
+  std::vector<plan::PreparedTemplate> byPipelineRank;
   LlamaConfig config;
   AxisRoles roles;
   ModelOptions modelOptions;
   int64_t microbatches = 1;
+
+  /// The pp coordinate of `rank` (0 without a pipeline).
+  int64_t pipelineRankOf(int64_t rank) const;
+  /// The template `rank`'s plan is instantiated from.
+  const plan::PreparedTemplate &templateFor(int64_t rank) const;
 };
 
 /// Loads the spec (with --model), checks that meshplan-train can train it
@@ -85,15 +95,22 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch);
 /// replicate, then shard, then extra axes, row-major.
 Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank);
 
+/// The plans of `rank` and, under a pipeline, of the ranks that differ from
+/// it only in the pp coordinate (the same data-parallel and TP coordinates:
+/// together they hold every stage), `rank`'s first.
+Result<std::vector<plan::Plan>> stagePlansOf(const Planned &planned,
+                                             int64_t rank);
+
 /// The buffer each parameter's compute callbacks read (gathered, or the
-/// shard itself), by tensor name.
+/// shard itself), by tensor name, over the plans given.
 std::map<std::string, const plan::Buffer *>
-computeInputs(const plan::Plan &plan);
-/// This rank's share of the TP-split dimensions, from the boxes of what its
-/// callbacks read: whole heads, every layer split alike, the embedding and
-/// the output split alike. (The plan's boxes come from core; nothing here
-/// re-derives a split.)
-Result<TpShard> tpShardOf(const plan::Plan &plan, const LlamaConfig &config);
+computeInputs(const std::vector<plan::Plan> &plans);
+/// This rank's share of the TP-split dimensions, from the boxes of what the
+/// callbacks of its plans (stagePlansOf) read: whole heads, every layer
+/// split alike, the embedding and the output split alike. (The plan's boxes
+/// come from core; nothing here re-derives a split.)
+Result<TpShard> tpShardOf(const std::vector<plan::Plan> &plans,
+                          const LlamaConfig &config);
 
 /// Initial value of element `g` of a parameter (torchtitan's Llama init:
 /// embedding N(0, 1), output N(0, dim^-1/2), linears N(0, 0.02) with wo, w2

@@ -428,18 +428,21 @@ private:
         return index.error();
       in.outputs = {bufferId(transfer.getResult())};
     } else if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
-      // The plan's compute knows forward and backward; zbv's split
-      // backward needs its phases in the plan format first (issue 16).
-      if (compute.getPhase() != dist::Phase::Forward &&
-          compute.getPhase() != dist::Phase::Backward)
-        return opError(op, "is a split backward (" +
-                               dist::stringifyPhase(compute.getPhase()).str() +
-                               "), which plans cannot express yet");
       in.op = pl::OpKind::Compute;
-      bool forward = compute.getPhase() == dist::Phase::Forward;
-      in.label = std::string(forward ? "forward " : "backward ") +
-                 compute.getModule().str();
-      in.phase = forward ? "forward" : "backward";
+      // zbv's split backward keeps its phase names (the dialect's):
+      // backward_input, then backward_weight (docs/plan-format.md).
+      switch (compute.getPhase()) {
+      case dist::Phase::Forward:
+        in.phase = "forward";
+        break;
+      case dist::Phase::Backward:
+        in.phase = "backward";
+        break;
+      default:
+        in.phase = dist::stringifyPhase(compute.getPhase()).str();
+        break;
+      }
+      in.label = in.phase + " " + compute.getModule().str();
       in.unit = compute.getModule().str();
       auto mbAttr = op->getAttrOfType<IntegerAttr>("dist.microbatch");
       if (auto stage = compute.getStageAttr())

@@ -527,8 +527,20 @@ private:
     for (const ParamAssignment &param : spec.params)
       if (!dim && !param.shape.empty())
         dim = param.shape.back();
+    // Under sequence parallelism (torchtitan's plan: the norms are
+    // SequenceParallel) the residual stream between pieces, and so what
+    // crosses a stage boundary, is each TP rank's shard of the sequence
+    // (the largest part, as for context parallelism).
+    int64_t tokens = tokensPerRank(spec, options);
+    for (size_t i = 0; i < spec.modules.size(); ++i)
+      if (spec.modules[i].module->kind == ModuleKind::Norm &&
+          spec.assignments[i].tpStyle == TPStyle::SequenceParallel) {
+        int64_t tp = tpSize(spec);
+        tokens = (tokens + tp - 1) / tp;
+        break;
+      }
     auto activation = RankedTensorType::get(
-        {tokensPerRank(spec, options), std::max<int64_t>(dim, 1)},
+        {tokens, std::max<int64_t>(dim, 1)},
         elementType(&ctx, spec.spec.mixedPrecision.paramDtype));
     dist::PipelineScheduleOp::create(
         b, loc, b.getStringAttr("pipeline"), meshName, b.getStringAttr(pp.axis),

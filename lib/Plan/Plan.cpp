@@ -857,9 +857,14 @@ static Result<void> checkOperands(const Plan &plan, const Instruction &in,
   std::string opName(opKindName(in.op));
   switch (in.op) {
   case OpKind::Compute:
-    if (in.phase != "forward" && in.phase != "backward")
+    // backward_input / backward_weight: a zero-bubble schedule's split
+    // backward (docs/plan-format.md), the input gradient first, the weights'
+    // later.
+    if (in.phase != "forward" && in.phase != "backward" &&
+        in.phase != "backward_input" && in.phase != "backward_weight")
       return errorAt(childPointer(p, "phase"),
-                     "phase must be \"forward\" or \"backward\", not " +
+                     "phase must be \"forward\", \"backward\", "
+                     "\"backward_input\" or \"backward_weight\", not " +
                          quote(in.phase));
     if (in.unit.empty())
       return errorAt(childPointer(p, "unit"), "unit is empty");

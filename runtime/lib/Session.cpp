@@ -716,8 +716,11 @@ Result<void> Session::Impl::runCompute(Bound &b) {
       accumulated[s.meta->tensor] = x;
       continue;
     }
-    if (s.meta->tensor.empty())
-      continue; // an amax: its values reach the callback as scales
+    // An amax: its values reach the callback as scales. A pipeline stage's
+    // activation (docs/pipeline.md, "Planning") is passed in its place among
+    // the inputs, as is the activation a compute writes among the outputs.
+    if (s.meta->tensor.empty() && s.meta->kind != BufferKind::Activation)
+      continue;
     call.params.push_back(view(x));
   }
   for (int x : b.outputs) {

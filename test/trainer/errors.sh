@@ -65,6 +65,15 @@ PY
 expect 2 'FSDP unit "[^"]*" holds [45] of the 9 weights of layers.0; meshplan-train runs whole blocks' -- \
   "$train" --spec "$work/split-units.json" --steps 1 --reference
 
+# A pipeline's stage boundaries carry fp32: a bf16 boundary is refused.
+expect 2 "pipeline_parallel: meshplan-train passes fp32 activations between stages" -- \
+  "$train" --spec "$src/test/planner/Inputs/pipeline/tiny-interleaved-pp2.json" \
+  --steps 1 --reference
+
+expect 2 "--save-checkpoint: checkpoints of pipelined layouts are not supported yet" -- \
+  "$train" --spec "$src/test/trainer/specs/pp2-1f1b.json" --steps 1 \
+  --save-checkpoint "$work/ckpt"
+
 # Outside a launcher: no RANK / MESHPLAN_STORE.
 expect 1 "RANK.*meshplan run" -- env -u RANK -u MESHPLAN_STORE "$train" \
   --spec "$spec" --model tiny --steps 1

@@ -353,8 +353,8 @@ TEST(PlanFormat, Version2ErrorsNameTheJsonPointer) {
       {[](Json &j) { j["program"][8].erase("microbatch"); },
        "/program/8: compute needs \"microbatch\""},
       {[](Json &j) { j["program"][1]["phase"] = "sideways"; },
-       "/program/1/phase: phase must be \"forward\" or \"backward\", not "
-       "\"sideways\""},
+       "/program/1/phase: phase must be \"forward\", \"backward\", "
+       "\"backward_input\" or \"backward_weight\", not \"sideways\""},
       {[](Json &j) { j["program"][1]["unit"] = ""; },
        "/program/1/unit: unit is empty"},
       {[](Json &j) { j["program"][8]["microbatch"] = -1; },
@@ -525,8 +525,8 @@ TEST(PlanFormat, ValidatesPlansBuiltInMemory) {
   plan = *p;
   plan.program[1].phase.clear();
   EXPECT_EQ(validatePlan(plan).error().message,
-            "/program/1/phase: phase must be \"forward\" or \"backward\", "
-            "not \"\"");
+            "/program/1/phase: phase must be \"forward\", \"backward\", "
+            "\"backward_input\" or \"backward_weight\", not \"\"");
   plan = *p;
   plan.buffers[0].layout.clear();
   EXPECT_EQ(

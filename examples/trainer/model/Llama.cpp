@@ -1005,6 +1005,58 @@ Result<void> Microbatch::backwardEmbedding(float *dEmbedding) {
                    [&] { return m.backwardEmbedding(dEmbedding); });
 }
 
+Result<void> Microbatch::forwardFrom(int64_t layer,
+                                     std::span<const float> input) {
+  Impl &m = *impl;
+  if (layer < 0 || layer > m.cfg.nLayers + 1)
+    return fail("Microbatch: forwardFrom(" + str(layer) +
+                "): expected a layer in [0, " + str(m.cfg.nLayers) +
+                "] or nLayers + 1 (the output)");
+  // As forwardEmbedding: a finished forward or backward may start again.
+  if (m.step == m.L + 3 || m.step == 2 * m.L + 6)
+    m.step = 0;
+  if (m.step != 0)
+    return fail("Microbatch: forwardFrom(" + str(layer) + ") called " +
+                (m.step == Impl::kNoData ? std::string("before setData")
+                 : m.step == Impl::kFailed
+                     ? std::string("after a failed call")
+                     : "out of order; expected " + m.stepName(m.step)));
+  if (static_cast<int64_t>(input.size()) != m.Ns * m.D)
+    return fail("Microbatch: forwardFrom(" + str(layer) + "): the input has " +
+                str(static_cast<int64_t>(input.size())) +
+                " values; this rank's stream shard is batch * seqLen / P * "
+                "dim = " +
+                str(m.Ns * m.D));
+  std::copy(input.begin(), input.end(), m.h.begin());
+  m.step = 1 + layer;
+  return {};
+}
+
+Result<void> Microbatch::backwardFrom(std::span<const float> outputGrad) {
+  Impl &m = *impl;
+  // After forward segment f the step is f + 1; f's backward is 2 L + 5 - f.
+  if (m.step < 1 || m.step > m.L + 2)
+    return fail("Microbatch: backwardFrom called " +
+                std::string(m.step == m.L + 3
+                                ? "after forwardOutput (the last stage's "
+                                  "backward starts at backwardOutput)"
+                                : "before a forward segment ran"));
+  if (static_cast<int64_t>(outputGrad.size()) != m.Ns * m.D)
+    return fail("Microbatch: backwardFrom: the gradient has " +
+                str(static_cast<int64_t>(outputGrad.size())) +
+                " values; this rank's stream shard is " + str(m.Ns * m.D));
+  std::copy(outputGrad.begin(), outputGrad.end(), m.h.begin());
+  m.step = 2 * m.L + 6 - m.step;
+  return {};
+}
+
+std::span<const float> Microbatch::stream() const {
+  const Impl &m = *impl;
+  if (!m.allocated)
+    return {};
+  return {m.h.data(), static_cast<size_t>(m.Ns * m.D)};
+}
+
 double Microbatch::matmulFlops() const { return impl->flops; }
 double Microbatch::matmulSeconds() const { return impl->seconds; }
 

@@ -173,6 +173,24 @@ public:
   /// dEmbedding: [vocabLocal, dim].
   Result<void> backwardEmbedding(float *dEmbedding);
 
+  // Pipeline stages: a stage runs a contiguous run of the segments above
+  // and exchanges the residual stream with its neighbours (this rank's
+  // sequence shard, [batch * seqLen / P, dim], the tensor a stage boundary
+  // carries in torchtitan's sequence-parallel plan).
+
+  /// Starts forward at `layer` (a block; nLayers: the final norm; nLayers +
+  /// 1: the output) from the previous stage's output instead of the
+  /// embedding. Needs setData first (targets, and the sequence's positions).
+  Result<void> forwardFrom(int64_t layer, std::span<const float> input);
+  /// Starts backward at the last segment forward ran (which must not be the
+  /// output: the last stage starts from its loss) from the next stage's
+  /// gradient of this stage's output.
+  Result<void> backwardFrom(std::span<const float> outputGrad);
+  /// The residual stream shard: after a forward segment its output, after a
+  /// backward segment the gradient of that segment's input. Empty before
+  /// setData.
+  std::span<const float> stream() const;
+
   /// Floating-point operations of the matmuls run so far (2 * m * n * k per
   /// sgemm), and the seconds spent inside sgemm, for the trainer's figures.
   double matmulFlops() const;

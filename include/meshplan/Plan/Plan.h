@@ -172,7 +172,8 @@ struct Instruction {
   std::vector<std::string> deps;
   std::string label;
   /// compute only: the trainer callback to call (phase "forward" or
-  /// "backward", the FSDP unit, the microbatch).
+  /// "backward", or zbv's split backward "backward_input" then
+  /// "backward_weight"; the FSDP unit, the microbatch).
   std::string phase;
   std::string unit;
   int64_t microbatch = 0;

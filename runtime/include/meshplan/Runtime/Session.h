@@ -69,16 +69,22 @@ class Session;
 
 /// One `compute` instruction: run forward or backward of `unit`.
 struct ComputeCall {
-  std::string phase; ///< "forward" or "backward"
-  std::string unit;  ///< the FSDP unit, e.g. "layers.3"
+  /// "forward" or "backward"; a zero-bubble pipeline's split backward is
+  /// "backward_input" then "backward_weight".
+  std::string phase;
+  std::string unit; ///< the FSDP unit, e.g. "layers.3"
   int64_t microbatch = 0;
   int64_t step = 1; ///< 1-based, as the optimizer counts
   /// The parameters the instruction reads (gathered, or local shards), in
-  /// plan order; float8 ones carry their scale.
+  /// plan order; float8 ones carry their scale. Under pipeline parallelism
+  /// the activations it reads (a stage's input, an output gradient) come
+  /// among them too, in the plan's order (docs/pipeline.md, "Planning").
   std::vector<TensorView> params;
   /// backward: the gradients it writes. The callback ADDS its contribution:
   /// they hold zeros at the first microbatch and the sum of the earlier
-  /// microbatches after (gradient accumulation).
+  /// microbatches after (gradient accumulation). A pipeline stage's output
+  /// activation (forward) or its input's gradient (backward) comes among
+  /// them, in the plan's order.
   std::vector<TensorView> grads;
   Session *session = nullptr;
 };
