@@ -7,12 +7,13 @@
 // members' inputs (each member's input is a function of its key and the
 // case, so every process knows all of them):
 //
-// - all-gather: exact copies, for counts that take the log-round (Bruck)
-//   algorithm with wrapping ranges and Gloo's ring;
+// - all-gather: exact copies, for counts that take the log-round algorithm
+//   (recursive doubling on 2 and 4 members, Bruck's with wrapping ranges on
+//   the others) and Gloo's ring;
 // - reduce-scatter and all-reduce of float32 and bf16 in key order
 //   (docs/runtime.md, "Determinism"): the result must equal the left fold
 //   member 0 + member 1 + ... + member n-1, element by element, on every
-//   path the backend picks by size (Bruck all-to-all, Gloo's all-to-all,
+//   path the backend picks by size (Gloo's all-to-all and the fold,
 //   gather-all, the pipelined all-reduce with several pieces and an uneven
 //   last region), and for avg the fold divided by n;
 // - all-to-all and broadcast: exact.
@@ -94,8 +95,8 @@ void check(int64_t key, const std::string &what, const Result<void> &r) {
 /// Everything one member checks on a communicator of n members.
 void runMember(Communicator &comm) {
   int64_t n = comm.size(), me = comm.key();
-  // Counts: empty, tiny, not a multiple of anything, the Bruck sizes, Gloo's
-  // all-to-all sizes, and (all-reduce) more than one pipelined piece.
+  // Counts: tiny, not a multiple of anything, the log-round sizes, Gloo's
+  // ring sizes, and (all-reduce) more than one pipelined piece.
   for (int64_t count : {int64_t(1), int64_t(3), int64_t(1000), int64_t(20000),
                         int64_t(300000)}) {
     std::string at =

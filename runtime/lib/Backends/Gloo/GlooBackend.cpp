@@ -222,14 +222,15 @@ void foldInKeyOrder(const ReduceFn &fn, void *out, Term &&term, int64_t n,
 /// reduction (bench-runtime-collectives; docs/performance.md).
 constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 
-/// Up to these many bytes in all (the gathered output; the reduce-scatter's
-/// input; the all-reduce's tensor times the members) the backend's own
-/// log-round algorithms replace Gloo's: there the number of messages, not
-/// the bytes, sets the time. Above, an all-gather is Gloo's ring, the same
-/// bytes in more rounds, which measured no slower there
-/// (bench-runtime-collectives, docs/performance.md section D).
+/// Up to these many bytes in all (the gathered output; the all-reduce's
+/// tensor times the members) the backend's own log-round algorithms replace
+/// Gloo's: there the number of messages, not the bytes, sets the time.
+/// Above, an all-gather is Gloo's ring, the same bytes in more rounds, which
+/// measured no slower there (bench-runtime-collectives, docs/performance.md
+/// section D). A reduce-scatter is Gloo's all-to-all (one round) at every
+/// size: a log-round all-to-all measured 0.4-0.8 of Gloo's halving-doubling
+/// on a busy VM but 5-8x at 16-64 KiB, now and then, on a quiet one.
 constexpr size_t kBruckAllGatherBytes = size_t(1) << 20;
-constexpr size_t kBruckAllToAllBytes = size_t(256) << 10;
 constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
 /// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
 constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
@@ -307,15 +308,6 @@ public:
         algorithm.run();
       }));
       std::memcpy(out, work.data(), block);
-    } else if (block && block * size_t(n) <= kBruckAllToAllBytes) {
-      // Small: a log-round all-to-all (ceil(log2 n) messages, not n - 1).
-      scratch.resize(block * size_t(n));
-      MESHPLAN_TRY(
-          guarded([&] { logRoundAllToAll(in, scratch.data(), block); }));
-      auto from = [&](int64_t s) {
-        return scratch.data() + block * size_t(exchangedIndex(s));
-      };
-      foldInKeyOrder(*fn, out, from, n, count, dtype);
     } else if (block) {
       scratch.resize(block * size_t(n));
       MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
@@ -647,62 +639,6 @@ private:
     waitAll(*whole, sends, *whole, results, "all-reduce");
   }
 
-  /// Where logRoundAllToAll leaves the block member s sent here.
-  int64_t exchangedIndex(int64_t s) const {
-    return powerOfTwo() ? (key() ^ s) : (key() - s + size()) % size();
-  }
-
-  /// An all-to-all in ceil(log2 n) rounds instead of Gloo's one round of
-  /// n - 1 messages: the choice for small blocks, where waiting for the
-  /// messages costs the time. Index i first holds the block for member
-  /// key ^ i (2^k members) or (key + i) mod n (others); in round k every
-  /// block whose index has bit k set goes to member key ^ 2^k (a pairwise
-  /// exchange, as in logRoundAllGather) or key + 2^k (Bruck's all-to-all,
-  /// same paper), where it keeps its index. Afterwards index
-  /// exchangedIndex(s) holds the block member s sent here. Each block is a
-  /// message of its own: packing a round's blocks into one message of 8 to
-  /// 32 KiB made 4-rank reduce-scatters of 16 and 64 KiB 5-10x slower on the
-  /// 2-core VM (bench-runtime-collectives), for reasons in the transport.
-  void logRoundAllToAll(const void *in, uint8_t *rotated, size_t block) {
-    int64_t n = size(), me = key();
-    bool pairwise = powerOfTwo();
-    auto *src = static_cast<const uint8_t *>(in);
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(rotated + block * size_t(i),
-                  src + block * size_t(pairwise ? (me ^ i) : (me + i) % n),
-                  block);
-    size_t most = size_t(n / 2 + 1) * block;
-    packed.resize(2 * most);
-    uint8_t *outgoing = packed.data(), *incoming = packed.data() + most;
-    // One buffer for both directions, as logRoundAllGather uses.
-    auto both = context->createUnboundBuffer(packed.data(), 2 * most);
-    int64_t perRound = n / 2 + 1;
-    uint64_t slot = uint64_t(context->nextSlot(int(logRounds(n) * perRound)));
-    int round = 0;
-    for (int64_t bit = 1; bit < n; bit <<= 1, ++round) {
-      int64_t to = pairwise ? (me ^ bit) : (me + bit) % n;
-      int64_t from = pairwise ? (me ^ bit) : (me - bit + n) % n;
-      size_t length = 0;
-      int messages = 0;
-      for (int64_t i = bit; i < n; ++i)
-        if (i & bit) {
-          std::memcpy(outgoing + length, rotated + block * size_t(i), block);
-          uint64_t tag = slot + uint64_t(round * perRound + messages);
-          both->recv(int(from), tag, most + length, block);
-          both->send(int(to), tag, length, block);
-          ++messages;
-          length += block;
-        }
-      waitAll(*both, messages, *both, messages, "all-to-all");
-      length = 0;
-      for (int64_t i = bit; i < n; ++i)
-        if (i & bit) {
-          std::memcpy(rotated + block * size_t(i), incoming + length, block);
-          length += block;
-        }
-    }
-  }
-
   /// The Gloo slot of a tagged transfer: a 56-bit FNV-1a hash of the tag
   /// under a prefix byte Gloo's own collectives never use (theirs are small;
   /// Slot::build), so transfers never meet collectives or each other's
@@ -753,7 +689,7 @@ private:
   std::shared_ptr<gloo::Context> context;
   std::chrono::milliseconds timeout;
   std::vector<uint8_t> scratch;
-  /// Bruck all-to-all's outgoing and incoming messages.
+  /// The pipelined all-reduce's two inboxes.
   std::vector<uint8_t> packed;
   bool keyOrder = true;
 };
