@@ -399,6 +399,16 @@ Result<std::span<float>> activationValues(const TensorView &v, size_t n) {
   return values;
 }
 
+/// Hands the residual stream `h` on through the activation buffer `to`: a
+/// stage's output (forward) or the gradient of its input (backward).
+Result<void> handOn(const TensorView &to, std::span<const float> h) {
+  auto y = activationValues(to, h.size());
+  if (!y)
+    return y.error();
+  std::copy(h.begin(), h.end(), y->begin());
+  return {};
+}
+
 Result<void> RankTrainer::forward(ComputeCall &call) {
   auto u = segmentsOf(call);
   if (!u)
@@ -461,14 +471,9 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
     ++lossCount;
   }
   run->end = end;
-  if (!out.empty()) {
-    // The stage's output, for the next stage's rank.
-    std::span<const float> h = mb.stream();
-    auto y = activationValues(*out[0], h.size());
-    if (!y)
-      return y.error();
-    std::copy(h.begin(), h.end(), y->begin());
-  }
+  // The stage's output, for the next stage's rank.
+  if (!out.empty())
+    MESHPLAN_TRY(handOn(*out[0], mb.stream()));
   return {};
 }
 
@@ -563,14 +568,9 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     }
     if (u->embedding)
       MESHPLAN_TRY(mb.backwardEmbedding(gr("tok_embeddings.weight")));
-    if (!out.empty()) {
-      // The gradient of the stage's input, for the previous stage's rank.
-      std::span<const float> dx = mb.stream();
-      auto y = activationValues(*out[0], dx.size());
-      if (!y)
-        return y.error();
-      std::copy(dx.begin(), dx.end(), y->begin());
-    }
+    // The gradient of the stage's input, for the previous stage's rank.
+    if (!out.empty())
+      MESHPLAN_TRY(handOn(*out[0], mb.stream()));
   }
   if (first == run->first) {
     // The stage's backward of this microbatch is done.

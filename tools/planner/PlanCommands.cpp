@@ -592,6 +592,33 @@ static std::vector<int64_t> pipelinePeers(const Planned &p, int64_t rank) {
   return ranks;
 }
 
+/// The plans of the ranks that run one pipeline with `rank` (by pp
+/// coordinate), laid out together under the cost model.
+struct PipelineLayout {
+  std::vector<int64_t> ranks;
+  std::vector<plan::Plan> plans;
+  std::vector<plan::Schedule> schedules;
+};
+static PipelineLayout layOutPipeline(const Planned &p, int64_t rank,
+                                     const Device &device) {
+  PipelineLayout out;
+  out.ranks = pipelinePeers(p, rank);
+  std::vector<std::vector<double>> flops;
+  for (int64_t peer : out.ranks) {
+    const plan::PreparedTemplate &t = p.templateFor(peer);
+    out.plans.push_back(instantiateOrThrow(t, peer));
+    flops.push_back(t.flops());
+  }
+  std::vector<const plan::Plan *> pointers;
+  for (const plan::Plan &one : out.plans)
+    pointers.push_back(&one);
+  auto schedules = plan::simulateTogether(pointers, flops, device.model);
+  if (!schedules)
+    throw std::runtime_error("internal error: " + schedules.error().message);
+  out.schedules = std::move(*schedules);
+  return out;
+}
+
 /// The per-stage table and the bubble of a pipelined spec: the plans of the
 /// ranks that run one pipeline with `rank`, laid out together under the
 /// cost model (plan::simulateTogether).
@@ -599,20 +626,9 @@ static void explainPipeline(const Planned &p, int64_t rank,
                             const Device &device, std::ostringstream &out) {
   const frontend::ResolvedPipeline &pp = *p.spec.pipeline;
   const PipelineScheduleConfig &config = pp.config;
-  std::vector<int64_t> peers = pipelinePeers(p, rank);
-  std::vector<plan::Plan> plans;
-  std::vector<const plan::Plan *> pointers;
-  std::vector<std::vector<double>> flops;
-  for (int64_t peer : peers) {
-    const plan::PreparedTemplate &t = p.templateFor(peer);
-    plans.push_back(instantiateOrThrow(t, peer));
-    flops.push_back(t.flops());
-  }
-  for (const plan::Plan &one : plans)
-    pointers.push_back(&one);
-  auto schedules = plan::simulateTogether(pointers, flops, device.model);
-  if (!schedules)
-    throw std::runtime_error("internal error: " + schedules.error().message);
+  PipelineLayout layout = layOutPipeline(p, rank, device);
+  const std::vector<int64_t> &peers = layout.ranks;
+  const std::vector<plan::Plan> &plans = layout.plans;
 
   out << "\npipeline: " << pipelineScheduleKindName(config.kind) << " over "
       << pp.axis << "=" << config.ranks << ", " << config.microbatches
@@ -630,12 +646,12 @@ static void explainPipeline(const Planned &p, int64_t rank,
       << "\n";
   double step = 0, idle = 0;
   for (size_t c = 0; c < plans.size(); ++c) {
-    const plan::Schedule &s = (*schedules)[c];
+    const plan::Schedule &s = layout.schedules[c];
     step = std::max(step, s.stepSeconds);
   }
   for (size_t c = 0; c < plans.size(); ++c) {
     const plan::Plan &one = plans[c];
-    const plan::Schedule &s = (*schedules)[c];
+    const plan::Schedule &s = layout.schedules[c];
     std::string stages;
     int64_t parameters = 0;
     for (int64_t stage : pp.stagesOfRank[c]) {
@@ -684,7 +700,8 @@ static void explainPipeline(const Planned &p, int64_t rank,
          "trace), the pipeline's ranks laid out together: "
       << fixed(step * 1e3, 1) << " ms; rank " << rank << " exposed "
       << "communication "
-      << fixed((*schedules)[size_t(p.pipelineRankOf(rank))].exposedCommSeconds *
+      << fixed(layout.schedules[size_t(p.pipelineRankOf(rank))]
+                       .exposedCommSeconds *
                    1e3,
                1)
       << " ms\n";
@@ -1014,20 +1031,9 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   } else {
     // The rank's timeline within its pipeline: laid out together with the
     // other stages' ranks, so that waiting for a transfer shows as idle.
-    std::vector<plan::Plan> plans;
-    std::vector<const plan::Plan *> pointers;
-    std::vector<std::vector<double>> flops;
-    for (int64_t peer : pipelinePeers(p, options.rank)) {
-      plans.push_back(instantiateOrThrow(p.templateFor(peer), peer));
-      flops.push_back(p.templateFor(peer).flops());
-    }
-    for (const plan::Plan &one : plans)
-      pointers.push_back(&one);
-    auto all = plan::simulateTogether(pointers, flops, device.model);
-    if (all)
-      schedule = std::move((*all)[size_t(p.pipelineRankOf(options.rank))]);
-    else
-      schedule = all.error();
+    schedule =
+        std::move(layOutPipeline(p, options.rank, device)
+                      .schedules[size_t(p.pipelineRankOf(options.rank))]);
   }
   if (!schedule)
     throw std::runtime_error("internal error: " + schedule.error().message);
