@@ -312,7 +312,11 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
 
   // Activations: a forward adds its unit's saved bytes for that microbatch,
   // the matching backward releases them (only what a forward added, so a
-  // backward without its forward releases nothing).
+  // backward without its forward releases nothing). A zero-bubble split
+  // backward holds them until its weight part: backward_input takes the
+  // backward's transient bytes and releases nothing, backward_weight
+  // releases what the forward saved (the weight gradients need the layers'
+  // saved inputs), as ZB-H1's memory analysis has it.
   for (const auto &[unit, a] : tm.activations)
     if (a.saved < 0 || a.forwardTransient < 0 || a.backwardTransient < 0)
       return makeError("activations of unit " + quote(unit) +
@@ -334,16 +338,19 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
         p.activationEvents.push_back(
             {int32_t(i), saturatingAdd(u.saved, u.forwardTransient),
              u.forwardTransient});
-      } else if (in.phase == "backward") {
+      } else if (in.phase == "backward_input") {
+        p.activationEvents.push_back(
+            {int32_t(i), u.backwardTransient, u.backwardTransient});
+      } else if (in.phase == "backward" || in.phase == "backward_weight") {
         int64_t released = 0;
         if (auto it = pending.find({in.unit, in.microbatch});
             it != pending.end()) {
           released = it->second;
           pending.erase(it);
         }
+        int64_t transient = in.phase == "backward" ? u.backwardTransient : 0;
         p.activationEvents.push_back(
-            {int32_t(i), u.backwardTransient,
-             saturatingAdd(u.backwardTransient, released)});
+            {int32_t(i), transient, saturatingAdd(transient, released)});
       }
     }
   }

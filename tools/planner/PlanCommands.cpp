@@ -129,13 +129,6 @@ static Planned planOrThrow(
     throw CliError(flags.spec + ": pipeline_parallel: checkpoints of "
                                 "pipelined layouts are not supported yet "
                                 "(issue 16)");
-  // zbv splits backward into I and W, which the plan's compute cannot
-  // express yet (its phases are forward and backward).
-  if (p.spec.pipeline &&
-      p.spec.pipeline->config.kind == PipelineScheduleKind::ZeroBubbleV)
-    throw CliError(flags.spec + ": pipeline_parallel schedule zbv is resolved "
-                                "but not planned yet: plans have no "
-                                "split-backward phases (issue 16)");
   if (rank)
     checkRank(*p.spec.mesh, *rank);
   p.import.tokensPerMicrobatch = flags.tokens;

@@ -332,6 +332,47 @@ TEST(ActivationWalk, OneMicrobatchAtATime) {
                 {"activation", 90}, {"param_shard", 16}, {"total", 106}}));
 }
 
+// A zero-bubble split backward holds the forward's activations until its
+// weight part: backward_input adds the backward's transient bytes and frees
+// nothing, backward_weight frees what the forward saved.
+TEST(ActivationWalk, SplitBackwardHoldsActivationsUntilTheWeightPart) {
+  ProgramTemplate t = twoUnits();
+  t.activations["a"] = {100, 0, 30};
+  t.activations["b"] = {50, 20, 40};
+  // Microbatch 0 of b: forward, input part, then microbatch 1's forward of b
+  // before microbatch 0's weight part (as zbv orders them).
+  auto compute = [](const std::string &id, const std::string &phase,
+                    const std::string &unit, int64_t mb) {
+    Instruction in;
+    in.id = id;
+    in.stream = "compute";
+    in.op = OpKind::Compute;
+    in.inputs = {"w"};
+    in.phase = phase;
+    in.unit = unit;
+    in.microbatch = mb;
+    return in;
+  };
+  t.program = {compute("f0", "forward", "b", 0),
+               compute("i0", "backward_input", "b", 0),
+               compute("f1", "forward", "b", 1),
+               compute("w0", "backward_weight", "b", 0),
+               compute("i1", "backward_input", "b", 1),
+               compute("w1", "backward_weight", "b", 1)};
+  // f0: 50 + 20; i0: 50 + 40 = 90; f1: 100 + 20 = 120 (microbatch 0's 50
+  // still held); w0: frees 50; i1: 50 + 40 = 90; w1: frees the rest.
+  EXPECT_EQ(peaks(t),
+            (std::map<std::string, int64_t>{
+                {"activation", 120}, {"param_shard", 16}, {"total", 136}}));
+  // As full backwards, microbatch 0's activations are gone before f1.
+  t.program = {
+      compute("f0", "forward", "b", 0), compute("b0", "backward", "b", 0),
+      compute("f1", "forward", "b", 1), compute("b1", "backward", "b", 1)};
+  EXPECT_EQ(peaks(t),
+            (std::map<std::string, int64_t>{
+                {"activation", 90}, {"param_shard", 16}, {"total", 106}}));
+}
+
 TEST(ActivationWalk, NegativeBytesAreRefused) {
   ProgramTemplate t = twoUnits();
   t.activations["a"] = {-1, 0, 0};
