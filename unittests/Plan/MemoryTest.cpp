@@ -266,6 +266,20 @@ TEST(DevicePresets, NamesAliasesAndCapacity) {
 // The peak walk with activations
 //===----------------------------------------------------------------------===//
 
+/// A compute instruction of `unit` reading the one parameter "w".
+Instruction computeOf(const std::string &id, const std::string &phase,
+                      const std::string &unit, int64_t microbatch) {
+  Instruction in;
+  in.id = id;
+  in.stream = "compute";
+  in.op = OpKind::Compute;
+  in.inputs = {"w"};
+  in.phase = phase;
+  in.unit = unit;
+  in.microbatch = microbatch;
+  return in;
+}
+
 /// One rank, two units, two microbatches: fwd a, fwd b, bwd b, bwd a per
 /// microbatch; a persistent 16-byte parameter shard.
 ProgramTemplate twoUnits() {
@@ -290,15 +304,8 @@ ProgramTemplate twoUnits() {
              {"forward", "b"},
              {"backward", "b"},
              {"backward", "a"}}) {
-      Instruction in;
-      in.id = "i" + std::to_string(id++);
-      in.stream = "compute";
-      in.op = OpKind::Compute;
-      in.inputs = {"w"};
-      in.phase = phase;
-      in.unit = unit;
-      in.microbatch = mb;
-      t.program.push_back(in);
+      t.program.push_back(
+          computeOf("i" + std::to_string(id++), phase, unit, mb));
     }
   return t;
 }
@@ -341,18 +348,7 @@ TEST(ActivationWalk, SplitBackwardHoldsActivationsUntilTheWeightPart) {
   t.activations["b"] = {50, 20, 40};
   // Microbatch 0 of b: forward, input part, then microbatch 1's forward of b
   // before microbatch 0's weight part (as zbv orders them).
-  auto compute = [](const std::string &id, const std::string &phase,
-                    const std::string &unit, int64_t mb) {
-    Instruction in;
-    in.id = id;
-    in.stream = "compute";
-    in.op = OpKind::Compute;
-    in.inputs = {"w"};
-    in.phase = phase;
-    in.unit = unit;
-    in.microbatch = mb;
-    return in;
-  };
+  auto compute = computeOf;
   t.program = {compute("f0", "forward", "b", 0),
                compute("i0", "backward_input", "b", 0),
                compute("f1", "forward", "b", 1),

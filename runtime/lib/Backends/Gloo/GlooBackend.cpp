@@ -230,7 +230,7 @@ constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 /// section D). A reduce-scatter is Gloo's all-to-all (one round) at every
 /// size: a log-round all-to-all measured 0.4-0.8 of Gloo's halving-doubling
 /// on a busy VM but 5-8x at 16-64 KiB, now and then, on a quiet one.
-constexpr size_t kBruckAllGatherBytes = size_t(1) << 20;
+constexpr size_t kLogRoundAllGatherBytes = size_t(1) << 20;
 constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
 /// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
 constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
@@ -263,7 +263,7 @@ public:
     }
     if (bytes == 0)
       return {};
-    if (bytes * size_t(size()) <= kBruckAllGatherBytes)
+    if (bytes * size_t(size()) <= kLogRoundAllGatherBytes)
       return guarded([&] { logRoundAllGather(in, out, bytes); });
     return guarded([&] {
       gloo::AllgatherOptions opts(context);
