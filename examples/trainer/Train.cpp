@@ -1063,14 +1063,6 @@ int main(int argc, char **argv) {
                  std::to_string(tpSize) +
                  " (sequence parallelism splits each sequence evenly)");
   }
-  // Each pp coordinate's ranks hold only their stages' shards; what a
-  // checkpoint of such a layout holds is issue 16's item 7, not written yet.
-  if (planned->spec.pipeline &&
-      (!flags.saveCheckpoint.empty() || !flags.loadCheckpoint.empty()))
-    usageError(std::string(flags.saveCheckpoint.empty() ? "--load-checkpoint"
-                                                        : "--save-checkpoint") +
-               ": checkpoints of pipelined layouts are not supported yet "
-               "(issue 16)");
   if (flags.reference)
     return runReference(flags, *planned, *data);
 

@@ -5,7 +5,9 @@
 // replicates over. Asking "who else holds this box" would need the other
 // ranks' plans or a walk over the world; the coordinate rule needs neither
 // and gives every distinct non-empty box exactly one writer (docs/
-// checkpoint-format.md, "Who writes what").
+// checkpoint-format.md, "Who writes what"). A pipelined plan's mesh names its
+// pipeline axis, along which each tensor lives on one coordinate only: that
+// axis is skipped.
 //
 //===----------------------------------------------------------------------===//
 
@@ -76,7 +78,8 @@ std::string_view tensorKindName(TensorKind kind) {
   return kind == TensorKind::Parameter ? "parameter" : "optimizer_state";
 }
 
-Result<bool> ownsShard(const View &view, const Layout &layout, int64_t rank) {
+Result<bool> ownsShard(const View &view, const Layout &layout, int64_t rank,
+                       std::optional<int> pipelineAxis) {
   if (!layout.partial.empty())
     return makeError("a partial layout holds no tensor values yet; only a "
                      "reduced layout can be saved");
@@ -85,7 +88,7 @@ Result<bool> ownsShard(const View &view, const Layout &layout, int64_t rank) {
   if (!position)
     return position.error();
   for (const AxisRef &ref : replicatedRefs(view, layout))
-    if (ref.coordinateAt(mesh, *position) != 0)
+    if (ref.axis != pipelineAxis && ref.coordinateAt(mesh, *position) != 0)
       return false;
   return true;
 }
@@ -97,6 +100,13 @@ Result<std::vector<PersistentBox>> persistentBoxesOf(const plan::Plan &p) {
   auto mesh = std::make_shared<const Mesh>(std::move(meshOr).value());
   View view = View::root(mesh);
   AxisNamespace ns(mesh);
+  std::optional<int> pipelineAxis;
+  if (p.mesh.pipelineAxis) {
+    pipelineAxis = mesh->findAxis(*p.mesh.pipelineAxis);
+    if (!pipelineAxis)
+      return makeError("/mesh/pipeline: axis \"" + *p.mesh.pipelineAxis +
+                       "\" is not in the mesh");
+  }
 
   // AdamW's state is named after its parameter by its position in an
   // optimizer_update (param, grad, exp_avg, exp_avg_sq): buffer ids are the
@@ -170,7 +180,7 @@ Result<std::vector<PersistentBox>> persistentBoxesOf(const plan::Plan &p) {
                        ", but the buffer says " + formatInts(b.offset) + " + " +
                        formatInts(b.localShape));
     box.box = Box{shard->offset, shard->localShape};
-    Result<bool> owns = ownsShard(view, *layout, p.rank);
+    Result<bool> owns = ownsShard(view, *layout, p.rank, pipelineAxis);
     if (!owns)
       return owns.error().within(where + "/layout");
     box.owned = *owns && !box.box.empty();

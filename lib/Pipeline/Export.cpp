@@ -76,6 +76,12 @@ public:
       }
     if (!step)
       return Error("the module has no dist.train_step function");
+    // One pp rank's program (dist-lower-pipeline) names its pipeline axis.
+    if (auto axis = step->getAttrOfType<StringAttr>("dist.pp_axis")) {
+      if (!mesh->findAxis(axis.getValue()))
+        return opError(step, "dist.pp_axis names no mesh axis");
+      out.mesh.pipelineAxis = axis.getValue().str();
+    }
     if (auto ok = exportComms(); !ok)
       return ok.error();
     if (auto ok = exportTrainerComms(step); !ok)

@@ -93,7 +93,8 @@ bool isReduction(OpKind op) {
 }
 
 bool PlanMesh::operator==(const PlanMesh &o) const {
-  if (axes.size() != o.axes.size() || deviceOrder != o.deviceOrder)
+  if (axes.size() != o.axes.size() || deviceOrder != o.deviceOrder ||
+      pipelineAxis != o.pipelineAxis)
     return false;
   for (size_t i = 0; i < axes.size(); ++i)
     if (axes[i].name != o.axes[i].name || axes[i].size != o.axes[i].size ||
@@ -194,6 +195,7 @@ const SectionRule kMeshRule = {
          .items = T::Object},
         {.name = "device_order", .type = T::Array, .items = T::Integer},
         {.name = "managed", .type = T::Array, .items = T::String},
+        {.name = "pipeline", .type = T::String},
     }};
 const SectionRule kMeshAxisRule = {
     "mesh_axis",
@@ -331,6 +333,20 @@ Result<PlanMesh> readMesh(Value v, const Path &path) {
                        "axis " + quote(names[k]) + " is listed twice");
       it->managed = true;
     }
+  }
+  if (std::optional<Value> pipeline = f.get("pipeline")) {
+    Path p = path.child("pipeline");
+    std::string name;
+    MESHPLAN_TRY(readStringInto(*pipeline, p, name));
+    auto it = std::find_if(mesh.axes.begin(), mesh.axes.end(),
+                           [&](const MeshAxis &a) { return a.name == name; });
+    if (it == mesh.axes.end())
+      return errorAt(p, "axis " + quote(name) + " is not in the mesh");
+    // A managed axis replicates; its members hold the same tensors.
+    if (it->managed)
+      return errorAt(p, "axis " + quote(name) +
+                            " is managed; a pipeline axis cannot be");
+    mesh.pipelineAxis = std::move(name);
   }
   return mesh;
 }
@@ -1345,6 +1361,8 @@ static Json meshJson(const PlanMesh &mesh) {
     out["device_order"] = *mesh.deviceOrder;
   if (!managed.empty())
     out["managed"] = std::move(managed);
+  if (mesh.pipelineAxis)
+    out["pipeline"] = *mesh.pipelineAxis;
   return out;
 }
 

@@ -60,7 +60,7 @@ func.func @train_step(%w0: tensor<8x8xf32, #dist.layout<@m, [{"dp"}, {}]>> {dist
 // R0-NEXT:  dist.pair @pp_0_1 on @m axis "pp" coords = [0, 1]
 // R0-LABEL: func.func @train_step
 // R0-SAME:  (%[[W:.*]]: tensor<8x8xf32, #dist.layout<@m, [{"dp"}, {}]>> {dist.param = "w0", dist.tensor_id = 0 : i64})
-// R0-SAME:  dist.pp_rank = 0
+// R0-SAME:  dist.pp_axis = "pp", dist.pp_rank = 0
 // R0-NEXT:  %[[G:.*]] = dist.redistribute %[[W]]
 // R0-NEXT:  %[[A0:.*]] = dist.compute forward "a"(%[[G]]) stage 0 flops = 4.000000e+00 {dist.action = "0F0", dist.microbatch = 0 : i64} : {{.*}} -> tensor<4x8xbf16>
 // R0-NEXT:  dist.send %[[A0]] on @pp_0_1 to 1 tag "F s0 mb0" {dist.action = "0SEND_F0", dist.microbatch = 0 : i64} : tensor<4x8xbf16>

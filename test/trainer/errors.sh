@@ -70,10 +70,6 @@ expect 2 "pipeline_parallel: meshplan-train passes fp32 activations between stag
   "$train" --spec "$src/test/planner/Inputs/pipeline/tiny-interleaved-pp2.json" \
   --steps 1 --reference
 
-expect 2 "--save-checkpoint: checkpoints of pipelined layouts are not supported yet" -- \
-  "$train" --spec "$src/test/trainer/specs/pp2-1f1b.json" --steps 1 \
-  --save-checkpoint "$work/ckpt"
-
 # Outside a launcher: no RANK / MESHPLAN_STORE.
 expect 1 "RANK.*meshplan run" -- env -u RANK -u MESHPLAN_STORE "$train" \
   --spec "$spec" --model tiny --steps 1

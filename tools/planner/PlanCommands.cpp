@@ -119,16 +119,9 @@ static Planned planOrThrow(
     const SpecFlags &flags, const CostFlags &cost, std::optional<int64_t> rank,
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
         nullptr,
-    bool pipelineOk = false, bool everyCoordinate = false) {
+    bool everyCoordinate = false) {
   Planned p;
   p.spec = loadSpecOrThrow(flags);
-  // plan, explain and trace handle one template per pp coordinate; the
-  // checkpoint commands (planEveryRank) do not yet. An error from compile
-  // would be the planner's (exit 3), this one is the spec's (exit 2).
-  if (p.spec.pipeline && !pipelineOk)
-    throw CliError(flags.spec + ": pipeline_parallel: checkpoints of "
-                                "pipelined layouts are not supported yet "
-                                "(issue 16)");
   if (rank)
     checkRank(*p.spec.mesh, *rank);
   p.import.tokensPerMicrobatch = flags.tokens;
@@ -183,6 +176,7 @@ static std::string meshText(const Mesh &mesh) {
 PlannedRanks meshplan::cli::planEveryRank(
     const SpecFlags &flags,
     const std::function<void(const plan::Plan &)> &perRank) {
+  // Every pp coordinate's template, under pipeline_parallel.
   Planned p = planOrThrow(flags, CostFlags{}, std::nullopt);
   const plan::PreparedTemplate &prepared = *p.prepared;
   PlannedRanks out;
@@ -197,7 +191,7 @@ PlannedRanks meshplan::cli::planEveryRank(
   if (auto text = plan::readTextFile(flags.spec))
     out.specText = std::move(*text);
   for (int64_t rank : prepared.ranks()) {
-    auto plan = prepared.instantiate(rank, /*withEstimates=*/false);
+    auto plan = p.templateFor(rank).instantiate(rank, /*withEstimates=*/false);
     if (!plan)
       throw std::runtime_error("internal error: " + plan.error().message);
     perRank(*plan);
@@ -394,8 +388,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
       return {};
     };
   }
-  Planned p = planOrThrow(options.spec, options.cost, options.rank, dump,
-                          /*pipelineOk=*/true);
+  Planned p = planOrThrow(options.spec, options.cost, options.rank, dump);
   auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = *p.prepared;
   int64_t world = prepared.mesh().size();
@@ -705,7 +698,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   // A pipeline: every pp coordinate, for the per-stage table and the
   // bubble.
   Planned p = planOrThrow(options.spec, options.cost, options.rank, nullptr,
-                          /*pipelineOk=*/true, /*everyCoordinate=*/true);
+                          /*everyCoordinate=*/true);
   const plan::PreparedTemplate &prepared = p.templateFor(options.rank);
   plan::Plan plan = instantiateOrThrow(prepared, options.rank);
   const frontend::Spec &spec = p.spec.spec;
@@ -1015,7 +1008,7 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
     throw CliError("-o: an output file is required");
   Device device = deviceOrThrow(options.cost);
   Planned p = planOrThrow(options.spec, options.cost, options.rank, nullptr,
-                          /*pipelineOk=*/true, /*everyCoordinate=*/true);
+                          /*everyCoordinate=*/true);
   plan::Plan planned =
       instantiateOrThrow(p.templateFor(options.rank), options.rank);
   Result<plan::Schedule> schedule = makeError("no schedule");

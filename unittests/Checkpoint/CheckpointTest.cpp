@@ -460,6 +460,31 @@ TEST(Ownership, NamesStateByOperandPositionAndRefusesPartial) {
   EXPECT_TRUE(*ownsShard(view, tpOnly, 1));
   EXPECT_FALSE(*ownsShard(view, tpOnly, 3));
 
+  // Under a pipeline, a tensor lives on one coordinate of the pp axis, which
+  // its layout does not name: on (dp 2, pp 2, tp 2) every pp coordinate's
+  // ranks hold a different stage's "[{dp}]" tensor, and each distinct box of
+  // each coordinate has exactly one owner among them; without the pipeline
+  // axis only pp coordinate 0 would write.
+  auto pipeMesh = std::make_shared<const Mesh>(
+      *Mesh::create({{"dp", 2}, {"pp", 2}, {"tp", 2}}));
+  View pipeView = View::root(pipeMesh);
+  AxisNamespace pipeNs(pipeMesh);
+  Layout dpOnly = *parseLayout(pipeView, pipeNs, "[{dp}]");
+  std::optional<int> ppAxis = pipeMesh->findAxis("pp");
+  for (int64_t coord = 0; coord < 2; ++coord) {
+    std::map<int64_t, int> ownersOfBox; // box offset -> owners
+    for (int64_t rank = 0; rank < 8; ++rank) {
+      if (pipeMesh->coordinateAt(*pipeMesh->positionOf(rank), *ppAxis) != coord)
+        continue;
+      ShardBox box = *shardOf(pipeView, dpOnly, {64}, rank);
+      ownersOfBox[box.offset[0]] += *ownsShard(pipeView, dpOnly, rank, ppAxis);
+    }
+    EXPECT_EQ(ownersOfBox, (std::map<int64_t, int>{{0, 1}, {32, 1}}))
+        << "pp coordinate " << coord;
+  }
+  EXPECT_TRUE(*ownsShard(pipeView, dpOnly, 2, ppAxis)); // dp 0, pp 1, tp 0
+  EXPECT_FALSE(*ownsShard(pipeView, dpOnly, 2));
+
   plan::Plan noUpdate = p;
   noUpdate.program.clear();
   Result<std::vector<PersistentBox>> bad = persistentBoxesOf(noUpdate);

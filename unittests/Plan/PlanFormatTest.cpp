@@ -268,6 +268,15 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
        "/mesh/axes/1/size: expected an integer >= 1, got 0"},
       {[](Json &j) { j["mesh"]["managed"] = {"pp"}; },
        "/mesh/managed/0: axis \"pp\" is not in the mesh"},
+      {[](Json &j) { j["mesh"]["pipeline"] = "pp"; },
+       "/mesh/pipeline: axis \"pp\" is not in the mesh"},
+      {[](Json &j) {
+         j["mesh"]["managed"] = {"dp"};
+         j["mesh"]["pipeline"] = "dp";
+       },
+       "/mesh/pipeline: axis \"dp\" is managed; a pipeline axis cannot be"},
+      {[](Json &j) { j["mesh"]["pipeline"] = 1; },
+       "/mesh/pipeline: expected a string, got integer 1"},
       {[](Json &j) {
          j["mesh"]["device_order"] = {0, 1, 2};
        },
@@ -477,8 +486,10 @@ TEST(PlanFormat, Version2FieldsRoundTrip) {
   plan.program[8].unit = "layers.0.attention";
   plan.optimizer =
       OptimizerConfig{"adamw", 3e-4, 0.5, 0.875, 1e-6, 0, true, 1234567890123};
+  plan.mesh.pipelineAxis = "dp";
   ASSERT_TRUE(validatePlan(plan).ok()) << validatePlan(plan).error().message;
   std::string text = writePlan(plan);
+  EXPECT_NE(text.find("\"pipeline\":\"dp\""), std::string::npos) << text;
   Result<Plan> q = parsePlan(text);
   ASSERT_TRUE(q.ok()) << q.error().message;
   EXPECT_EQ(*q, plan);
@@ -503,11 +514,13 @@ TEST(PlanFormat, Version2FieldsRoundTrip) {
             std::string::npos)
       << text;
   // Optional keys are written only when set.
+  plan.mesh.pipelineAxis.reset();
   plan.buffers[0].tensor.clear();
   plan.optimizer.reset();
   plan.program.pop_back();
   text = writePlan(plan);
   EXPECT_EQ(text.find("\"optimizer\""), std::string::npos);
+  EXPECT_EQ(text.find("\"pipeline\""), std::string::npos);
   q = parsePlan(text);
   ASSERT_TRUE(q.ok()) << q.error().message;
   EXPECT_EQ(*q, plan);

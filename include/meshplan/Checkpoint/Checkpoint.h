@@ -126,8 +126,12 @@ struct PersistentBox {
 /// over (core's replicatedRefs). Ranks holding the same non-empty box differ
 /// exactly in those coordinates, so each distinct box has one owner, found
 /// in O(refs) without listing the others. A partial layout is an error (its
-/// values are not yet the tensor's).
-Result<bool> ownsShard(const View &view, const Layout &layout, int64_t rank);
+/// values are not yet the tensor's). Under pipeline parallelism a tensor
+/// lives on one coordinate of `pipelineAxis` (the stage's): that axis, which
+/// no layout names, is not replicated over, and the holder's coordinate
+/// along it is whatever it is.
+Result<bool> ownsShard(const View &view, const Layout &layout, int64_t rank,
+                       std::optional<int> pipelineAxis = std::nullopt);
 
 /// The param_shard and optimizer_state buffers of `plan`, with their
 /// checkpoint names, boxes (checked against core's shardOf of their layout)

@@ -210,6 +210,10 @@ struct OptimizerConfig {
 struct PlanMesh {
   std::vector<MeshAxis> axes;
   std::optional<std::vector<int64_t>> deviceOrder;
+  /// The axis whose coordinates hold different pipeline stages
+  /// (pipeline_parallel.axis): a tensor lives on one coordinate of it, so a
+  /// layout that does not name it does not replicate over it.
+  std::optional<std::string> pipelineAxis;
 
   bool operator==(const PlanMesh &o) const;
 };

@@ -497,5 +497,8 @@ LogicalResult StepLowering::run() {
       op.erase();
   }
   func->setAttr("dist.pp_rank", b.getI64IntegerAttr(ppRank));
+  // The plan's mesh names the axis (a checkpoint's owners need it: no
+  // layout replicates over it).
+  func->setAttr("dist.pp_axis", pipeline.getAxisAttr());
   return success();
 }

@@ -231,7 +231,8 @@ def DistLowerPipeline : Pass<"dist-lower-pipeline", "mlir::ModuleOp"> {
     `backward_weight` (weight gradients), each with half the backward's
     flops. Every op the schedule creates carries `dist.microbatch` and
     `dist.action`, core's text of its action ("1F0", "1SEND_F0"). The
-    function gets `dist.pp_rank`; a function that has it is left alone.
+    function gets `dist.pp_rank` and `dist.pp_axis` (the axis, which the
+    plan's mesh names); a function that has them is left alone.
 
     Before (`dist.pipeline @pipe on @m axis "pp" schedule "gpipe"
     microbatches 2 stages_per_rank 1 activation tensor<4x8xbf16>`,
