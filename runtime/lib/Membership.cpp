@@ -1,0 +1,605 @@
+//===- Membership.cpp - Replica groups, heartbeats and the quorum epoch ---===//
+//
+// Every decision is made by the store: liveness by key expiry, the epoch by
+// one Lua script run atomically by Redis (a script's keys do not change, and
+// no key expires, while it runs), so no process ever writes what it read
+// earlier. The client only formats keys, runs scripts and reports errors
+// that name the store (docs/fault-tolerance.md, "Membership").
+//
+// Connections: a hiredis context is not thread-safe, so the calling threads
+// share one (behind a mutex) and the heartbeat thread has its own. A context
+// that failed is dropped; the next call reconnects and first checks that the
+// store still holds the job, so a store restarted without persistence is an
+// error, never a silent restart at epoch 0.
+//
+//===----------------------------------------------------------------------===//
+
+#include "meshplan/Runtime/Membership.h"
+
+#include <hiredis.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <sys/time.h>
+#include <unistd.h>
+
+namespace meshplan::runtime {
+
+namespace {
+
+// The epoch compare-and-set. KEYS[1] is the epoch, KEYS[2..N+1] the N
+// groups' heartbeat keys in group order; ARGV: expected epoch, min_replicas,
+// nominal group count, the quorum key prefix. Returns {status, epoch,
+// members}: 1 = installed, 0 = the epoch is not the expected one (the store's
+// epoch and members), -1 = no quorum (the live count and groups). The epoch
+// is compared and stepped as a string / by INCR, never as a Lua double.
+constexpr const char *kProposeScript = R"lua(
+local cur = redis.call('GET', KEYS[1]) or '0'
+if cur ~= ARGV[1] then
+  return {0, cur, redis.call('GET', ARGV[4] .. cur) or ''}
+end
+local live = {}
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    live[#live + 1] = tostring(i - 2)
+  end
+end
+local n = #live
+local members = table.concat(live, ',')
+if n < tonumber(ARGV[2]) or 2 * n <= tonumber(ARGV[3]) then
+  return {-1, tostring(n), members}
+end
+redis.call('INCR', KEYS[1])
+local nxt = redis.call('GET', KEYS[1])
+redis.call('SET', ARGV[4] .. nxt, members)
+return {1, nxt, members}
+)lua";
+
+// The current epoch and its members in one atomic read (two GETs could
+// straddle an epoch change). KEYS[1]: the epoch; ARGV[1]: the quorum prefix.
+constexpr const char *kReadQuorumScript = R"lua(
+local e = redis.call('GET', KEYS[1]) or '0'
+return {e, redis.call('GET', ARGV[1] .. e) or ''}
+)lua";
+
+// Every group's heartbeat TTL in milliseconds at one instant (-2: expired).
+constexpr const char *kLiveScript = R"lua(
+local ttl = {}
+for i = 1, #KEYS do ttl[i] = redis.call('PTTL', KEYS[i]) end
+return ttl
+)lua";
+
+struct ReplyDeleter {
+  void operator()(redisReply *r) const { freeReplyObject(r); }
+};
+using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
+
+timeval toTimeval(std::chrono::milliseconds ms) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
+  return tv;
+}
+
+bool validJobName(const std::string &job) {
+  if (job.empty() || job.size() > 128)
+    return false;
+  return std::all_of(job.begin(), job.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
+  });
+}
+
+std::optional<int64_t> parseInt64(const std::string &s) {
+  if (s.empty())
+    return std::nullopt;
+  char *end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end != s.c_str() + s.size())
+    return std::nullopt;
+  return v;
+}
+
+/// "0,2,3" -> {0, 2, 3}; nullopt when malformed.
+std::optional<std::vector<int>> parseMembers(const std::string &s) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t comma = s.find(',', pos);
+    if (comma == std::string::npos)
+      comma = s.size();
+    std::optional<int64_t> g = parseInt64(s.substr(pos, comma - pos));
+    if (!g || *g < 0 || *g > 1'000'000)
+      return std::nullopt;
+    out.push_back(static_cast<int>(*g));
+    pos = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string replyString(const redisReply *r) {
+  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
+      r->type == REDIS_REPLY_ERROR)
+    return std::string(r->str, r->len);
+  if (r->type == REDIS_REPLY_INTEGER)
+    return std::to_string(r->integer);
+  return "";
+}
+
+std::string joinGroups(const std::vector<int> &groups) {
+  std::string s;
+  for (int g : groups)
+    s += (s.empty() ? "" : ", ") + std::to_string(g);
+  return s;
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Connections and commands
+//===----------------------------------------------------------------------===//
+
+Membership::Connection::~Connection() { reset(); }
+
+void Membership::Connection::reset() {
+  if (ctx)
+    redisFree(ctx);
+  ctx = nullptr;
+}
+
+namespace {
+
+/// The reason a context failed, in words a user can act on.
+std::string contextError(const redisContext *c, std::chrono::milliseconds io) {
+  if (!c)
+    return "out of memory";
+  std::string why = c->errstr;
+  // hiredis reports a read that hit SO_RCVTIMEO as EAGAIN's text.
+  if (c->err == REDIS_ERR_IO &&
+      (why == std::strerror(EAGAIN) || why == std::strerror(EWOULDBLOCK)))
+    return "no reply within " + std::to_string(io.count()) +
+           " ms (the store is hung or unreachable)";
+  return why;
+}
+
+} // namespace
+
+Membership::Membership(const MembershipOptions &o) : opts(o) {
+  store = "redis://" + opts.host + ":" + std::to_string(opts.port);
+  // The heartbeat's value only helps a person reading the store (liveness
+  // is the TTL); taken here, not once per program, since a forked child
+  // has its own pid.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  holder = std::string(host) + " pid " + std::to_string(getpid());
+  period =
+      opts.heartbeatPeriod.count() > 0
+          ? opts.heartbeatPeriod
+          : std::max(std::chrono::milliseconds(1), opts.heartbeatExpiry / 4);
+}
+
+Membership::~Membership() { stopHeartbeat(); }
+
+std::string Membership::key(const std::string &suffix) const {
+  // {JOB} is also a Redis Cluster hash tag: all of a job's keys map to one
+  // slot, as a multi-key script needs on a cluster (only a standalone
+  // server is tested).
+  return "meshplan:{" + opts.job + "}:" + suffix;
+}
+
+std::string Membership::configValue() const {
+  return "groups=" + std::to_string(opts.numGroups) +
+         " min_replicas=" + std::to_string(opts.minReplicas);
+}
+
+namespace {
+
+/// Runs one command on a connected context. A transport failure drops the
+/// context (hiredis cannot use it again) and is an error naming the store.
+Result<Reply> run(redisContext *&ctx, const std::string &store,
+                  std::chrono::milliseconds io, const std::string &what,
+                  const std::vector<std::string> &args) {
+  std::vector<const char *> argv;
+  std::vector<size_t> lens;
+  for (const std::string &a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto *r = static_cast<redisReply *>(redisCommandArgv(
+      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (!r) {
+    std::string why = contextError(ctx, io);
+    redisFree(ctx);
+    ctx = nullptr;
+    return makeError("membership store " + store + ": " + what + ": " + why);
+  }
+  Reply reply(r);
+  if (reply->type == REDIS_REPLY_ERROR)
+    return makeError("membership store " + store + ": " + what +
+                     ": the store replied: " + replyString(reply.get()));
+  return reply;
+}
+
+} // namespace
+
+Result<void> Membership::ensureConnected(Connection &c, bool firstConnect) {
+  if (c.ctx)
+    return {};
+  redisContext *ctx = redisConnectWithTimeout(opts.host.c_str(), opts.port,
+                                              toTimeval(opts.connectTimeout));
+  if (!ctx || ctx->err) {
+    std::string why = contextError(ctx, opts.ioTimeout);
+    if (ctx)
+      redisFree(ctx);
+    return makeError("cannot reach the membership store " + store + ": " + why +
+                     " (connect timeout " +
+                     std::to_string(opts.connectTimeout.count()) + " ms)");
+  }
+  if (redisSetTimeout(ctx, toTimeval(opts.ioTimeout)) != REDIS_OK) {
+    std::string why = contextError(ctx, opts.ioTimeout);
+    redisFree(ctx);
+    return makeError("membership store " + store +
+                     ": cannot set the I/O timeout: " + why);
+  }
+  // Keep-alive probes notice a peer that vanished without closing the
+  // connection (a partition) even when we are not waiting on a reply.
+  redisEnableKeepAlive(ctx);
+  c.ctx = ctx;
+
+  std::string cfgKey = key("config");
+  if (firstConnect) {
+    // The first process of the job records its configuration; the others
+    // must agree (NX: never overwritten).
+    auto set = run(c.ctx, store, opts.ioTimeout, "recording the job",
+                   {"SET", cfgKey, configValue(), "NX"});
+    if (!set)
+      return set.error();
+  }
+  auto got =
+      run(c.ctx, store, opts.ioTimeout, "reading the job", {"GET", cfgKey});
+  if (!got)
+    return got.error();
+  if (got.value()->type == REDIS_REPLY_NIL) {
+    c.reset();
+    return makeError(
+        "membership store " + store + " no longer holds job \"" + opts.job +
+        "\" (its keys are gone: the store was restarted without persistence "
+        "or flushed); the job's epoch and quorum are lost");
+  }
+  std::string recorded = replyString(got.value().get());
+  if (recorded != configValue()) {
+    c.reset();
+    return makeError("membership store " + store + ": job \"" + opts.job +
+                     "\" was started with " + recorded + ", this process has " +
+                     configValue() +
+                     " (every process of a job must agree; a new run needs a "
+                     "new job name)");
+  }
+  return {};
+}
+
+Result<void> Membership::noteEpoch(int64_t epoch) {
+  int64_t seen = observed.load(std::memory_order_acquire);
+  while (epoch > seen && !observed.compare_exchange_weak(
+                             seen, epoch, std::memory_order_acq_rel))
+    ;
+  if (epoch < seen)
+    return makeError("membership store " + store + ": job \"" + opts.job +
+                     "\" is at epoch " + std::to_string(epoch) +
+                     ", but this process already saw epoch " +
+                     std::to_string(seen) +
+                     " (the store lost its state: restarted without "
+                     "persistence or flushed)");
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// connect
+//===----------------------------------------------------------------------===//
+
+Result<std::unique_ptr<Membership>>
+Membership::connect(const MembershipOptions &o) {
+  auto bad = [](const std::string &what) {
+    return makeError("membership: " + what);
+  };
+  if (!validJobName(o.job))
+    return bad("job name \"" + o.job +
+               "\" must be 1-128 characters of [A-Za-z0-9._-]");
+  if (o.port < 1 || o.port > 65535)
+    return bad("store port " + std::to_string(o.port) + " is not in 1..65535");
+  if (o.host.empty())
+    return bad("the store host is empty");
+  if (o.numGroups < 1)
+    return bad("the job needs at least one replica group (got " +
+               std::to_string(o.numGroups) + ")");
+  if (o.replicaGroup < 0 || o.replicaGroup >= o.numGroups)
+    return bad("replica group " + std::to_string(o.replicaGroup) +
+               " is not in 0.." + std::to_string(o.numGroups - 1));
+  if (o.minReplicas < 1 || o.minReplicas > o.numGroups)
+    return bad("min_replicas " + std::to_string(o.minReplicas) +
+               " must be in 1.." + std::to_string(o.numGroups) +
+               " (the job has " + std::to_string(o.numGroups) +
+               " replica groups)");
+  if (o.heartbeatExpiry.count() < 10)
+    return bad("heartbeat expiry " + std::to_string(o.heartbeatExpiry.count()) +
+               " ms is below 10 ms");
+  if (o.heartbeatPeriod.count() < 0 || o.heartbeatPeriod >= o.heartbeatExpiry)
+    return bad("heartbeat period " + std::to_string(o.heartbeatPeriod.count()) +
+               " ms must be below the expiry (" +
+               std::to_string(o.heartbeatExpiry.count()) + " ms)");
+  if (o.connectTimeout.count() <= 0 || o.ioTimeout.count() <= 0 ||
+      o.pollInterval.count() <= 0)
+    return bad("the connect and I/O timeouts and the poll interval must be "
+               "positive");
+
+  // A store that dies closes our sockets, and writing to a closed socket
+  // raises SIGPIPE, whose default action kills the process before the error
+  // below could name the store. Ignore it unless the program chose its own
+  // handler (as GlooBackend does).
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+      current.sa_handler == SIG_DFL)
+    signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<Membership> m(new Membership(o));
+  std::lock_guard<std::mutex> lock(m->callMutex);
+  MESHPLAN_TRY(m->ensureConnected(m->main, /*firstConnect=*/true));
+  return m;
+}
+
+//===----------------------------------------------------------------------===//
+// Heartbeats
+//===----------------------------------------------------------------------===//
+
+Result<void> Membership::refreshHeartbeat(Connection &c) {
+  MESHPLAN_TRY(ensureConnected(c));
+  std::string hb = key("hb:" + std::to_string(opts.replicaGroup));
+  std::string ms = std::to_string(opts.heartbeatExpiry.count());
+  std::string epochKey = key("epoch");
+  // One round trip: refresh the key and read the epoch.
+  const char *setArgv[] = {"SET", hb.c_str(), holder.c_str(), "PX", ms.c_str()};
+  const char *getArgv[] = {"GET", epochKey.c_str()};
+  redisAppendCommandArgv(c.ctx, 5, setArgv, nullptr);
+  redisAppendCommandArgv(c.ctx, 2, getArgv, nullptr);
+  Reply replies[2];
+  for (Reply &r : replies) {
+    void *raw = nullptr;
+    if (redisGetReply(c.ctx, &raw) != REDIS_OK) {
+      std::string why = contextError(c.ctx, opts.ioTimeout);
+      c.reset();
+      return makeError("membership store " + store + ": heartbeat of group " +
+                       std::to_string(opts.replicaGroup) + ": " + why);
+    }
+    r.reset(static_cast<redisReply *>(raw));
+  }
+  for (Reply &r : replies)
+    if (r->type == REDIS_REPLY_ERROR)
+      return makeError("membership store " + store + ": heartbeat of group " +
+                       std::to_string(opts.replicaGroup) +
+                       ": the store replied: " + replyString(r.get()));
+  int64_t epoch = 0;
+  if (replies[1]->type != REDIS_REPLY_NIL) {
+    std::optional<int64_t> e = parseInt64(replyString(replies[1].get()));
+    if (!e)
+      return makeError("membership store " + store +
+                       ": the epoch key holds \"" +
+                       replyString(replies[1].get()) + "\", not an integer");
+    epoch = *e;
+  }
+  return noteEpoch(epoch);
+}
+
+Result<void> Membership::startHeartbeat() {
+  std::lock_guard<std::mutex> lock(hbMutex);
+  if (heartbeat.joinable())
+    return {};
+  // The first refresh runs here, before the thread exists, so a caller that
+  // sees success knows its group is live.
+  Result<void> first = refreshHeartbeat(heartbeatConn);
+  if (!first)
+    return first.error();
+  hbStop = false;
+  hbError.reset();
+  heartbeat = std::thread([this] { heartbeatLoop(); });
+  return {};
+}
+
+void Membership::heartbeatLoop() {
+  auto next = std::chrono::steady_clock::now() + period;
+  std::unique_lock<std::mutex> lock(hbMutex);
+  while (!hbWake.wait_until(lock, next, [this] { return hbStop; })) {
+    lock.unlock();
+    Result<void> r = refreshHeartbeat(heartbeatConn);
+    lock.lock();
+    if (r)
+      hbError.reset();
+    else
+      hbError = r.error();
+    // Keep the cadence; after a slow refresh, wait a full period rather
+    // than refreshing in a burst.
+    next += period;
+    auto now = std::chrono::steady_clock::now();
+    if (next < now)
+      next = now + period;
+  }
+}
+
+void Membership::stopHeartbeat() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(hbMutex);
+    hbStop = true;
+    t = std::move(heartbeat);
+  }
+  hbWake.notify_all();
+  if (t.joinable())
+    t.join();
+  std::lock_guard<std::mutex> lock(hbMutex);
+  heartbeatConn.reset();
+}
+
+std::optional<Error> Membership::heartbeatError() const {
+  std::lock_guard<std::mutex> lock(hbMutex);
+  return hbError;
+}
+
+//===----------------------------------------------------------------------===//
+// Quorum
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Reads the {epoch, members} pair both scripts return.
+Result<Quorum> parseQuorumPair(const redisReply *r, size_t first,
+                               const std::string &store) {
+  auto bad = [&] {
+    return makeError("membership store " + store +
+                     ": malformed quorum reply (the job's keys were "
+                     "overwritten by something else?)");
+  };
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < first + 2)
+    return bad();
+  std::optional<int64_t> epoch = parseInt64(replyString(r->element[first]));
+  std::optional<std::vector<int>> members =
+      parseMembers(replyString(r->element[first + 1]));
+  if (!epoch || *epoch < 0 || !members)
+    return bad();
+  return Quorum{*epoch, std::move(*members)};
+}
+
+} // namespace
+
+Result<Quorum> Membership::currentQuorum() {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout, "reading the quorum",
+               {"EVAL", kReadQuorumScript, "1", key("epoch"), key("quorum:")});
+  if (!r)
+    return r.error();
+  Result<Quorum> q = parseQuorumPair(r.value().get(), 0, store);
+  if (!q)
+    return q;
+  MESHPLAN_TRY(noteEpoch(q->epoch));
+  return q;
+}
+
+Result<EpochProposal> Membership::proposeNextEpoch(int64_t expectedEpoch) {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  std::vector<std::string> args = {
+      "EVAL", kProposeScript, std::to_string(1 + opts.numGroups), key("epoch")};
+  for (int g = 0; g < opts.numGroups; ++g)
+    args.push_back(key("hb:" + std::to_string(g)));
+  args.push_back(std::to_string(expectedEpoch));
+  args.push_back(std::to_string(opts.minReplicas));
+  args.push_back(std::to_string(opts.numGroups));
+  args.push_back(key("quorum:"));
+  auto r = run(main.ctx, store, opts.ioTimeout,
+               "proposing epoch " + std::to_string(expectedEpoch + 1), args);
+  if (!r)
+    return r.error();
+  const redisReply *reply = r.value().get();
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
+      reply->element[0]->type != REDIS_REPLY_INTEGER)
+    return makeError("membership store " + store +
+                     ": malformed reply to the epoch proposal");
+  int64_t status = reply->element[0]->integer;
+  if (status == -1) {
+    std::optional<std::vector<int>> live =
+        parseMembers(replyString(reply->element[2]));
+    size_t n = live ? live->size() : 0;
+    std::string msg = "no quorum: " + std::to_string(n) + " of " +
+                      std::to_string(opts.numGroups) +
+                      " replica groups live, min_replicas " +
+                      std::to_string(opts.minReplicas);
+    if (static_cast<int>(n) >= opts.minReplicas)
+      msg +=
+          ", a strict majority needs " + std::to_string(opts.numGroups / 2 + 1);
+    if (live && !live->empty())
+      msg += " (live: " + joinGroups(*live) + ")";
+    return makeError(msg);
+  }
+  Result<Quorum> q = parseQuorumPair(reply, 1, store);
+  if (!q)
+    return q.error();
+  if (status == 0 && q->epoch < expectedEpoch)
+    return makeError("membership store " + store + ": job \"" + opts.job +
+                     "\" is at epoch " + std::to_string(q->epoch) +
+                     ", behind the expected epoch " +
+                     std::to_string(expectedEpoch) +
+                     " (the store lost its state: restarted without "
+                     "persistence or flushed)");
+  MESHPLAN_TRY(noteEpoch(q->epoch));
+  return EpochProposal{status == 1, std::move(q.value())};
+}
+
+Result<Quorum>
+Membership::waitForChange(int64_t epoch,
+                          std::chrono::steady_clock::time_point deadline) {
+  auto start = std::chrono::steady_clock::now();
+  while (true) {
+    Result<Quorum> q = currentQuorum();
+    if (!q || q->epoch != epoch)
+      return q;
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline)
+      return makeError(
+          "membership store " + store + ": epoch " + std::to_string(epoch) +
+          " did not change within " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - start)
+                  .count()) +
+          " ms");
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        opts.pollInterval, deadline - now));
+  }
+}
+
+Result<std::vector<LiveGroup>> Membership::liveGroups() {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  std::vector<std::string> args = {"EVAL", kLiveScript,
+                                   std::to_string(opts.numGroups)};
+  for (int g = 0; g < opts.numGroups; ++g)
+    args.push_back(key("hb:" + std::to_string(g)));
+  auto r = run(main.ctx, store, opts.ioTimeout, "reading the heartbeats", args);
+  if (!r)
+    return r.error();
+  const redisReply *reply = r.value().get();
+  if (reply->type != REDIS_REPLY_ARRAY ||
+      reply->elements != static_cast<size_t>(opts.numGroups))
+    return makeError("membership store " + store +
+                     ": malformed reply to the heartbeat read");
+  std::vector<LiveGroup> live;
+  for (int g = 0; g < opts.numGroups; ++g) {
+    const redisReply *e = reply->element[g];
+    if (e->type != REDIS_REPLY_INTEGER)
+      return makeError("membership store " + store +
+                       ": malformed reply to the heartbeat read");
+    // -2: no key (expired or never written). -1: a key without expiry,
+    // which only a person could have written; it is alive.
+    if (e->integer == -2)
+      continue;
+    live.push_back(LiveGroup{g, std::chrono::milliseconds(std::max<long long>(
+                                    0, static_cast<long long>(e->integer)))});
+  }
+  return live;
+}
+
+Result<std::vector<int>> Membership::deadGroups(const Quorum &quorum) {
+  Result<std::vector<LiveGroup>> live = liveGroups();
+  if (!live)
+    return live.error();
+  std::vector<int> dead;
+  for (int g : quorum.members)
+    if (std::none_of(live->begin(), live->end(),
+                     [&](const LiveGroup &l) { return l.group == g; }))
+      dead.push_back(g);
+  return dead;
+}
+
+} // namespace meshplan::runtime
