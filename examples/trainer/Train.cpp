@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -165,6 +166,17 @@ private:
   SessionOptions options;
   std::unique_ptr<Session> session;
   int64_t dpIndex = 0;
+  /// The share of the batch the callbacks run now: this rank's own (0), or,
+  /// in a fault-tolerant job with a replica group missing, one of the
+  /// missing ranks' assigned to this rank (Session::faultTolerance()), whose
+  /// data index is shareDp. Each share is a microbatch run of its own.
+  int64_t share = 0, shareDp = 0;
+  /// The fault-tolerance state last printed.
+  int64_t ftEpoch = 0, ftDiscarded = 0, ftHeals = 0;
+  static constexpr int64_t kMaxShares = 1 << 16;
+  int64_t runKey(const ComputeCall &call) const {
+    return call.microbatch * kMaxShares + share;
+  }
   TpShard shard;
   MicrobatchShape shape;
   std::unique_ptr<TpGroup> tp;
@@ -212,6 +224,7 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   if (!d)
     return d.error();
   dpIndex = *d;
+  shareDp = dpIndex;
   shape = {flags.batch, flags.seqLen};
 
   // Under a pipeline this rank's plan holds its stages only; the TP split is
@@ -265,7 +278,9 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   for (const auto *axes : {&r.replicate, &r.shard, &r.extra})
     for (const std::string &axis : *axes) {
       const plan::Communicator *pc = commOverAxis(p, axis);
-      if (!pc) {
+      // A fault_tolerant communicator's members change at run time: the
+      // loss printed is then the replica group's.
+      if (!pc || (pc->faultTolerant && options.faultTolerance)) {
         lossIsGlobal = false;
         continue;
       }
@@ -279,7 +294,54 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   return {};
 }
 
+/// Test hook (test/trainer/fault-tolerance.sh, docs/fault-tolerance.md):
+/// MESHPLAN_TEST_KILL="STEP:RANK[,RANK...][:WHEN]" makes the listed ranks
+/// kill themselves with SIGKILL in step STEP, in their group's first
+/// incarnation only: at the step's first forward (WHEN "forward", the
+/// default) or at its last backward (WHEN "last-backward", the embedding's,
+/// when the other units' reductions are in flight). Not for production use.
+static void maybeKillForTests(const ComputeCall &call, int64_t rank) {
+  static const std::optional<
+      std::tuple<int64_t, std::vector<int64_t>, std::string>>
+      hook = []()
+      -> std::optional<std::tuple<int64_t, std::vector<int64_t>, std::string>> {
+    const char *v = std::getenv("MESHPLAN_TEST_KILL");
+    const char *inc = std::getenv("MESHPLAN_FT_INCARNATION");
+    if (!v || !*v || (inc && *inc && std::string(inc) != "0"))
+      return std::nullopt;
+    std::string s = v;
+    size_t c1 = s.find(':');
+    if (c1 == std::string::npos)
+      return std::nullopt;
+    size_t c2 = s.find(':', c1 + 1);
+    std::string ranks = s.substr(
+        c1 + 1, c2 == std::string::npos ? std::string::npos : c2 - c1 - 1);
+    std::vector<int64_t> list;
+    for (size_t p = 0; p < ranks.size();) {
+      size_t q = ranks.find(',', p);
+      if (q == std::string::npos)
+        q = ranks.size();
+      list.push_back(std::atoll(ranks.substr(p, q - p).c_str()));
+      p = q + 1;
+    }
+    return std::tuple{std::atoll(s.substr(0, c1).c_str()), list,
+                      c2 == std::string::npos ? std::string("forward")
+                                              : s.substr(c2 + 1)};
+  }();
+  if (!hook || call.step != std::get<0>(*hook) ||
+      std::find(std::get<1>(*hook).begin(), std::get<1>(*hook).end(), rank) ==
+          std::get<1>(*hook).end())
+    return;
+  const std::string &phase = std::get<2>(*hook);
+  bool now = phase == "forward"
+                 ? call.phase == "forward"
+                 : call.phase == "backward" && call.unit == "tok_embeddings";
+  if (now)
+    std::raise(SIGKILL);
+}
+
 Result<void> RankTrainer::onCompute(ComputeCall &call) {
+  maybeKillForTests(call, session->rank());
   // The parameters as fp32 values: bf16 widened, float8 dequantized with
   // the step's scale.
   for (const TensorView &v : call.params) {
@@ -309,7 +371,28 @@ Result<void> RankTrainer::onCompute(ComputeCall &call) {
                                 "and float8 parameters");
     }
   }
-  return call.phase == "forward" ? forward(call) : backward(call);
+  auto runShare = [&] {
+    return call.phase == "forward" ? forward(call) : backward(call);
+  };
+  auto ft = session->faultTolerance();
+  if (!ft || ft->dataRanks.size() <= 1)
+    return runShare();
+  // A replica group is missing: this rank also runs the shares of the
+  // batch assigned to it, each a microbatch of its own whose gradients add
+  // into the same buffers; the plan's average over the nominal group count
+  // then equals the full job's (docs/fault-tolerance.md).
+  for (size_t k = 0; k < ft->dataRanks.size(); ++k) {
+    auto d = dataParallelIndex(planned, ft->dataRanks[k]);
+    if (!d)
+      return d.error();
+    share = int64_t(k);
+    shareDp = *d;
+    Result<void> ok = runShare();
+    share = 0;
+    shareDp = dpIndex;
+    MESHPLAN_TRY(ok);
+  }
+  return {};
 }
 
 /// The segments of a unit, in forward order.
@@ -425,7 +508,7 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
   // A stage's first unit starts a run (from the embedding, or from the
   // previous stage's output); its other units continue the run that ended
   // just before them.
-  std::vector<StageRun> &runs = microbatches[call.microbatch];
+  std::vector<StageRun> &runs = microbatches[runKey(call)];
   StageRun *run = nullptr;
   if (first == 0 || !in.empty()) {
     if (first == 0 && !in.empty())
@@ -435,7 +518,7 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
                                                  planned.modelOptions, *tp),
                     first, first});
     run = &runs.back();
-    data.fill(flags.seed, call.step, call.microbatch, dpIndex * flags.batch,
+    data.fill(flags.seed, call.step, call.microbatch, shareDp * flags.batch,
               flags.batch, flags.seqLen, tokens, targets);
     MESHPLAN_TRY(run->mb->setData(tokens, targets));
     if (!in.empty()) {
@@ -501,7 +584,7 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
   auto [first, end] = *range;
   std::vector<const TensorView *> in = activationsIn(call.params),
                                   out = activationsIn(call.grads);
-  std::vector<StageRun> &runs = microbatches[call.microbatch];
+  std::vector<StageRun> &runs = microbatches[runKey(call)];
   auto run = std::find_if(runs.begin(), runs.end(), [&](const StageRun &r) {
     return r.first <= first && end <= r.end;
   });
@@ -578,7 +661,7 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     matmulSeconds += run->mb->matmulSeconds();
     runs.erase(run);
     if (runs.empty())
-      microbatches.erase(call.microbatch);
+      microbatches.erase(runKey(call));
   }
   if (inputOnly) {
     if (!stashed
@@ -880,6 +963,26 @@ Result<void> RankTrainer::run() {
     auto t = Clock::now();
     MESHPLAN_TRY(session->step());
     double wall = secondsSince(t);
+    if (auto ft = session->faultTolerance()) {
+      // A healed group continues at its source's step.
+      step = session->stepsDone();
+      if (ft->epoch != ftEpoch || ft->stepsDiscarded != ftDiscarded ||
+          ft->heals != ftHeals) {
+        std::string live;
+        for (int g : ft->liveGroups)
+          live += (live.empty() ? "" : ", ") + std::to_string(g);
+        std::printf("fault tolerance: step %lld committed in epoch %lld "
+                    "(replica groups %s of %lld live); %lld steps "
+                    "discarded, %lld heals so far\n",
+                    (long long)step, (long long)ft->epoch, live.c_str(),
+                    (long long)ft->numGroups, (long long)ft->stepsDiscarded,
+                    (long long)ft->heals);
+        std::fflush(stdout);
+        ftEpoch = ft->epoch;
+        ftDiscarded = ft->stepsDiscarded;
+        ftHeals = ft->heals;
+      }
+    }
     if (!microbatches.empty() || !stashed.empty())
       return makeError("step " + std::to_string(step) +
                        " ended with a microbatch whose backward never ran");

@@ -700,7 +700,7 @@ Result<AxisRef> parseAxisRefText(const Mesh &mesh, std::string_view text) {
 
 Result<DerivedGroup> deriveGroup(const Mesh &mesh,
                                  const std::vector<std::string> &axes,
-                                 int64_t rank) {
+                                 int64_t rank, const LiveMembers *live) {
   AxisRefList refs;
   for (size_t i = 0; i < axes.size(); ++i) {
     Result<AxisRef> ref = parseAxisRefText(mesh, axes[i]);
@@ -710,9 +710,9 @@ Result<DerivedGroup> deriveGroup(const Mesh &mesh,
   }
   MESHPLAN_TRY(checkRefsCompatible(mesh, refs, "communicator axes"));
   DerivedGroup g;
-  MP_ASSIGN(g.ranks, groupOf(mesh, refs, rank));
+  MP_ASSIGN(g.ranks, groupOf(mesh, refs, rank, live));
   SplitKey split;
-  MP_ASSIGN(split, splitKeyOf(mesh, refs, rank));
+  MP_ASSIGN(split, splitKeyOf(mesh, refs, rank, live));
   g.color = split.color;
   g.key = split.key;
   return g;

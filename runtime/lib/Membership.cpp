@@ -71,6 +71,33 @@ for i = 1, #KEYS do ttl[i] = redis.call('PTTL', KEYS[i]) end
 return ttl
 )lua";
 
+// A step's commit vote. KEYS: the epoch, the step's ok set, its failed
+// flag; ARGV: the voter's epoch, its rank, "1" (ok) or "0", the keys' expiry
+// in seconds. Recorded only while the epoch is the voter's: the compare-and-
+// set above moves the epoch in a script of its own, so a step's votes are
+// final once its epoch has moved.
+constexpr const char *kVoteScript = R"lua(
+local cur = redis.call('GET', KEYS[1]) or '0'
+if cur ~= ARGV[1] then return 0 end
+if ARGV[3] == '1' then
+  redis.call('SADD', KEYS[2], ARGV[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+else
+  redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
+end
+return 1
+)lua";
+
+// The epoch and one step's votes at one instant.
+constexpr const char *kTallyScript = R"lua(
+return {redis.call('GET', KEYS[1]) or '0', redis.call('SCARD', KEYS[2]),
+        redis.call('EXISTS', KEYS[3])}
+)lua";
+
+/// How long a step's vote keys live: long past any step, short enough that
+/// a long job does not fill the store.
+constexpr int kVoteExpirySeconds = 3600;
+
 struct ReplyDeleter {
   void operator()(redisReply *r) const { freeReplyObject(r); }
 };
@@ -600,6 +627,101 @@ Result<std::vector<int>> Membership::deadGroups(const Quorum &quorum) {
                      [&](const LiveGroup &l) { return l.group == g; }))
       dead.push_back(g);
   return dead;
+}
+
+Result<std::vector<int>> Membership::membersOf(int64_t epoch) {
+  if (epoch <= 0)
+    return std::vector<int>{};
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout,
+               "reading the quorum of epoch " + std::to_string(epoch),
+               {"GET", key("quorum:" + std::to_string(epoch))});
+  if (!r)
+    return r.error();
+  if (r.value()->type == REDIS_REPLY_NIL)
+    return std::vector<int>{};
+  std::optional<std::vector<int>> members =
+      parseMembers(replyString(r.value().get()));
+  if (!members)
+    return makeError("membership store " + store + ": the quorum of epoch " +
+                     std::to_string(epoch) + " is malformed");
+  return std::move(*members);
+}
+
+Result<void> Membership::registerRank(int64_t rank) {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout,
+               "registering rank " + std::to_string(rank),
+               {"SET", key("rank:" + std::to_string(rank)),
+                std::to_string(opts.replicaGroup)});
+  if (!r)
+    return r.error();
+  return {};
+}
+
+Result<void> Membership::leaveGroup() {
+  stopHeartbeat();
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout,
+               "leaving group " + std::to_string(opts.replicaGroup),
+               {"DEL", key("hb:" + std::to_string(opts.replicaGroup))});
+  if (!r)
+    return r.error();
+  return {};
+}
+
+namespace {
+std::string stepKey(int64_t epoch, int64_t step, const char *what) {
+  return "step:" + std::to_string(epoch) + ":" + std::to_string(step) + ":" +
+         what;
+}
+} // namespace
+
+Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
+                                  bool ok) {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r =
+      run(main.ctx, store, opts.ioTimeout,
+          "voting on step " + std::to_string(step) + " of epoch " +
+              std::to_string(epoch),
+          {"EVAL", kVoteScript, "3", key("epoch"),
+           key(stepKey(epoch, step, "ok")), key(stepKey(epoch, step, "failed")),
+           std::to_string(epoch), std::to_string(rank), ok ? "1" : "0",
+           std::to_string(kVoteExpirySeconds)});
+  if (!r)
+    return r.error();
+  if (r.value()->type != REDIS_REPLY_INTEGER)
+    return makeError("membership store " + store +
+                     ": malformed reply to a step vote");
+  return r.value()->integer == 1;
+}
+
+Result<StepTally> Membership::stepTally(int64_t epoch, int64_t step) {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout,
+               "reading the votes on step " + std::to_string(step),
+               {"EVAL", kTallyScript, "3", key("epoch"),
+                key(stepKey(epoch, step, "ok")),
+                key(stepKey(epoch, step, "failed"))});
+  if (!r)
+    return r.error();
+  const redisReply *reply = r.value().get();
+  std::optional<int64_t> current;
+  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 &&
+      reply->element[1]->type == REDIS_REPLY_INTEGER &&
+      reply->element[2]->type == REDIS_REPLY_INTEGER)
+    current = parseInt64(replyString(reply->element[0]));
+  if (!current)
+    return makeError("membership store " + store +
+                     ": malformed reply to a step tally");
+  MESHPLAN_TRY(noteEpoch(*current));
+  return StepTally{*current, reply->element[1]->integer,
+                   reply->element[2]->integer == 1};
 }
 
 } // namespace meshplan::runtime

@@ -23,6 +23,7 @@
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Plan/Template.h"
 #include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Runtime/Membership.h"
 
 #include <nlohmann/json.hpp>
 
@@ -128,6 +129,37 @@ Result<SessionOptions> sessionOptionsFromEnv() {
                        "orders)");
     o.keyOrderReductions = v == "key";
   }
+  if (const char *ft = std::getenv("MESHPLAN_FT_STORE"); ft && *ft) {
+    auto address = parseStoreAddress(ft);
+    if (!address)
+      return address.error().within("MESHPLAN_FT_STORE");
+    if (address->kind != StoreAddress::Kind::Redis)
+      return makeError(std::string("MESHPLAN_FT_STORE=\"") + ft +
+                       "\": the membership store is a Redis server "
+                       "(redis://HOST:PORT)");
+    FaultToleranceOptions f;
+    f.store = *address;
+    auto minReplicas = envInt("MESHPLAN_FT_MIN_REPLICAS", false, 1);
+    if (!minReplicas)
+      return minReplicas.error();
+    if (*minReplicas < 1 || *minReplicas > 1'000'000)
+      return makeError("MESHPLAN_FT_MIN_REPLICAS=" +
+                       std::to_string(*minReplicas) + " is not in 1..1000000");
+    f.minReplicas = static_cast<int>(*minReplicas);
+    auto heartbeat = envInt("MESHPLAN_FT_HEARTBEAT_MS", false, 2000);
+    if (!heartbeat)
+      return heartbeat.error();
+    if (*heartbeat < 10 || *heartbeat > 3'600'000)
+      return makeError(
+          "MESHPLAN_FT_HEARTBEAT_MS=" + std::to_string(*heartbeat) +
+          " is not in 10..3600000 (milliseconds)");
+    f.heartbeatExpiry = std::chrono::milliseconds(*heartbeat);
+    auto incarnation = envInt("MESHPLAN_FT_INCARNATION", false, 0);
+    if (!incarnation)
+      return incarnation.error();
+    f.incarnation = *incarnation;
+    o.faultTolerance = f;
+  }
   return o;
 }
 
@@ -223,6 +255,46 @@ float scaleOf(const std::vector<BufferState> &buffers,
                              b.scale->powerOf2);
 }
 
+using Clock = std::chrono::steady_clock;
+
+/// The fault-tolerant side of a session (docs/fault-tolerance.md).
+struct FaultTolerance {
+  std::unique_ptr<Membership> membership;
+  int axis = -1;          ///< the managed axis: its coordinates are the groups
+  int group = 0;          ///< this rank's coordinate on it
+  int64_t numGroups = 0;  ///< its size
+  int64_t groupRanks = 0; ///< ranks per group
+  /// The ranks along the managed axis with this rank's other coordinates,
+  /// by group (core's groupOf): where its data's and its heal's peers are.
+  std::vector<int64_t> alongAxis;
+  Quorum quorum; ///< the epoch this rank trains in (0: none yet)
+  /// Per instruction: runs after the commit (an optimizer update, or after
+  /// one in its stream's, its communicator's or its deps' order).
+  std::vector<char> afterCommit;
+  /// Per stream: the instructions before the commit, and after it.
+  std::vector<std::vector<int>> beforeOrder, afterOrder;
+  std::vector<int64_t> dataRanks;
+  int64_t discarded = 0, heals = 0;
+};
+
+/// One attempt at a step: which instructions completed, each
+/// communicator's next turn, and every instruction's [start, end).
+struct StepState {
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
+  std::vector<char> done;
+  std::vector<int> turn;
+};
+
+/// What a pass over (part of) the program came to.
+struct PassOutcome {
+  /// Fatal: the session is unusable.
+  std::optional<Error> failure;
+  /// Fault-tolerant sessions: a collective of a fault_tolerant communicator
+  /// failed; the pass went on without the later ones, and the step cannot
+  /// commit.
+  std::optional<Error> faultTolerantFailure;
+};
+
 } // namespace
 
 struct Session::Impl {
@@ -250,8 +322,29 @@ struct Session::Impl {
   bool broken = false;
   bool closed = false;
   Session *self = nullptr;
+  std::optional<FaultTolerance> ft;
 
   Result<void> bind();
+  /// Runs the instructions of `order` (per stream), continuing `state`.
+  /// With `soft`, a fault_tolerant communicator's failure is recorded, not
+  /// fatal.
+  PassOutcome runPass(StepState &state,
+                      const std::vector<std::vector<int>> &order, bool soft);
+  Result<void> setUpFaultTolerance();
+  Result<void> faultTolerantStep();
+  /// Returns once this rank is in the store's current quorum, with that
+  /// epoch adopted (and any joining group healed). `moveOn`: the adopted
+  /// epoch failed; wait for (or install) a later one.
+  Result<void> ensureQuorum(bool moveOn);
+  Result<void> adopt(const Quorum &q);
+  Result<void> heal(const Quorum &q, const std::vector<int> &sources,
+                    const std::vector<int> &joiners);
+  /// The commit vote's outcome: true = commit.
+  Result<bool> awaitCommit(int64_t epoch, int64_t step);
+  GroupSpec groupSpecOf(int comm);
+  int64_t incarnation() const {
+    return options.faultTolerance ? options.faultTolerance->incarnation : 0;
+  }
   Result<void> bindCollective(Bound &b);
   Result<Communicator *> communicator(int comm);
   Result<void> execute(Bound &b);
@@ -515,14 +608,40 @@ Result<void> Session::Impl::bindCollective(Bound &b) {
 Result<Communicator *> Session::Impl::communicator(int index) {
   std::lock_guard<std::mutex> lock(commMutex);
   if (!comms[index]) {
-    const plan::Communicator &c = plan.communicators[index];
-    GroupSpec g{c.id, c.color, c.ranks, c.key, 0};
-    auto comm = backend->createCommunicator(g);
+    auto comm = backend->createCommunicator(groupSpecOf(index));
     if (!comm)
       return comm.error();
     comms[index] = std::move(*comm);
   }
   return comms[index].get();
+}
+
+/// A plan communicator as this rank creates it. A fault_tolerant one is the
+/// group over the current quorum's live groups (core's groupOf with live
+/// members), of the quorum's epoch, still averaging over its nominal size; the
+/// others are the plan's, of this rank's group's incarnation.
+GroupSpec Session::Impl::groupSpecOf(int index) {
+  const plan::Communicator &c = plan.communicators[size_t(index)];
+  GroupSpec g{c.id, c.color, c.ranks, c.key, 0};
+  g.incarnation = incarnation();
+  if (!ft || !c.faultTolerant)
+    return g;
+  LiveMembers live;
+  std::vector<int64_t> groups(ft->quorum.members.begin(),
+                              ft->quorum.members.end());
+  auto set = live.set(*mesh, ft->axis, groups);
+  auto derived = set ? plan::deriveGroup(*mesh, c.axes, plan.rank, &live)
+                     : Result<plan::DerivedGroup>(set.error());
+  // Checked at open: the communicator has axes and this rank is live.
+  if (derived) {
+    g.ranks = derived->ranks;
+    g.color = derived->color;
+    g.key = derived->key;
+  }
+  g.epoch = ft->quorum.epoch;
+  g.incarnation = 0; // spans groups of different incarnations
+  g.nominalSize = static_cast<int64_t>(c.ranks.size());
+  return g;
 }
 
 Result<void> Session::Impl::runCollective(Bound &b) {
@@ -975,6 +1094,8 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   if (!backend)
     return backend.error().within("store " + options.store.text());
   impl->backend = std::move(*backend);
+  if (options.faultTolerance)
+    MESHPLAN_TRY(impl->setUpFaultTolerance());
   // Every group this session may create, in the plan's communicator order
   // (the same on every rank): the plan's, then the trainer's separate ones
   // over the same members (trainerCommunicator). A backend whose group
@@ -1119,104 +1240,549 @@ StepProfile profileOf(const std::vector<Bound> &program,
 }
 } // namespace
 
-Result<void> Session::step() {
-  Impl &m = *impl;
-  if (m.broken)
-    return makeError("an earlier step failed; this session cannot run more");
-  if (m.closed)
-    return makeError("the session is closed");
-  size_t n = m.program.size();
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point stepStart = Clock::now();
-  // Each instruction's [start, end), written only by the thread that runs
-  // it, read after the join.
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans(n);
-  std::vector<char> done(n, 0);
-  std::vector<int> turn(m.commSequence.size(), 0);
+PassOutcome Session::Impl::runPass(StepState &state,
+                                   const std::vector<std::vector<int>> &order,
+                                   bool soft) {
   std::mutex mutex;
   std::condition_variable changed;
-  std::optional<Error> failure;
-  auto deadline = [&] {
-    return std::chrono::steady_clock::now() + m.options.timeout;
+  PassOutcome out;
+  auto deadline = [&] { return Clock::now() + options.timeout; };
+  auto faultTolerantComm = [&](const Bound &b) {
+    return soft && b.comm >= 0 &&
+           plan.communicators[size_t(b.comm)].faultTolerant;
+  };
+  auto whereOf = [&](const Bound &b) {
+    std::string where = describe(b);
+    if (b.comm >= 0) {
+      const plan::Communicator &c = plan.communicators[size_t(b.comm)];
+      std::string ranks;
+      for (int64_t r : c.ranks)
+        ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+      where = "collective #" + std::to_string(b.sequence + 1) + " of step " +
+              std::to_string(steps + 1) + " on communicator \"" + c.id +
+              "\" (ranks [" + ranks + "]), " + where;
+    }
+    return "rank " + std::to_string(plan.rank) + ": " + where;
   };
 
-  auto worker = [&](const std::vector<int> &order) {
-    for (int index : order) {
-      Bound &b = m.program[size_t(index)];
+  auto worker = [&](const std::vector<int> &stream) {
+    for (int index : stream) {
+      Bound &b = program[size_t(index)];
+      bool skip = false;
       {
         std::unique_lock<std::mutex> lock(mutex);
         auto ready = [&] {
-          if (failure)
+          if (out.failure)
             return true;
           for (int d : b.deps)
-            if (!done[size_t(d)])
+            if (!state.done[size_t(d)])
               return false;
-          return b.comm < 0 ||
-                 m.commSequence[size_t(b.comm)][size_t(turn[size_t(b.comm)])] ==
-                     index;
+          return b.comm < 0 || commSequence[size_t(b.comm)][size_t(
+                                   state.turn[size_t(b.comm)])] == index;
         };
         if (!changed.wait_until(lock, deadline(), ready)) {
           std::string waiting;
           for (int d : b.deps)
-            if (!done[size_t(d)])
+            if (!state.done[size_t(d)])
               waiting += (waiting.empty() ? "" : ", ") +
-                         ("\"" + m.program[size_t(d)].in->id + "\"");
-          failure = makeError(
-              m.describe(b) + " waited " +
-              std::to_string(m.options.timeout.count() / 1000.0) + " s for " +
+                         ("\"" + program[size_t(d)].in->id + "\"");
+          out.failure = makeError(
+              describe(b) + " waited " +
+              std::to_string(options.timeout.count() / 1000.0) + " s for " +
               (waiting.empty()
                    ? "its turn on communicator \"" + b.in->comm + "\""
                    : "its deps " + waiting));
           changed.notify_all();
           return;
         }
-        if (failure)
+        if (out.failure)
           return;
+        // After a fault-tolerant failure the step cannot commit: its
+        // later fault-tolerant collectives are skipped (their peers may be
+        // gone), everything else runs so that this rank's own group's
+        // collectives still complete for its peers.
+        skip = faultTolerantComm(b) && out.faultTolerantFailure.has_value();
       }
-      spans[size_t(index)].first = Clock::now();
-      Result<void> ok = m.execute(b);
-      spans[size_t(index)].second = Clock::now();
+      state.spans[size_t(index)].first = Clock::now();
+      Result<void> ok = skip ? Result<void>() : execute(b);
+      state.spans[size_t(index)].second = Clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       if (!ok) {
-        if (!failure) {
-          std::string where = m.describe(b);
-          if (b.comm >= 0) {
-            const plan::Communicator &c = m.plan.communicators[size_t(b.comm)];
-            std::string ranks;
-            for (int64_t r : c.ranks)
-              ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
-            where = "collective #" + std::to_string(b.sequence + 1) +
-                    " of step " + std::to_string(m.steps + 1) +
-                    " on communicator \"" + c.id + "\" (ranks [" + ranks +
-                    "]), " + where;
-          }
-          failure = ok.error().within("rank " + std::to_string(m.plan.rank) +
-                                      ": " + where);
+        if (faultTolerantComm(b)) {
+          if (!out.faultTolerantFailure)
+            out.faultTolerantFailure = ok.error().within(whereOf(b));
+        } else {
+          if (!out.failure)
+            out.failure = ok.error().within(whereOf(b));
+          changed.notify_all();
+          return;
         }
-        changed.notify_all();
-        return;
       }
-      done[size_t(index)] = 1;
+      state.done[size_t(index)] = 1;
       if (b.comm >= 0)
-        ++turn[size_t(b.comm)];
+        ++state.turn[size_t(b.comm)];
       changed.notify_all();
     }
   };
 
   std::vector<std::thread> threads;
-  for (size_t s = 1; s < m.streams.size(); ++s)
-    threads.emplace_back(worker, std::cref(m.streams[s]));
-  if (!m.streams.empty())
-    worker(m.streams[0]);
+  for (size_t s = 1; s < order.size(); ++s)
+    threads.emplace_back(worker, std::cref(order[s]));
+  if (!order.empty())
+    worker(order[0]);
   for (std::thread &t : threads)
     t.join();
-  if (failure) {
+  return out;
+}
+
+Result<void> Session::step() {
+  Impl &m = *impl;
+  if (m.broken)
+    return makeError("an earlier step failed; this session cannot run more");
+  if (m.closed)
+    return makeError("the session is closed");
+  if (m.ft)
+    return m.faultTolerantStep();
+  size_t n = m.program.size();
+  Clock::time_point stepStart = Clock::now();
+  StepState state{
+      std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
+      std::vector<char>(n, 0), std::vector<int>(m.commSequence.size(), 0)};
+  PassOutcome out = m.runPass(state, m.streams, /*soft=*/false);
+  if (out.failure) {
     m.broken = true;
-    return *failure;
+    return *out.failure;
   }
   ++m.steps;
-  m.profile = profileOf(m.program, spans, stepStart, Clock::now());
+  m.profile = profileOf(m.program, state.spans, stepStart, Clock::now());
   return {};
+}
+
+//===----------------------------------------------------------------------===//
+// Fault tolerance (docs/fault-tolerance.md)
+//===----------------------------------------------------------------------===//
+
+namespace {
+bool containsGroup(const std::vector<int> &groups, int g) {
+  return std::binary_search(groups.begin(), groups.end(), g);
+}
+std::string groupList(const std::vector<int> &groups) {
+  std::string s;
+  for (int g : groups)
+    s += (s.empty() ? "" : ", ") + std::to_string(g);
+  return s;
+}
+} // namespace
+
+Result<void> Session::Impl::setUpFaultTolerance() {
+  const FaultToleranceOptions &o = *options.faultTolerance;
+  FaultTolerance f;
+  for (int a = 0; a < mesh->numAxes(); ++a) {
+    if (!mesh->axis(a).managed)
+      continue;
+    if (f.axis >= 0)
+      return makeError("fault tolerance: the plan's mesh has two managed "
+                       "axes (\"" +
+                       mesh->axis(f.axis).name + "\", \"" + mesh->axis(a).name +
+                       "\"); the replica groups are one axis's coordinates");
+    f.axis = a;
+  }
+  if (f.axis < 0)
+    return makeError("fault tolerance: the plan's mesh has no managed axis "
+                     "(the spec's managed_axes), so nothing names the "
+                     "replica groups");
+  auto position = mesh->positionOf(plan.rank);
+  if (!position)
+    return position.error();
+  f.group = static_cast<int>(mesh->coordinateAt(*position, f.axis));
+  f.numGroups = mesh->axis(f.axis).size;
+  f.groupRanks = mesh->size() / f.numGroups;
+  auto ref = makeAxisRef(*mesh, f.axis, 1, f.numGroups);
+  if (!ref)
+    return ref.error();
+  auto along = groupOf(*mesh, AxisRefList{*ref}, plan.rank);
+  if (!along)
+    return along.error();
+  f.alongAxis = std::move(*along);
+
+  // A fault_tolerant communicator changes members between epochs: only
+  // collectives whose counts do not depend on the member count can run on
+  // it, and all of them must come before the commit (the optimizer
+  // updates), or a failed step could not be discarded.
+  size_t n = program.size();
+  f.afterCommit.assign(n, 0);
+  for (size_t i = 0; i < n; ++i)
+    if (program[i].in->op == OpKind::OptimizerUpdate)
+      f.afterCommit[i] = 1;
+  for (bool changed = true; changed;) {
+    changed = false;
+    auto mark = [&](int i) {
+      if (!f.afterCommit[size_t(i)]) {
+        f.afterCommit[size_t(i)] = 1;
+        changed = true;
+      }
+    };
+    // Everything after a post-commit instruction in its stream's or its
+    // communicator's order, and everything that depends on one.
+    for (const auto *orders : {&streams, &commSequence})
+      for (const std::vector<int> &order : *orders) {
+        bool seen = false;
+        for (int i : order) {
+          if (f.afterCommit[size_t(i)])
+            seen = true;
+          else if (seen)
+            mark(i);
+        }
+      }
+    for (size_t i = 0; i < n; ++i)
+      for (int d : program[i].deps)
+        if (f.afterCommit[size_t(d)])
+          mark(static_cast<int>(i));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Bound &b = program[i];
+    if (b.comm < 0 || !plan.communicators[size_t(b.comm)].faultTolerant)
+      continue;
+    const plan::Communicator &c = plan.communicators[size_t(b.comm)];
+    if (c.axes.empty())
+      return makeError("fault tolerance: communicator \"" + c.id +
+                       "\" is fault_tolerant but names no axes, so its live "
+                       "members cannot be derived");
+    if (b.in->op != OpKind::AllReduce)
+      return makeError("fault tolerance: " + describe(b) + " is a " +
+                       std::string(plan::opKindName(b.in->op)) +
+                       " on fault_tolerant communicator \"" + c.id +
+                       "\"; only all_reduce runs on one (a managed axis only "
+                       "replicates)");
+    if (f.afterCommit[i])
+      return makeError("fault tolerance: " + describe(b) +
+                       " on fault_tolerant communicator \"" + c.id +
+                       "\" runs after an optimizer update, so a failed step "
+                       "could not be discarded");
+  }
+  f.beforeOrder.assign(streams.size(), {});
+  f.afterOrder.assign(streams.size(), {});
+  for (size_t s = 0; s < streams.size(); ++s)
+    for (int i : streams[s])
+      (f.afterCommit[size_t(i)] ? f.afterOrder : f.beforeOrder)[s].push_back(i);
+
+  MembershipOptions mo;
+  mo.host = o.store.host;
+  mo.port = o.store.port;
+  mo.job = options.job;
+  mo.replicaGroup = f.group;
+  mo.numGroups = static_cast<int>(f.numGroups);
+  mo.minReplicas = o.minReplicas;
+  mo.heartbeatExpiry = o.heartbeatExpiry;
+  auto membership = Membership::connect(mo);
+  if (!membership)
+    return membership.error();
+  MESHPLAN_TRY((*membership)->registerRank(plan.rank));
+  MESHPLAN_TRY((*membership)->startHeartbeat());
+  f.membership = std::move(*membership);
+  ft = std::move(f);
+  return {};
+}
+
+Result<void> Session::Impl::ensureQuorum(bool moveOn) {
+  FaultTolerance &f = *ft;
+  Membership &store = *f.membership;
+  const auto expiry = options.faultTolerance->heartbeatExpiry;
+  const auto poll = std::chrono::milliseconds(10);
+  Clock::time_point start = Clock::now(), deadline = start + options.timeout;
+  // The first quorum waits for every group to be live, a group that moves on
+  // with nobody dead (a transient failure) for a dead group's heartbeat to
+  // expire first, at most this long.
+  Clock::time_point grace = start + 2 * expiry;
+  std::optional<Error> noQuorum;
+  while (true) {
+    auto q = store.currentQuorum();
+    if (!q)
+      return q.error();
+    bool member = q->epoch > 0 && containsGroup(q->members, f.group);
+    if (member && (q->epoch != f.quorum.epoch || !moveOn)) {
+      if (q->epoch != f.quorum.epoch)
+        MESHPLAN_TRY(adopt(*q));
+      return {};
+    }
+    Clock::time_point now = Clock::now();
+    bool propose = false;
+    if (q->epoch == 0) {
+      auto live = store.liveGroups();
+      if (!live)
+        return live.error();
+      propose = int64_t(live->size()) == f.numGroups || now >= grace;
+    } else if (!member) {
+      propose = true; // this group joins
+    } else {
+      auto dead = store.deadGroups(*q);
+      if (!dead)
+        return dead.error();
+      propose = !dead->empty() || now >= grace;
+    }
+    if (propose) {
+      auto proposal = store.proposeNextEpoch(q->epoch);
+      if (proposal)
+        continue; // won or lost, the store has moved on: read it again
+      if (proposal.error().message.rfind("no quorum", 0) != 0)
+        return proposal.error();
+      noQuorum = proposal.error();
+    }
+    if (now >= deadline)
+      return makeError("fault tolerance: replica group " +
+                       std::to_string(f.group) + " found no quorum within " +
+                       std::to_string(options.timeout.count() / 1000.0) +
+                       " s (epoch " + std::to_string(q->epoch) + ")" +
+                       (noQuorum ? ": " + noQuorum->message : std::string()));
+    std::this_thread::sleep_for(poll);
+  }
+}
+
+Result<void> Session::Impl::adopt(const Quorum &q) {
+  FaultTolerance &f = *ft;
+  auto previous = f.membership->membersOf(q.epoch - 1);
+  if (!previous)
+    return previous.error();
+  std::vector<int> sources, joiners;
+  for (int g : q.members)
+    (containsGroup(*previous, g) ? sources : joiners).push_back(g);
+  {
+    // Only what changed is rebuilt: the fault_tolerant communicators of the
+    // old epoch; every other group stays connected.
+    std::lock_guard<std::mutex> lock(commMutex);
+    for (size_t i = 0; i < comms.size(); ++i)
+      if (plan.communicators[i].faultTolerant)
+        comms[i].reset();
+  }
+  f.quorum = q;
+  // The first quorum (or one after every group was lost) has nobody to heal
+  // from: its groups start from the trainer's initial parameters.
+  if (previous->empty() || joiners.empty())
+    return {};
+  if (sources.empty())
+    return makeError("fault tolerance: epoch " + std::to_string(q.epoch) +
+                     " has no group of epoch " + std::to_string(q.epoch - 1) +
+                     " to heal its groups " + groupList(joiners) + " from");
+  return heal(q, sources, joiners);
+}
+
+Result<void> Session::Impl::heal(const Quorum &q,
+                                 const std::vector<int> &sources,
+                                 const std::vector<int> &joiners) {
+  FaultTolerance &f = *ft;
+  // The heal group: this rank's peers along the managed axis (the ranks
+  // holding the same shards) over the new epoch's groups, from core.
+  LiveMembers live;
+  MESHPLAN_TRY(live.set(
+      *mesh, f.axis, std::vector<int64_t>(q.members.begin(), q.members.end())));
+  auto derived =
+      plan::deriveGroup(*mesh, {mesh->axis(f.axis).name}, plan.rank, &live);
+  if (!derived)
+    return derived.error();
+  GroupSpec spec{"heal", derived->color, derived->ranks, derived->key, q.epoch};
+  auto comm = backend->createCommunicator(spec);
+  if (!comm)
+    return comm.error().within("healing in epoch " + std::to_string(q.epoch));
+  Communicator &c = **comm;
+  auto keyOf = [&](int group) {
+    return int64_t(std::lower_bound(q.members.begin(), q.members.end(), group) -
+                   q.members.begin());
+  };
+  bool joining = containsGroup(joiners, f.group);
+  std::vector<int> persistent;
+  for (size_t i = 0; i < buffers.size(); ++i)
+    if (buffers[i].persistent)
+      persistent.push_back(static_cast<int>(i));
+  // Striped: buffer i comes from source group i mod |sources|; each source
+  // sends its buffers to every joiner in buffer order, and every joiner
+  // receives in buffer order, so no two transfers wait on each other.
+  std::vector<std::vector<std::byte>> staged(joining ? persistent.size() : 0);
+  auto where = [&](int source, const std::string &what) {
+    return "healing " + what + " from rank " +
+           std::to_string(f.alongAxis[size_t(source)]) + " in epoch " +
+           std::to_string(q.epoch);
+  };
+  for (size_t i = 0; i < persistent.size(); ++i) {
+    BufferState &s = buffers[size_t(persistent[i])];
+    int source = sources[i % sources.size()];
+    std::string tag = "heal " + s.meta->id;
+    if (joining) {
+      staged[i].resize(s.data.size());
+      uint32_t crc = 0;
+      auto got = c.recv(staged[i].data(), keyOf(source), int64_t(s.data.size()),
+                        DType::UInt8, tag);
+      if (got)
+        got = c.recv(&crc, keyOf(source), 4, DType::UInt8, tag + " crc32c");
+      if (!got)
+        return got.error().within(where(source, "\"" + s.meta->id + "\""));
+      uint32_t mine = ckpt::crc32c(staged[i].data(), staged[i].size());
+      if (mine != crc)
+        return makeError(where(source, "\"" + s.meta->id + "\"") +
+                         ": checksum mismatch (crc32c " + std::to_string(mine) +
+                         ", the source's " + std::to_string(crc) + ")");
+    } else if (source == f.group) {
+      uint32_t crc = ckpt::crc32c(s.data.data(), s.data.size());
+      for (int j : joiners) {
+        auto sent = c.send(s.data.data(), keyOf(j), int64_t(s.data.size()),
+                           DType::UInt8, tag);
+        if (sent)
+          sent = c.send(&crc, keyOf(j), 4, DType::UInt8, tag + " crc32c");
+        if (!sent)
+          return sent.error().within("healing group " + std::to_string(j));
+      }
+    }
+  }
+  // The step counter (the optimizer's bias correction and the stochastic
+  // rounding's key): from the first source.
+  int64_t count = steps;
+  if (joining) {
+    auto got = c.recv(&count, keyOf(sources[0]), 1, DType::Int64, "heal steps");
+    if (!got)
+      return got.error().within(where(sources[0], "the step counter"));
+    // Everything arrived and checked: now, and only now, in place.
+    for (size_t i = 0; i < persistent.size(); ++i)
+      std::memcpy(buffers[size_t(persistent[i])].data.data(), staged[i].data(),
+                  staged[i].size());
+    steps = count;
+  } else if (f.group == sources[0]) {
+    for (int j : joiners)
+      if (auto sent = c.send(&count, keyOf(j), 1, DType::Int64, "heal steps");
+          !sent)
+        return sent.error().within("healing group " + std::to_string(j));
+  }
+  ++f.heals;
+  return {};
+}
+
+Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
+  FaultTolerance &f = *ft;
+  Membership &store = *f.membership;
+  int64_t expected = f.groupRanks * int64_t(f.quorum.members.size());
+  Clock::time_point start = Clock::now(), deadline = start + options.timeout;
+  Clock::time_point nextDeadCheck = start + std::chrono::milliseconds(20);
+  auto pause = std::chrono::microseconds(20);
+  std::optional<Error> noQuorum;
+  int64_t votes = 0;
+  while (true) {
+    auto t = store.stepTally(epoch, step);
+    if (!t)
+      return t.error();
+    if (t->failed)
+      return false;
+    if (t->okVotes >= expected)
+      return true;
+    // The epoch moved: no vote can be added any more, and some are missing.
+    if (t->epoch != epoch)
+      return false;
+    votes = t->okVotes;
+    Clock::time_point now = Clock::now();
+    if (now >= nextDeadCheck) {
+      // A rank that never votes is dead, and so, once its heartbeat has
+      // expired, is its group: any waiter then installs the next epoch,
+      // which makes this step's votes final.
+      auto dead = store.deadGroups(f.quorum);
+      if (!dead)
+        return dead.error();
+      if (!dead->empty()) {
+        auto proposal = store.proposeNextEpoch(epoch);
+        if (!proposal)
+          noQuorum = proposal.error();
+      }
+      nextDeadCheck = now + std::chrono::milliseconds(20);
+    }
+    if (now >= deadline)
+      return makeError(
+          "fault tolerance: step " + std::to_string(step) + " of epoch " +
+          std::to_string(epoch) + ": " + std::to_string(votes) + " of " +
+          std::to_string(expected) + " ranks voted within " +
+          std::to_string(options.timeout.count() / 1000.0) + " s" +
+          (noQuorum ? " (" + noQuorum->message + ")" : std::string()));
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2,
+                                                std::chrono::microseconds(500));
+  }
+}
+
+Result<void> Session::Impl::faultTolerantStep() {
+  FaultTolerance &f = *ft;
+  int64_t step = steps + 1;
+  auto fail = [&](const Error &e) -> Result<void> {
+    // This rank's own group cannot go on (a peer of the group failed, or
+    // the store is gone): the group leaves now rather than at the expiry.
+    broken = true;
+    (void)f.membership->leaveGroup();
+    return e;
+  };
+  bool moveOn = false;
+  while (true) {
+    if (auto ok = ensureQuorum(moveOn); !ok)
+      return fail(ok.error());
+    moveOn = false;
+    step = steps + 1; // a heal may have moved the counter
+    int64_t epoch = f.quorum.epoch;
+    // This step's data: each group missing from the quorum is processed
+    // by one live group, chosen from the step and the live set; the ranks
+    // of that group process the missing ranks' with their own coordinates.
+    std::vector<int> missing;
+    for (int g = 0; g < int(f.numGroups); ++g)
+      if (!containsGroup(f.quorum.members, g))
+        missing.push_back(g);
+    f.dataRanks = {plan.rank};
+    for (size_t i = 0; i < missing.size(); ++i) {
+      size_t live = f.quorum.members.size();
+      int assigned = f.quorum.members[(i + size_t(step)) % live];
+      if (assigned == f.group)
+        f.dataRanks.push_back(f.alongAxis[size_t(missing[i])]);
+    }
+    // A fresh attempt: no step-local buffer survives a discarded one.
+    for (BufferState &s : buffers)
+      if (!s.persistent) {
+        s.data = {};
+        s.live = false;
+      }
+    size_t n = program.size();
+    Clock::time_point start = Clock::now();
+    StepState state{
+        std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
+        std::vector<char>(n, 0), std::vector<int>(commSequence.size(), 0)};
+    PassOutcome before = runPass(state, f.beforeOrder, /*soft=*/true);
+    if (before.failure)
+      return fail(*before.failure);
+    auto voted = f.membership->voteStep(epoch, step, plan.rank,
+                                        !before.faultTolerantFailure);
+    if (!voted)
+      return fail(voted.error());
+    Result<bool> commit = *voted ? awaitCommit(epoch, step) : false;
+    if (!commit)
+      return fail(commit.error());
+    if (!*commit) {
+      ++f.discarded;
+      moveOn = true;
+      continue;
+    }
+    PassOutcome after = runPass(state, f.afterOrder, /*soft=*/false);
+    if (after.failure)
+      return fail(*after.failure);
+    ++steps;
+    profile = profileOf(program, state.spans, start, Clock::now());
+    return {};
+  }
+}
+
+std::optional<FaultToleranceState> Session::faultTolerance() const {
+  if (!impl->ft)
+    return std::nullopt;
+  const FaultTolerance &f = *impl->ft;
+  FaultToleranceState s;
+  s.epoch = f.quorum.epoch;
+  s.liveGroups = f.quorum.members;
+  s.numGroups = f.numGroups;
+  s.group = f.group;
+  s.dataRanks =
+      f.dataRanks.empty() ? std::vector<int64_t>{impl->plan.rank} : f.dataRanks;
+  s.stepsDiscarded = f.discarded;
+  s.heals = f.heals;
+  return s;
 }
 
 int64_t Session::stepsDone() const { return impl->steps; }
@@ -1266,6 +1832,7 @@ Result<Communicator *> Session::trainerCommunicator(const std::string &id) {
   if (!c)
     return makeError("the plan has no communicator \"" + id + "\"");
   GroupSpec g{"trainer/" + c->id, c->color, c->ranks, c->key, 0};
+  g.incarnation = impl->incarnation();
   auto comm = impl->backend->createCommunicator(g);
   if (!comm)
     return comm.error();

@@ -253,7 +253,9 @@ Result<Plan> readPlanFile(const std::string &path);
 std::string writePlan(const Plan &plan);
 
 /// The communicator split of `rank` over root-mesh axis refs written as
-/// strings ("dp", "tp:(2)2"): (ordered group, color, key), from core.
+/// strings ("dp", "tp:(2)2"): (ordered group, color, key), from core. With
+/// live members, over the live coordinates of managed axes only (a
+/// fault-tolerant communicator of a later epoch).
 struct DerivedGroup {
   std::vector<int64_t> ranks;
   int64_t color = 0;
@@ -261,7 +263,8 @@ struct DerivedGroup {
 };
 Result<DerivedGroup> deriveGroup(const Mesh &mesh,
                                  const std::vector<std::string> &axes,
-                                 int64_t rank);
+                                 int64_t rank,
+                                 const LiveMembers *live = nullptr);
 /// Parses "dp" or "dp:(2)4" against a mesh.
 Result<AxisRef> parseAxisRefText(const Mesh &mesh, std::string_view text);
 

@@ -53,8 +53,19 @@ struct GroupSpec {
   std::vector<int64_t> ranks;
   /// This rank's key (its index in `ranks`).
   int64_t key = 0;
-  /// Membership generation (0 until membership changes at run time).
+  /// Membership generation (0 until membership changes at run time): a
+  /// fault-tolerant group of a later epoch is a fresh group.
   int64_t epoch = 0;
+  /// The incarnation of this rank's replica group (a fault-tolerant job's
+  /// launcher restarts a failed group with the next one): the group's own
+  /// communicators of a restarted group are fresh groups too, so they never
+  /// meet the keys their dead predecessor left in the store.
+  int64_t incarnation = 0;
+  /// Avg divides by this instead of the member count when > 0: a
+  /// fault-tolerant group running with some members missing still averages
+  /// over its nominal size, the survivors having processed the missing
+  /// members' share of the batch (docs/fault-tolerance.md).
+  int64_t nominalSize = 0;
 };
 
 /// Where a communicator's buffers live and when its calls complete.
@@ -81,6 +92,10 @@ public:
   virtual const GroupSpec &group() const = 0;
   int64_t size() const { return static_cast<int64_t>(group().ranks.size()); }
   int64_t key() const { return group().key; }
+  /// What Avg divides by: GroupSpec::nominalSize, or the member count.
+  int64_t avgDivisor() const {
+    return group().nominalSize > 0 ? group().nominalSize : size();
+  }
 
   /// Host for Gloo, Device for NCCL.
   virtual MemoryKind memoryKind() const { return MemoryKind::Host; }

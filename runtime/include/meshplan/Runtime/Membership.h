@@ -92,6 +92,14 @@ struct EpochProposal {
   Quorum quorum;
 };
 
+/// What the store holds on one step of one epoch (the commit vote,
+/// docs/fault-tolerance.md "Commit or discard").
+struct StepTally {
+  int64_t epoch = 0;   ///< the store's current epoch
+  int64_t okVotes = 0; ///< ranks that voted ok on (votedEpoch, step)
+  bool failed = false; ///< some rank voted failed
+};
+
 /// A heartbeat key still alive, with how long it has left.
 struct LiveGroup {
   int group = 0;
@@ -143,6 +151,26 @@ public:
   Result<std::vector<LiveGroup>> liveGroups();
   /// The members of `quorum` whose heartbeat has expired, ascending.
   Result<std::vector<int>> deadGroups(const Quorum &quorum);
+  /// Epoch `epoch`'s members as the store recorded them (empty for epoch 0
+  /// or an epoch never installed).
+  Result<std::vector<int>> membersOf(int64_t epoch);
+
+  /// Records `meshplan:{JOB}:rank:{R}` = this process's group, which the
+  /// launcher reads to know which processes make up a group.
+  Result<void> registerRank(int64_t rank);
+  /// Deletes this group's heartbeat key and stops refreshing it: a rank
+  /// that knows its group is broken (a peer of its own group failed) makes
+  /// the group dead at once instead of after the expiry.
+  Result<void> leaveGroup();
+
+  /// The commit vote of one step. Records this rank's vote on (epoch, step)
+  /// only while the store's epoch is still `epoch` (one script: a vote and
+  /// an epoch change never interleave, so once the epoch has moved, a step's
+  /// votes are final). Returns false, recording nothing, when the epoch has
+  /// already moved.
+  Result<bool> voteStep(int64_t epoch, int64_t step, int64_t rank, bool ok);
+  /// The store's epoch and the votes on (epoch, step), read atomically.
+  Result<StepTally> stepTally(int64_t epoch, int64_t step);
 
   /// The highest epoch this process has seen (its own calls, and the
   /// heartbeat thread's read every period). An atomic load and no store

@@ -91,6 +91,19 @@ struct ComputeCall {
 
 using ComputeCallback = std::function<Result<void>(ComputeCall &)>;
 
+/// Fault-tolerant replica groups (docs/fault-tolerance.md): the plan's mesh
+/// has one managed axis, whose coordinates are the replica groups.
+struct FaultToleranceOptions {
+  /// The membership store: redis://HOST:PORT.
+  StoreAddress store;
+  /// The fewest live groups a quorum may have.
+  int minReplicas = 1;
+  /// A group whose heartbeat is older than this is dead.
+  std::chrono::milliseconds heartbeatExpiry{2000};
+  /// This rank's group's incarnation (the launcher's restart count).
+  int64_t incarnation = 0;
+};
+
 struct SessionOptions {
   int64_t rank = 0;
   int64_t worldSize = 1;
@@ -107,14 +120,34 @@ struct SessionOptions {
   std::string job = "meshplan";
   /// Reduce in the members' key order (BackendOptions::keyOrderReductions).
   bool keyOrderReductions = true;
+  /// Set: the job's replica groups may die and come back while the others
+  /// train (docs/fault-tolerance.md).
+  std::optional<FaultToleranceOptions> faultTolerance;
 };
 
 /// Options from the environment that `meshplan run`, torchrun or Slurm set:
 /// RANK, WORLD_SIZE, MESHPLAN_STORE (required), MESHPLAN_TIMEOUT (seconds,
 /// default 60), MESHPLAN_JOB, MESHPLAN_REDUCTION_ORDER ("key", the default,
 /// or "gloo"), MESHPLAN_BACKEND ("gloo", the default, or "nccl"), LOCAL_RANK
-/// (default 0). Errors name the variable.
+/// (default 0). Fault tolerance, when MESHPLAN_FT_STORE (redis://HOST:PORT)
+/// is set: MESHPLAN_FT_MIN_REPLICAS (default 1), MESHPLAN_FT_HEARTBEAT_MS
+/// (default 2000), MESHPLAN_FT_INCARNATION (default 0); `meshplan run
+/// --fault-tolerant` sets them. Errors name the variable.
 Result<SessionOptions> sessionOptionsFromEnv();
+
+/// Where a fault-tolerant rank stands (Session::faultTolerance()).
+struct FaultToleranceState {
+  int64_t epoch = 0;           ///< the quorum this rank trains in
+  std::vector<int> liveGroups; ///< its replica groups, ascending
+  int64_t numGroups = 0;       ///< the managed axis's size
+  int group = 0;               ///< this rank's replica group
+  /// The ranks whose share of the batch this rank processes in the current
+  /// step: itself first, then, for each missing group assigned to it, the
+  /// rank of that group with this rank's other coordinates (its data).
+  std::vector<int64_t> dataRanks;
+  int64_t stepsDiscarded = 0; ///< steps redone in a new epoch so far
+  int64_t heals = 0;          ///< times this rank sent or received state
+};
 
 /// Where one step's time went, in seconds, from the executor's own clocks
 /// around every instruction (steady_clock).
@@ -170,7 +203,17 @@ public:
   /// Runs one training step. On failure the error names the instruction and,
   /// for a collective, the communicator and the collective's number; the
   /// session is then unusable (peers may be gone).
+  ///
+  /// Fault-tolerant: the step runs in the current quorum's epoch, with the
+  /// fault_tolerant communicators over its live groups; it commits only when
+  /// every rank of every live group finished it (a vote in the store), and
+  /// is otherwise discarded and redone in the next epoch, so it returns
+  /// once the step has committed. A failure within this rank's own group is
+  /// an error, as above (the group leaves; the launcher restarts it).
   Result<void> step();
+  /// Fault-tolerant sessions: the epoch, the live groups and this step's
+  /// data assignment; nullopt otherwise.
+  std::optional<FaultToleranceState> faultTolerance() const;
   /// Steps completed so far.
   int64_t stepsDone() const;
   /// Continues a run in a fresh session: the next step() is step

@@ -317,7 +317,7 @@ public:
           count, dtype);
     }
     if (op == ReduceOp::Avg)
-      divideBy(out, count, dtype, n);
+      divideBy(out, count, dtype, avgDivisor());
     return {};
   }
 
@@ -376,7 +376,7 @@ public:
       }));
     }
     if (op == ReduceOp::Avg)
-      divideBy(data, count, dtype, size());
+      divideBy(data, count, dtype, avgDivisor());
     return {};
   }
 
@@ -705,11 +705,18 @@ public:
     return {};
   }
   Result<void> reduceScatter(const void *in, void *out, int64_t count,
-                             DType dtype, ReduceOp) override {
+                             DType dtype, ReduceOp op) override {
     std::memmove(out, in, size_t(count * plan::dtypeBytes(dtype)));
+    if (op == ReduceOp::Avg && avgDivisor() != 1)
+      divideBy(out, count, dtype, avgDivisor());
     return {};
   }
-  Result<void> allReduce(void *, int64_t, DType, ReduceOp) override {
+  Result<void> allReduce(void *data, int64_t count, DType dtype,
+                         ReduceOp op) override {
+    // The last live member of a fault-tolerant group still averages over
+    // the group's nominal size.
+    if (op == ReduceOp::Avg && avgDivisor() != 1)
+      divideBy(data, count, dtype, avgDivisor());
     return {};
   }
   Result<void> broadcast(void *, int64_t, DType, int64_t) override {
@@ -787,7 +794,8 @@ public:
       return std::unique_ptr<Communicator>(
           std::make_unique<SelfCommunicator>(group));
     std::string prefix = options.job + "/e" + std::to_string(group.epoch) +
-                         "/" + group.id + "/" + std::to_string(group.color);
+                         "/i" + std::to_string(group.incarnation) + "/" +
+                         group.id + "/" + std::to_string(group.color);
     std::shared_ptr<gloo::rendezvous::Context> context;
     Result<void> ok = guarded([&] {
       gloo::rendezvous::PrefixStore scoped(prefix, *store);

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# runtime.ft.trainer: fault-tolerant replica groups with the real trainer,
+# real processes and a real Redis (docs/fault-tolerance.md). HSDP, 3 replica
+# groups x FSDP 2 (test/trainer/specs/ft-hsdp3x2.json), tiny model, 20 steps.
+# The ranks are started by hand here (the launcher's own restart policy is
+# tested by runtime.ft.launcher), so that this script decides when a dead
+# group comes back.
+#  1. Both ranks of replica 1 killed with SIGKILL at step 4 (at their first
+#     forward), restarted (incarnation 1) once the survivors reach step 9:
+#     the survivors never stop; the step in flight is discarded and redone
+#     in the next epoch, with replica 1's share of the batch processed by
+#     the survivors; replica 1 heals from its peers and rejoins. Every rank
+#     exits 0, every replica ends with bit-identical parameters
+#     (meshplan-train --compare refuses replicas that differ), and the
+#     parameters equal an uninterrupted run within the tolerance below.
+#  2. One rank of replica 2 killed in its last backward of step 6, while
+#     the earlier units' reductions are in flight: its group-mate fails in
+#     its own group's collective and leaves; the others go on to step 20 and
+#     equal the uninterrupted run.
+#  3. --synthetic-grads (every rank's gradient the same function of the
+#     parameter index and step): the run of case 1 equals the uninterrupted
+#     one bit for bit, so the only difference in 1 and 2 is the order in
+#     which real gradients are summed (AdamW amplifies it where a gradient
+#     is near zero; 8 steps after a failure it reached 1e-4 relative).
+#  4. Bad input, before any step: min_replicas above the group count; a
+#     store nobody listens on; a spec without a managed axis.
+#
+#   fault-tolerance.sh BIN_DIR SOURCE_DIR
+set -euo pipefail
+bin=$1 src=$2
+train=$bin/meshplan-train
+spec=$src/test/trainer/specs/ft-hsdp3x2.json
+server=$(command -v redis-server || true)
+if [[ -z $server ]]; then
+  echo "SKIPPED: redis-server is not installed (Debian package redis-server)"
+  exit 0
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-ft-XXXXXX")
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log"
+for _ in $(seq 50); do
+  [[ -s $work/redis.pid ]] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+cleanup() {
+  pkill -9 -f "$work/" 2>/dev/null || true
+  kill "$(cat "$work/redis.pid")" 2>/dev/null || true
+  [[ -n ${KEEP:-} ]] || rm -rf "$work"
+}
+trap cleanup EXIT
+# The trainer's text (docs/ by default) copied once, so that every run of
+# this test trains on the same tokens even if the tree changes meanwhile.
+cp -r "$src/docs" "$work/data"
+common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --log-every 1 --steps 20)
+tol=1e-3
+
+# start JOB RANK INCARNATION [ENV...]: one rank in the background.
+start() {
+  local job=$1 rank=$2 inc=$3
+  shift 3
+  env "$@" RANK="$rank" WORLD_SIZE=6 LOCAL_RANK="$rank" MESHPLAN_TIMEOUT=30 \
+    MESHPLAN_STORE="file:$work/$job.store" MESHPLAN_JOB="$job" \
+    MESHPLAN_FT_STORE="redis://127.0.0.1:$port" MESHPLAN_FT_INCARNATION="$inc" \
+    "$train" "${common[@]}" --save-params "$work/$job.params" \
+    >>"$work/$job.r$rank.log" 2>&1 &
+  pids[$rank]=$!
+} 2>/dev/null
+# finish JOB RANKS...: waits for the ranks; each must exit 0.
+finish() {
+  local job=$1 r
+  shift
+  for r in "$@"; do
+    if ! { wait "${pids[$r]}"; } 2>/dev/null; then
+      echo "FAIL: $job: rank $r exited with status $?:" >&2
+      tail -n 5 "$work/$job.r$r.log" >&2
+      exit 1
+    fi
+  done
+}
+mkdir -p "$work/s1.store" "$work/s2.store" "$work/s3.store" "$work/bad.store"
+
+echo "== uninterrupted (fault tolerance off)"
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every 20 \
+  --save-params "$work/plain.params" | tail -n 1
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every 20 \
+  --synthetic-grads --save-params "$work/plain-synthetic.params" | tail -n 1
+
+echo "== 1. replica 1 killed at step 4, back at step 9"
+declare -a pids
+for r in 0 1 2 3 4 5; do start s1 "$r" 0 MESHPLAN_TEST_KILL=4:2,3; done
+for r in 2 3; do
+  if { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r was not killed" >&2
+    exit 1
+  fi
+done
+until grep -q "^step 9/20" "$work/s1.r0.log"; do sleep 0.05; done
+for r in 2 3; do start s1 "$r" 1; done
+finish s1 0 1 2 3 4 5
+grep -h "^fault tolerance" "$work"/s1.r0.log "$work"/s1.r2.log
+grep -q "committed in epoch 2 (replica groups 0, 2 of 3 live)" "$work/s1.r0.log"
+grep -Eq "replica groups 0, 1, 2 of 3 live\); [0-9]+ steps discarded, 1 heals" "$work/s1.r0.log"
+"$train" --compare "$work/s1.params" "$work/plain.params" --rtol $tol | head -n 1
+
+echo "== 2. one rank of replica 2 killed mid-reduction at step 6"
+for r in 0 1 2 3 4 5; do start s2 "$r" 0 MESHPLAN_TEST_KILL=6:4:last-backward; done
+finish s2 0 1 2 3
+for r in 4 5; do
+  if { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r of the lost group exited 0" >&2
+    exit 1
+  fi
+done
+grep -h "^fault tolerance" "$work/s2.r0.log" | tail -n 1
+grep -m 1 "error" "$work/s2.r5.log"
+"$train" --compare "$work/s2.params" "$work/plain.params" --rtol $tol | head -n 1
+
+echo "== 3. case 1 with --synthetic-grads: bit for bit"
+common+=(--synthetic-grads)
+for r in 0 1 2 3 4 5; do start s3 "$r" 0 MESHPLAN_TEST_KILL=4:2,3; done
+for r in 2 3; do { wait "${pids[$r]}"; } 2>/dev/null || true; done
+until grep -q "^step 9/20" "$work/s3.r0.log"; do sleep 0.05; done
+for r in 2 3; do start s3 "$r" 1; done
+finish s3 0 1 2 3 4 5
+"$train" --compare "$work/s3.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
+
+echo "== 4. bad input"
+expect() { # expect PATTERN ENV...: one rank refuses before any step
+  local pattern=$1
+  shift
+  set +e
+  env "$@" RANK=0 WORLD_SIZE=6 MESHPLAN_STORE="file:$work/bad.store" MESHPLAN_JOB=bad \
+    "$train" --spec "$spec" --steps 1 >"$work/bad.out" 2>"$work/bad.err"
+  local code=$?
+  set -e
+  if [[ $code == 0 ]] || ! grep -q -- "$pattern" "$work/bad.err"; then
+    echo "FAIL: expected an error matching '$pattern', got exit $code:" >&2
+    cat "$work/bad.err" >&2
+    exit 1
+  fi
+  head -n 1 "$work/bad.err"
+}
+expect "min_replicas 4 must be in 1..3" MESHPLAN_FT_STORE="redis://127.0.0.1:$port" \
+  MESHPLAN_FT_MIN_REPLICAS=4
+dead=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+expect "cannot reach the membership store redis://127.0.0.1:$dead" \
+  MESHPLAN_FT_STORE="redis://127.0.0.1:$dead"
+set +e
+env RANK=0 WORLD_SIZE=8 MESHPLAN_STORE="file:$work/bad.store" MESHPLAN_JOB=bad2 \
+  MESHPLAN_FT_STORE="redis://127.0.0.1:$port" "$train" \
+  --spec "$src/examples/specs/fsdp-sr-adamw.json" --model tiny --steps 1 \
+  >"$work/bad.out" 2>"$work/bad.err"
+code=$?
+set -e
+[[ $code != 0 ]] && grep -q "no managed axis" "$work/bad.err" || {
+  echo "FAIL: a spec without a managed axis ran fault-tolerant" >&2; cat "$work/bad.err" >&2; exit 1; }
+head -n 1 "$work/bad.err"
+echo "fault tolerance: all cases passed"
