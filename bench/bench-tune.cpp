@@ -2,7 +2,9 @@
 //
 // Times pipeline::tune (what `meshplan tune` runs) for llama3-405b on 1,024
 // and 16,384 H100s with the default search (docs/tune.md): the enumeration
-// and screen of every candidate plus the real compiles of the 8 best. The
+// and screen of every candidate (pipelines included: pp degree, schedule,
+// microbatches) plus the real compiles of the 8 best (every pp coordinate
+// of a pipelined one). The
 // target is "seconds": the summary prints the median per search and FAILs
 // above 30 s (autoparallel's searches take 35-60 s, Alpa's minutes to hours).
 //

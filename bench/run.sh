@@ -16,7 +16,7 @@ shift || true
 
 status=0
 for name in bench-core-queries bench-plan-instantiate bench-propagation bench-planner \
-  bench-tune bench-runtime-kernels; do
+  bench-pipeline bench-tune bench-runtime-kernels; do
   program="$build_dir/bin/$name"
   if [[ ! -x "$program" ]]; then
     echo "run.sh: $program not found; build it first:" >&2

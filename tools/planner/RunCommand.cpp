@@ -12,6 +12,7 @@
 
 #include "RunCommand.h"
 
+#include "FaultTolerantLaunch.h"
 #include "MeshSetup.h"
 
 #include <CLI/CLI.hpp>
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <memory>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -390,8 +392,10 @@ fail:
   ::_exit(127);
 }
 
-/// The whole job: spawning, the poll loop, stopping, reaping.
-class Job {
+/// The whole job: spawning, the poll loop, stopping, reaping. With
+/// --fault-tolerant, a Supervisor (FaultTolerantLaunch.h) decides what a
+/// failed rank means and restarts ranks through the RankControl calls.
+class Job : public ft::RankControl {
 public:
   Job(int64_t nprocs, int64_t nodeRank, int64_t nnodes, double grace,
       std::vector<std::string> program)
@@ -399,9 +403,39 @@ public:
         program(std::move(program)) {}
 
   int run(const std::string &storeAddress,
-          const std::optional<std::string> &timeout, const rlimit &childFiles);
+          const std::optional<std::string> &timeout, const rlimit &childFiles,
+          const ft::Config *ftConfig = nullptr,
+          ft::StoreServer *ftStore = nullptr);
+
+  // RankControl
+  bool running(int64_t rank) const override {
+    const Rank *r = find(rank);
+    return r && r->pid > 0 && !r->reaped;
+  }
+  void signalRank(int64_t rank, int sig) override {
+    Rank *r = find(rank);
+    if (r && r->pid > 0 && (!r->reaped || r->hasOpenPipes()))
+      ::killpg(r->pid, sig);
+  }
+  bool restartRank(int64_t rank) override;
+  void stopJob(int code) override {
+    if (exitCode == 0)
+      exitCode = code;
+    stop(SIGTERM);
+  }
+  bool stopping() const override { return stoppingAll; }
 
 private:
+  Rank *find(int64_t rank) {
+    int64_t i = rank - nodeRank * nprocs;
+    return i >= 0 && i < static_cast<int64_t>(ranks.size())
+               ? &ranks[static_cast<size_t>(i)]
+               : nullptr;
+  }
+  const Rank *find(int64_t rank) const {
+    return const_cast<Job *>(this)->find(rank);
+  }
+  std::vector<std::string> environmentOf(const Rank &rank) const;
   bool spawn(Rank &rank, const std::vector<std::string> &env);
   void reap();
   void onExit(Rank &rank, int status);
@@ -421,8 +455,11 @@ private:
   ChildSetup setup;
   int sigFd = -1;
   int exitCode = 0;
-  bool stopping = false; ///< the launcher has signalled the ranks
-  bool killed = false;   ///< ... and sent SIGKILL
+  bool stoppingAll = false; ///< the launcher has signalled the ranks
+  std::vector<std::string> baseEnv;
+  ft::StoreServer *ftStore = nullptr;
+  std::unique_ptr<ft::Supervisor> supervisor;
+  bool killed = false; ///< ... and sent SIGKILL
   Clock::time_point killAt, drainUntil;
   bool draining = false;
 };
@@ -488,8 +525,12 @@ void Job::onExit(Rank &rank, int status) {
   drainStream(rank, 1);
   if (rank.execFailed)
     return;
+  if (supervisor && !stoppingAll) {
+    supervisor->onRankExit(rank.rank, status);
+    return;
+  }
   bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (stopping) {
+  if (stoppingAll) {
     if (!ok)
       message("rank " + std::to_string(rank.rank) + " " +
               describeStatus(status) + " (stopped by the launcher)");
@@ -514,6 +555,9 @@ void Job::reap() {
     auto it = byPid.find(pid);
     if (it != byPid.end() && !it->second->reaped)
       onExit(*it->second, status);
+    else if (it == byPid.end() && supervisor &&
+             supervisor->onOtherChild(pid, status) && ftStore)
+      ftStore->reaped(); // the private redis-server
   }
 }
 
@@ -527,9 +571,9 @@ void Job::signalLive(int sig) {
 }
 
 void Job::stop(int sig) {
-  if (stopping)
+  if (stoppingAll)
     return;
-  stopping = true;
+  stoppingAll = true;
   signalLive(sig);
   killAt = Clock::now() + graceDuration();
 }
@@ -545,7 +589,7 @@ void Job::handleSignals() {
     int sig = static_cast<int>(info.ssi_signo);
     if (sig == SIGCHLD)
       continue; // reaped at the top of the loop
-    if (!stopping) {
+    if (!stoppingAll) {
       message("received " + signalName(sig) + "; stopping the ranks");
       exitCode = 128 + sig;
       stop(sig); // forwarded as is: SIGINT is KeyboardInterrupt in Python
@@ -560,7 +604,8 @@ void Job::handleSignals() {
 
 int Job::run(const std::string &storeAddress,
              const std::optional<std::string> &timeout,
-             const rlimit &childFiles) {
+             const rlimit &childFiles, const ft::Config *ftConfig,
+             ft::StoreServer *ftStore) {
   setup.launcher = ::getpid();
   setup.oldFiles = childFiles;
 
@@ -588,7 +633,8 @@ int Job::run(const std::string &storeAddress,
     return 1;
   }
 
-  std::vector<std::string> env = baseEnvironment();
+  std::vector<std::string> &env = baseEnv;
+  env = baseEnvironment();
   env.push_back("WORLD_SIZE=" + std::to_string(nnodes * nprocs));
   env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(nprocs));
   env.push_back("GROUP_RANK=" + std::to_string(nodeRank));
@@ -601,17 +647,28 @@ int Job::run(const std::string &storeAddress,
     });
     env.push_back("MESHPLAN_TIMEOUT=" + *timeout);
   }
-  size_t base = env.size();
 
   ranks.resize(static_cast<size_t>(nprocs));
+  std::vector<int64_t> globalRanks;
   for (int64_t local = 0; local < nprocs; ++local) {
     Rank &rank = ranks[static_cast<size_t>(local)];
     rank.rank = nodeRank * nprocs + local;
     rank.prefix = "[rank " + std::to_string(rank.rank) + "] ";
-    env.resize(base);
-    env.push_back("RANK=" + std::to_string(rank.rank));
-    env.push_back("LOCAL_RANK=" + std::to_string(local));
-    if (!spawn(rank, env)) {
+    globalRanks.push_back(rank.rank);
+  }
+  if (ftConfig) {
+    const auto &names = ft::Supervisor::variableNames();
+    std::erase_if(env, [&](const std::string &e) {
+      return std::find(names.begin(), names.end(), e.substr(0, e.find('='))) !=
+             names.end();
+    });
+    this->ftStore = ftStore;
+    supervisor = std::make_unique<ft::Supervisor>(
+        *ftConfig, *ftStore, globalRanks, graceDuration(), *this, message);
+  }
+
+  for (Rank &rank : ranks) {
+    if (!spawn(rank, environmentOf(rank))) {
       if (exitCode == 0)
         exitCode = 1;
       stop(SIGTERM);
@@ -623,15 +680,21 @@ int Job::run(const std::string &storeAddress,
   std::vector<std::pair<Rank *, int>> owners;
   while (true) {
     reap();
+    if (supervisor)
+      supervisor->tick();
     bool allReaped = std::all_of(ranks.begin(), ranks.end(), [](const Rank &r) {
       return r.pid < 0 || r.reaped;
     });
+    // A replica group being stopped or waiting for its restart keeps the
+    // job going although none of its processes runs.
+    if (supervisor && supervisor->pending())
+      allReaped = false;
     bool anyOpen = std::any_of(ranks.begin(), ranks.end(),
                                [](const Rank &r) { return r.hasOpenPipes(); });
     if (allReaped && !anyOpen)
       break;
     Clock::time_point now = Clock::now();
-    if (stopping && !killed && now >= killAt) {
+    if (stoppingAll && !killed && now >= killAt) {
       signalLive(SIGKILL);
       killed = true;
     }
@@ -657,10 +720,12 @@ int Job::run(const std::string &storeAddress,
     }
 
     Clock::duration wait = std::chrono::seconds(1);
-    if (stopping && !killed)
+    if (stoppingAll && !killed)
       wait = std::min(wait, killAt - now);
     if (draining)
       wait = std::min(wait, drainUntil - now);
+    if (supervisor)
+      wait = std::min(wait, supervisor->untilNextTick());
     int timeoutMs = static_cast<int>(
         std::chrono::ceil<std::chrono::milliseconds>(wait).count());
 
@@ -690,7 +755,46 @@ int Job::run(const std::string &storeAddress,
   }
   ::close(sigFd);
   ::close(setup.devNull);
+  if (supervisor && exitCode == 0)
+    exitCode = supervisor->finalExitCode();
   return exitCode;
+}
+
+std::vector<std::string> Job::environmentOf(const Rank &rank) const {
+  std::vector<std::string> env = baseEnv;
+  env.push_back("RANK=" + std::to_string(rank.rank));
+  env.push_back("LOCAL_RANK=" + std::to_string(rank.rank - nodeRank * nprocs));
+  if (supervisor)
+    for (std::string &e : supervisor->environment(rank.rank))
+      env.push_back(std::move(e));
+  return env;
+}
+
+bool Job::restartRank(int64_t r) {
+  Rank *rank = find(r);
+  if (!rank || stoppingAll)
+    return false;
+  // What the previous process left in its pipes is passed on; something it
+  // started that still holds them goes with its process group.
+  for (int s = 0; s < 2; ++s)
+    if (rank->fds[s] >= 0) {
+      drainStream(*rank, s);
+      if (rank->fds[s] >= 0) {
+        ::killpg(rank->pid, SIGKILL);
+        emitLines(*rank, s, true);
+        closeFd(rank->fds[s]);
+      }
+    }
+  byPid.erase(rank->pid);
+  rank->pid = -1;
+  rank->reaped = false;
+  rank->execFailed = false;
+  if (spawn(*rank, environmentOf(*rank)))
+    return true;
+  if (exitCode == 0)
+    exitCode = 1;
+  stop(SIGTERM);
+  return false;
 }
 
 /// fds 0-2 must be open, or a pipe could land on them and be dup2'ed over.
@@ -756,6 +860,7 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
     parseSeconds("--timeout", *options.timeout, false);
   double grace = parseSeconds("--grace", options.grace, true);
   Store store = parseStore(options.store, nnodes);
+  std::optional<ft::Config> ftConfig = ft::parseFlags(options, nnodes);
   if (options.program.empty() || options.program[0].empty())
     throw CliError("PROGRAM: no program to run; usage: " + std::string(kUsage));
 
@@ -779,6 +884,16 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
                      std::to_string(raised.rlim_cur) + " (ulimit -n)");
   }
 
+  // The membership store: the given one is pinged (a CliError when it does
+  // not answer), or a private redis-server is started, stopped at return.
+  ft::StoreServer ftStore;
+  if (ftConfig)
+    if (std::optional<std::string> error = ftStore.open(*ftConfig)) {
+      message(*error);
+      ::setrlimit(RLIMIT_NOFILE, &files);
+      return 1;
+    }
+
   StoreDir storeDir;
   if (store.defaultDir)
     storeDir.makeTemporary();
@@ -788,7 +903,9 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
     store.address = "file:" + storeDir.path;
 
   Job job(nprocs, nodeRank, nnodes, grace, options.program);
-  int code = job.run(store.address, options.timeout, files);
+  int code = job.run(store.address, options.timeout, files,
+                     ftConfig ? &*ftConfig : nullptr, &ftStore);
+  ftStore.stop();
   ::setrlimit(RLIMIT_NOFILE, &files);
   return code;
 }

@@ -5,9 +5,10 @@
 // PROGRAM with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...) and
 // a store address in MESHPLAN_STORE, prefixes every line they print with
 // "[rank R] ", and stops the whole job when one rank fails or the launcher is
-// signalled. Every flag is checked before anything is created or started; a
-// bad one is a CliError (one line, exit code 2). docs/runtime.md describes
-// the behaviour and the exit codes.
+// signalled. With --fault-tolerant, a failed rank stops and restarts only its
+// replica group (FaultTolerantLaunch.h). Every flag is checked before
+// anything is created or started; a bad one is a CliError (one line, exit
+// code 2). docs/runtime.md describes the behaviour and the exit codes.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_TOOLS_PLANNER_RUNCOMMAND_H
@@ -32,7 +33,14 @@ struct RunOptions {
   std::string nnodes = "1";           ///< --nnodes
   std::string nodeRank = "0";         ///< --node-rank
   std::string grace = "5";            ///< seconds from SIGTERM to SIGKILL
-  std::vector<std::string> program;   ///< PROGRAM ARGS...
+  /// --fault-tolerant: restart a failed replica group's processes while the
+  /// others continue (FaultTolerantLaunch.h, docs/fault-tolerance.md).
+  bool faultTolerant = false;
+  std::optional<std::string> maxRestarts; ///< per group (default 3)
+  std::optional<std::string> minReplicas; ///< exported (default 1)
+  std::optional<std::string> heartbeatMs; ///< exported (default 2000)
+  std::optional<std::string> job;         ///< the job's name in the store
+  std::vector<std::string> program;       ///< PROGRAM ARGS...
 };
 
 /// Runs the job and returns the launcher's exit code: 0 when every rank

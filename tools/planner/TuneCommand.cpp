@@ -11,10 +11,12 @@
 
 #include "MeshSetup.h"
 
+#include "meshplan/Frontend/Presets.h"
 #include "meshplan/Pipeline/Tune.h"
 #include "meshplan/Plan/CostModel.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -45,9 +47,9 @@ static std::string ms(double seconds) {
 /// One table row per candidate; columns padded to their widest cell.
 static std::string table(const std::vector<pipeline::TuneCandidate> &rows) {
   std::vector<std::vector<std::string>> cells = {
-      {"#", "dp_replicate", "dp_shard", "cp", "tp", "reshard", "fp8 gather",
-       "microbatches", "activation ckpt", "step ms", "exposed comm ms",
-       "TP/CP comm ms", "peak"}};
+      {"#", "pp", "schedule", "dp_replicate", "dp_shard", "cp", "tp", "reshard",
+       "fp8 gather", "microbatches", "activation ckpt", "step ms",
+       "exposed comm ms", "TP/CP comm ms", "peak"}};
   for (size_t i = 0; i < rows.size(); ++i) {
     const pipeline::TuneCandidate &c = rows[i];
     std::string ga = std::to_string(c.accumulationSteps);
@@ -55,9 +57,18 @@ static std::string table(const std::vector<pipeline::TuneCandidate> &rows) {
       ga += c.reduce == frontend::AccumulationReduce::EveryMicrobatch
                 ? " (every)"
                 : " (last)";
+    std::string schedule = "-";
+    if (c.pp > 1) {
+      // The pipeline's microbatches are the accumulation.
+      ga = std::to_string(c.microbatches);
+      schedule = std::string(pipelineScheduleKindName(c.schedule));
+      if (c.stagesPerRank > 1)
+        schedule += " v=" + std::to_string(c.stagesPerRank);
+    }
     cells.push_back(
-        {std::to_string(i + 1), std::to_string(c.replicate),
-         std::to_string(c.shard), std::to_string(c.cp), std::to_string(c.tp),
+        {std::to_string(i + 1), std::to_string(c.pp), schedule,
+         std::to_string(c.replicate), std::to_string(c.shard),
+         std::to_string(c.cp), std::to_string(c.tp),
          c.reshardAfterForward ? "default" : "never",
          c.float8AllGather ? "yes" : "no", ga,
          std::string(frontend::activationCheckpointingName(c.checkpointing)),
@@ -105,6 +116,19 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
     if (options.maxContextParallel < 1)
       throw CliError("--max-cp: expected at least 1");
     t.maxContextParallel = options.maxContextParallel;
+    if (options.pipelineParallel < 0)
+      throw CliError("--pp: expected 0 (search), 1 (no pipeline) or a "
+                     "pipeline-parallel degree, not " +
+                     std::to_string(options.pipelineParallel));
+    if (options.pipelineParallel > 1 &&
+        options.world % options.pipelineParallel != 0)
+      throw CliError("--pp: " + std::to_string(options.pipelineParallel) +
+                     " does not divide the world size " +
+                     std::to_string(options.world));
+    if (options.maxPipelineParallel < 1)
+      throw CliError("--max-pp: expected at least 1");
+    t.pipelineParallel = options.pipelineParallel;
+    t.maxPipelineParallel = options.maxPipelineParallel;
     t.confirm = options.confirm;
     bool bar = options.progress == "always" ||
                (options.progress == "auto" && isatty(STDERR_FILENO));
@@ -138,10 +162,10 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
         << t.cost.device << " (" << gib(r.capacityBytes)
         << " usable per rank); " << tokens << " tokens per step, sequences of "
         << t.sequenceLength << "\n"
-        << r.enumerated << " candidates: " << r.infeasible
-        << " refused by the spec, " << r.screenedOut
-        << " estimated over capacity, " << r.compiled << " planned ("
-        << r.ranked.size() << " fit)\n\n";
+        << r.enumerated << " candidates (" << r.pipelined
+        << " with a pipeline): " << r.infeasible << " refused by the spec, "
+        << r.screenedOut << " estimated over capacity, " << r.compiled
+        << " planned (" << r.ranked.size() << " fit)\n\n";
     std::vector<pipeline::TuneCandidate> best(
         r.ranked.begin(),
         r.ranked.begin() + std::min(r.ranked.size(), options.top));
@@ -150,10 +174,24 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
     if (options.output.empty()) {
       out << winner.specJson;
     } else {
+      // A spec's model path is relative to the spec's directory: a model
+      // file named relative to here is named relative to the output.
+      std::string specJson = winner.specJson;
+      if (!frontend::findPreset(t.model) &&
+          std::filesystem::is_regular_file(t.model) &&
+          std::filesystem::path(t.model).is_relative()) {
+        pipeline::TuneOptions there = t;
+        std::filesystem::path dir =
+            std::filesystem::absolute(options.output).parent_path();
+        there.model =
+            std::filesystem::relative(std::filesystem::absolute(t.model), dir)
+                .generic_string();
+        specJson = pipeline::tuneSpecJson(there, winner);
+      }
       std::string tmp = options.output + ".tmp";
       {
         std::ofstream f(tmp, std::ios::trunc);
-        f << winner.specJson;
+        f << specJson;
         if (!f.flush())
           throw CliError("-o: cannot write " + tmp);
       }

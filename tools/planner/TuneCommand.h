@@ -24,6 +24,10 @@ struct TuneOptions {
   std::optional<int64_t> tokens;
   int64_t seqLen = 8192;
   int64_t maxContextParallel = 8;
+  /// 0: search pp degrees up to maxPipelineParallel; 1: no pipeline; N:
+  /// only pp = N (pipeline::TuneOptions::pipelineParallel).
+  int64_t pipelineParallel = 0;
+  int64_t maxPipelineParallel = 16;
   size_t top = 5;     ///< rows of the table
   size_t confirm = 8; ///< candidates planned for real; 0: all screened
   std::string output; ///< the winning spec; "" prints it

@@ -217,6 +217,30 @@ int main(int argc, char **argv) {
                    "Seconds between SIGTERM and SIGKILL when stopping the "
                    "ranks (default 5)")
       ->type_name("SECONDS");
+  runCmd->add_flag("--fault-tolerant", runOptions.faultTolerant,
+                   "Restart a failed replica group's processes while the "
+                   "others continue; membership in Redis (a private "
+                   "redis-server, or --store redis://HOST:PORT)");
+  runCmd
+      ->add_option("--max-restarts", runOptions.maxRestarts,
+                   "Restarts per replica group before it is given up "
+                   "(--fault-tolerant; default 3)")
+      ->type_name("K");
+  runCmd
+      ->add_option("--min-replicas", runOptions.minReplicas,
+                   "Fewest live replica groups a quorum may have "
+                   "(--fault-tolerant; default 1)")
+      ->type_name("M");
+  runCmd
+      ->add_option("--heartbeat-ms", runOptions.heartbeatMs,
+                   "Heartbeat expiry in milliseconds (--fault-tolerant; "
+                   "default 2000)")
+      ->type_name("MS");
+  runCmd
+      ->add_option("--job", runOptions.job,
+                   "The job's name in the store (--fault-tolerant; default: "
+                   "a fresh one; required with --nnodes > 1)")
+      ->type_name("NAME");
   CLI::App *ckptCmd = app.add_subcommand(
       "ckpt", "Offline checkpoint commands: inspect, verify, reshard, "
               "export, import (docs/checkpoint-format.md)");
@@ -291,6 +315,12 @@ int main(int argc, char **argv) {
                       "Sequence length (default 8192)");
   tuneCmd->add_option("--max-cp", tuneOptions.maxContextParallel,
                       "Largest context-parallel degree tried (default 8)");
+  tuneCmd->add_option("--pp", tuneOptions.pipelineParallel,
+                      "Pipeline-parallel degree: 0 searches them (default), "
+                      "1 forbids pipelines, N > 1 tries only pp N");
+  tuneCmd->add_option("--max-pp", tuneOptions.maxPipelineParallel,
+                      "Largest pipeline-parallel degree searched (default "
+                      "16)");
   tuneCmd->add_option("--top", tuneOptions.top,
                       "Candidates shown in the table (default 5)");
   tuneCmd->add_option("--confirm", tuneOptions.confirm,
