@@ -275,6 +275,8 @@ struct FaultTolerance {
   std::vector<std::vector<int>> beforeOrder, afterOrder;
   std::vector<int64_t> dataRanks;
   int64_t discarded = 0, heals = 0;
+  /// The last heal of this epoch failed: this rank's steps cannot commit.
+  std::optional<Error> healFailure;
 };
 
 /// One attempt at a step: which instructions completed, each
@@ -1486,6 +1488,14 @@ Result<void> Session::Impl::setUpFaultTolerance() {
 
 Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   FaultTolerance &f = *ft;
+  // A rank in a quorum keeps its epoch until a step is discarded: every rank
+  // sees the same outcome of the same vote, so all ranks of a group (and of
+  // the job) change epochs at the same step. They then walk to the next
+  // epoch, E + 1, whatever the store's latest is: the successor of E is
+  // unique, the latest is not the same for two ranks reading at different
+  // times.
+  if (f.quorum.epoch > 0 && !moveOn)
+    return {};
   Membership &store = *f.membership;
   const auto expiry = options.faultTolerance->heartbeatExpiry;
   const auto poll = std::chrono::milliseconds(10);
@@ -1499,26 +1509,34 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
     auto q = store.currentQuorum();
     if (!q)
       return q.error();
-    bool member = q->epoch > 0 && containsGroup(q->members, f.group);
-    if (member && (q->epoch != f.quorum.epoch || !moveOn)) {
-      if (q->epoch != f.quorum.epoch)
-        MESHPLAN_TRY(adopt(*q));
-      return {};
-    }
     Clock::time_point now = Clock::now();
     bool propose = false;
-    if (q->epoch == 0) {
-      auto live = store.liveGroups();
-      if (!live)
-        return live.error();
-      propose = int64_t(live->size()) == f.numGroups || now >= grace;
-    } else if (!member) {
-      propose = true; // this group joins
-    } else {
+    if (f.quorum.epoch > 0) {
+      int64_t next = f.quorum.epoch + 1;
+      if (q->epoch >= next) {
+        auto members = store.membersOf(next);
+        if (!members)
+          return members.error();
+        if (containsGroup(*members, f.group))
+          return adopt(Quorum{next, *members});
+        // The group was left out of the next epoch (it looked dead): it
+        // joins again as a new member, and heals.
+        f.quorum = Quorum{};
+        continue;
+      }
       auto dead = store.deadGroups(*q);
       if (!dead)
         return dead.error();
       propose = !dead->empty() || now >= grace;
+    } else if (q->epoch > 0 && containsGroup(q->members, f.group)) {
+      return adopt(*q);
+    } else if (q->epoch == 0) {
+      auto live = store.liveGroups();
+      if (!live)
+        return live.error();
+      propose = int64_t(live->size()) == f.numGroups || now >= grace;
+    } else {
+      propose = true; // this group joins
     }
     if (propose) {
       auto proposal = store.proposeNextEpoch(q->epoch);
@@ -1555,6 +1573,7 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
         comms[i].reset();
   }
   f.quorum = q;
+  f.healFailure.reset();
   // The first quorum (or one after every group was lost) has nobody to heal
   // from: its groups start from the trainer's initial parameters.
   if (previous->empty() || joiners.empty())
@@ -1563,7 +1582,18 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
     return makeError("fault tolerance: epoch " + std::to_string(q.epoch) +
                      " has no group of epoch " + std::to_string(q.epoch - 1) +
                      " to heal its groups " + groupList(joiners) + " from");
-  return heal(q, sources, joiners);
+  // A heal that fails (a source or a joiner died mid-transfer) changed
+  // nothing of the joiner's state (it stages everything first): this rank
+  // votes the step failed, so that nobody commits it, and the job moves to
+  // the next epoch, where the heal starts again from the groups then live.
+  // It also moves the epoch itself: a joiner whose counter never arrived
+  // votes on a step number of its own, which nobody else waits for.
+  Result<void> healed = heal(q, sources, joiners);
+  if (!healed) {
+    f.healFailure = healed.error();
+    (void)f.membership->proposeNextEpoch(q.epoch);
+  }
+  return {};
 }
 
 Result<void> Session::Impl::heal(const Quorum &q,
@@ -1593,15 +1623,28 @@ Result<void> Session::Impl::heal(const Quorum &q,
   for (size_t i = 0; i < buffers.size(); ++i)
     if (buffers[i].persistent)
       persistent.push_back(static_cast<int>(i));
-  // Striped: buffer i comes from source group i mod |sources|; each source
-  // sends its buffers to every joiner in buffer order, and every joiner
-  // receives in buffer order, so no two transfers wait on each other.
-  std::vector<std::vector<std::byte>> staged(joining ? persistent.size() : 0);
   auto where = [&](int source, const std::string &what) {
     return "healing " + what + " from rank " +
            std::to_string(f.alongAxis[size_t(source)]) + " in epoch " +
            std::to_string(q.epoch);
   };
+  // The step counter first (the optimizer's bias correction and the
+  // stochastic rounding's key), from the first source.
+  int64_t count = steps;
+  if (joining) {
+    auto got = c.recv(&count, keyOf(sources[0]), 1, DType::Int64, "heal steps");
+    if (!got)
+      return got.error().within(where(sources[0], "the step counter"));
+  } else if (f.group == sources[0]) {
+    for (int j : joiners)
+      if (auto sent = c.send(&count, keyOf(j), 1, DType::Int64, "heal steps");
+          !sent)
+        return sent.error().within("healing group " + std::to_string(j));
+  }
+  // Striped: buffer i comes from source group i mod |sources|; each source
+  // sends its buffers to every joiner in buffer order, and every joiner
+  // receives in buffer order, so no two transfers wait on each other.
+  std::vector<std::vector<std::byte>> staged(joining ? persistent.size() : 0);
   for (size_t i = 0; i < persistent.size(); ++i) {
     BufferState &s = buffers[size_t(persistent[i])];
     int source = sources[i % sources.size()];
@@ -1632,23 +1675,12 @@ Result<void> Session::Impl::heal(const Quorum &q,
       }
     }
   }
-  // The step counter (the optimizer's bias correction and the stochastic
-  // rounding's key): from the first source.
-  int64_t count = steps;
   if (joining) {
-    auto got = c.recv(&count, keyOf(sources[0]), 1, DType::Int64, "heal steps");
-    if (!got)
-      return got.error().within(where(sources[0], "the step counter"));
     // Everything arrived and checked: now, and only now, in place.
     for (size_t i = 0; i < persistent.size(); ++i)
       std::memcpy(buffers[size_t(persistent[i])].data.data(), staged[i].data(),
                   staged[i].size());
     steps = count;
-  } else if (f.group == sources[0]) {
-    for (int j : joiners)
-      if (auto sent = c.send(&count, keyOf(j), 1, DType::Int64, "heal steps");
-          !sent)
-        return sent.error().within("healing group " + std::to_string(j));
   }
   ++f.heals;
   return {};
@@ -1748,8 +1780,8 @@ Result<void> Session::Impl::faultTolerantStep() {
     PassOutcome before = runPass(state, f.beforeOrder, /*soft=*/true);
     if (before.failure)
       return fail(*before.failure);
-    auto voted = f.membership->voteStep(epoch, step, plan.rank,
-                                        !before.faultTolerantFailure);
+    auto voted = f.membership->voteStep(
+        epoch, step, plan.rank, !before.faultTolerantFailure && !f.healFailure);
     if (!voted)
       return fail(voted.error());
     Result<bool> commit = *voted ? awaitCommit(epoch, step) : false;

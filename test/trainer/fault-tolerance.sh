@@ -22,7 +22,10 @@
 #     one bit for bit, so the only difference in 1 and 2 is the order in
 #     which real gradients are summed (AdamW amplifies it where a gradient
 #     is near zero; 8 steps after a failure it reached 1e-4 relative).
-#  4. Bad input, before any step: min_replicas above the group count; a
+#  4. Case 3 through `meshplan run --fault-tolerant`, which restarts the
+#     killed group itself (its private redis-server, its own store): bit
+#     for bit again.
+#  5. Bad input, before any step: min_replicas above the group count; a
 #     store nobody listens on; a spec without a managed axis.
 #
 #   fault-tolerance.sh BIN_DIR SOURCE_DIR
@@ -125,7 +128,16 @@ for r in 2 3; do start s3 "$r" 1; done
 finish s3 0 1 2 3 4 5
 "$train" --compare "$work/s3.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
 
-echo "== 4. bad input"
+echo "== 4. through the launcher: meshplan run --fault-tolerant restarts replica 1"
+"$bin/meshplan" run -n 6 --fault-tolerant --timeout 60 -- env MESHPLAN_TEST_KILL=4:2,3 \
+  "$train" "${common[@]}" --log-every 20 --save-params "$work/s4.params" >"$work/s4.log" 2>&1 || {
+  echo "FAIL: the launcher's fault-tolerant run failed:" >&2; tail -n 20 "$work/s4.log" >&2; exit 1; }
+grep -E "^meshplan run: (rank 2 exited|epoch)" "$work/s4.log"
+grep -q "epoch 3: replica 1 joined; 3 of 3 live" "$work/s4.log"
+# (common carries --synthetic-grads since case 3: bit for bit again.)
+"$train" --compare "$work/s4.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
+
+echo "== 5. bad input"
 expect() { # expect PATTERN ENV...: one rank refuses before any step
   local pattern=$1
   shift
