@@ -22,6 +22,8 @@ using namespace meshplan::runtime;
 struct mp_session {
   std::unique_ptr<Session> session;
   int64_t worldSize = 1;
+  /// mp_fault_tolerance_state's arrays.
+  std::vector<int64_t> liveGroups, dataRanks;
 };
 
 namespace {
@@ -346,6 +348,32 @@ int mp_resume_after(mp_session *s, int64_t steps) {
     auto r = s->session->resumeAfter(steps);
     if (!r)
       return fail(MP_ERROR_RUNTIME, r.error().message);
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
+int mp_fault_tolerance_state(mp_session *s, mp_fault_tolerance *out) {
+  try {
+    if (!s || !out)
+      return fail(MP_ERROR_INVALID, "mp_fault_tolerance_state: NULL argument");
+    auto ft = s->session->faultTolerance();
+    if (!ft)
+      return fail(MP_ERROR_INVALID,
+                  "mp_fault_tolerance_state: the session is not "
+                  "fault-tolerant (MESHPLAN_FT_STORE is not set)");
+    s->liveGroups.assign(ft->liveGroups.begin(), ft->liveGroups.end());
+    s->dataRanks = ft->dataRanks;
+    out->epoch = ft->epoch;
+    out->num_groups = ft->numGroups;
+    out->group = ft->group;
+    out->num_live_groups = int64_t(s->liveGroups.size());
+    out->live_groups = s->liveGroups.data();
+    out->num_data_ranks = int64_t(s->dataRanks.size());
+    out->data_ranks = s->dataRanks.data();
+    out->steps_discarded = ft->stepsDiscarded;
+    out->heals = ft->heals;
     return MP_OK;
   } catch (...) {
     return failUnknown();

@@ -65,6 +65,20 @@ class Tensor(C.Structure):
     ]
 
 
+class FaultTolerance(C.Structure):
+    _fields_ = [
+        ("epoch", C.c_int64),
+        ("num_groups", C.c_int64),
+        ("group", C.c_int64),
+        ("num_live_groups", C.c_int64),
+        ("live_groups", C.POINTER(C.c_int64)),
+        ("num_data_ranks", C.c_int64),
+        ("data_ranks", C.POINTER(C.c_int64)),
+        ("steps_discarded", C.c_int64),
+        ("heals", C.c_int64),
+    ]
+
+
 class ComputeCall(C.Structure):
     _fields_ = [
         ("phase", C.c_char_p),
@@ -104,6 +118,7 @@ def load(path):
         "mp_session_load_checkpoint": (C.c_int, [C.c_void_p, C.c_char_p,
                                                  C.POINTER(C.c_int64)]),
         "mp_resume_after": (C.c_int, [C.c_void_p, C.c_int64]),
+        "mp_fault_tolerance_state": (C.c_int, [C.c_void_p, C.POINTER(FaultTolerance)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -268,6 +283,11 @@ def main():
     if lib.mp_session_open(plan_path.encode(), C.byref(s)) != MP_OK:
         fail("mp_session_open: " + err())
     rank = lib.mp_session_rank(s)
+    # Not a fault-tolerant job: the state is refused with a message.
+    ft = FaultTolerance()
+    if lib.mp_fault_tolerance_state(s, C.byref(ft)) != MP_ERROR_INVALID or \
+            "not fault-tolerant" not in err():
+        fail("mp_fault_tolerance_state on a plain session: " + err())
     plan_file = plan_path
     if os.path.isdir(plan_path):
         plan_file = os.path.join(plan_path, "rank%d.json" % rank)

@@ -182,6 +182,28 @@ int mp_session_load_checkpoint(mp_session *s, const char *dir,
    MP_ERROR_RUNTIME once a step has run, MP_ERROR_INVALID for steps < 0. */
 int mp_resume_after(mp_session *s, int64_t steps);
 
+/* A fault-tolerant session (MESHPLAN_FT_STORE set; docs/fault-tolerance.md):
+   the epoch it trains in, the live replica groups, and the ranks whose share
+   of the batch this rank processes in the current step (itself first, then
+   those of missing groups assigned to it: the compute callback runs each as
+   a microbatch of its own). The arrays point into the session and stay
+   valid until the next mp_step or mp_fault_tolerance_state. */
+typedef struct mp_fault_tolerance {
+  int64_t epoch;
+  int64_t num_groups; /* the managed axis's size */
+  int64_t group;      /* this rank's replica group */
+  int64_t num_live_groups;
+  const int64_t *live_groups; /* ascending */
+  int64_t num_data_ranks;
+  const int64_t *data_ranks;
+  int64_t steps_discarded; /* steps redone in a later epoch so far */
+  int64_t heals;           /* times this rank sent or received state */
+} mp_fault_tolerance;
+
+/* Fills *out; MP_ERROR_INVALID for a NULL argument or a session that is not
+   fault-tolerant. */
+int mp_fault_tolerance_state(mp_session *s, mp_fault_tolerance *out);
+
 #ifdef __cplusplus
 }
 #endif
