@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -343,6 +344,15 @@ struct Session::Impl {
                     const std::vector<int> &joiners);
   /// The commit vote's outcome: true = commit.
   Result<bool> awaitCommit(int64_t epoch, int64_t step);
+  /// Runs beside the part of a step before its commit: installs the next
+  /// epoch once a group of `epoch` is dead, and aborts `epoch`'s
+  /// fault_tolerant communicators once the epoch has moved, until `stop`.
+  struct Stop {
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool stopped = false;
+  };
+  void watchEpoch(int64_t epoch, Stop &stop);
   GroupSpec groupSpecOf(int comm);
   int64_t incarnation() const {
     return options.faultTolerance ? options.faultTolerance->incarnation : 0;
@@ -1238,6 +1248,17 @@ StepProfile profileOf(const std::vector<Bound> &program,
   double busy = unionSeconds(all);
   p.exposedCollectives = std::max(0.0, busy - unionSeconds(work));
   p.overhead = std::max(0.0, p.wall - busy);
+  p.instructionStart.assign(program.size(), 0.0);
+  p.instructionEnd.assign(program.size(), 0.0);
+  for (size_t i = 0; i < program.size() && i < spans.size(); ++i) {
+    const Span &s = spans[i];
+    if (s.first == SpanClock::time_point{} || s.second < s.first)
+      continue; // did not run
+    p.instructionStart[i] =
+        std::chrono::duration<double>(s.first - start).count();
+    p.instructionEnd[i] =
+        std::chrono::duration<double>(s.second - start).count();
+  }
   return p;
 }
 } // namespace
@@ -1376,6 +1397,19 @@ std::string groupList(const std::vector<int> &groups) {
 }
 } // namespace
 
+/// A store call retried while it fails (the store unreachable from a
+/// partitioned group, or restarting) until `deadline`; then its last error,
+/// which names the store.
+template <typename F>
+auto untilDeadline(Clock::time_point deadline, F &&call) -> decltype(call()) {
+  while (true) {
+    auto r = call();
+    if (r || Clock::now() >= deadline)
+      return r;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 Result<void> Session::Impl::setUpFaultTolerance() {
   const FaultToleranceOptions &o = *options.faultTolerance;
   FaultTolerance f;
@@ -1506,7 +1540,7 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   Clock::time_point grace = start + 2 * expiry;
   std::optional<Error> noQuorum;
   while (true) {
-    auto q = store.currentQuorum();
+    auto q = untilDeadline(deadline, [&] { return store.currentQuorum(); });
     if (!q)
       return q.error();
     Clock::time_point now = Clock::now();
@@ -1514,7 +1548,8 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
     if (f.quorum.epoch > 0) {
       int64_t next = f.quorum.epoch + 1;
       if (q->epoch >= next) {
-        auto members = store.membersOf(next);
+        auto members =
+            untilDeadline(deadline, [&] { return store.membersOf(next); });
         if (!members)
           return members.error();
         if (containsGroup(*members, f.group))
@@ -1524,14 +1559,14 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
         f.quorum = Quorum{};
         continue;
       }
-      auto dead = store.deadGroups(*q);
+      auto dead = untilDeadline(deadline, [&] { return store.deadGroups(*q); });
       if (!dead)
         return dead.error();
       propose = !dead->empty() || now >= grace;
     } else if (q->epoch > 0 && containsGroup(q->members, f.group)) {
       return adopt(*q);
     } else if (q->epoch == 0) {
-      auto live = store.liveGroups();
+      auto live = untilDeadline(deadline, [&] { return store.liveGroups(); });
       if (!live)
         return live.error();
       propose = int64_t(live->size()) == f.numGroups || now >= grace;
@@ -1542,9 +1577,10 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
       auto proposal = store.proposeNextEpoch(q->epoch);
       if (proposal)
         continue; // won or lost, the store has moved on: read it again
-      if (proposal.error().message.rfind("no quorum", 0) != 0)
+      if (proposal.error().message.rfind("no quorum", 0) == 0)
+        noQuorum = proposal.error();
+      else if (now >= deadline)
         return proposal.error();
-      noQuorum = proposal.error();
     }
     if (now >= deadline)
       return makeError("fault tolerance: replica group " +
@@ -1558,7 +1594,9 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
 
 Result<void> Session::Impl::adopt(const Quorum &q) {
   FaultTolerance &f = *ft;
-  auto previous = f.membership->membersOf(q.epoch - 1);
+  auto previous = untilDeadline(Clock::now() + options.timeout, [&] {
+    return f.membership->membersOf(q.epoch - 1);
+  });
   if (!previous)
     return previous.error();
   std::vector<int> sources, joiners;
@@ -1696,7 +1734,8 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
   std::optional<Error> noQuorum;
   int64_t votes = 0;
   while (true) {
-    auto t = store.stepTally(epoch, step);
+    auto t =
+        untilDeadline(deadline, [&] { return store.stepTally(epoch, step); });
     if (!t)
       return t.error();
     if (t->failed)
@@ -1712,7 +1751,8 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
       // A rank that never votes is dead, and so, once its heartbeat has
       // expired, is its group: any waiter then installs the next epoch,
       // which makes this step's votes final.
-      auto dead = store.deadGroups(f.quorum);
+      auto dead =
+          untilDeadline(deadline, [&] { return store.deadGroups(f.quorum); });
       if (!dead)
         return dead.error();
       if (!dead->empty()) {
@@ -1732,6 +1772,44 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
     std::this_thread::sleep_for(pause);
     pause = std::min<std::chrono::microseconds>(pause * 2,
                                                 std::chrono::microseconds(500));
+  }
+}
+
+void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
+  FaultTolerance &f = *ft;
+  Membership &store = *f.membership;
+  const auto tick = std::chrono::milliseconds(10);
+  const auto deadCheck = std::chrono::milliseconds(200);
+  Clock::time_point nextDeadCheck = Clock::now() + deadCheck;
+  bool aborted = false;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(stop.mutex);
+      if (stop.wake.wait_for(lock, tick, [&] { return stop.stopped; }))
+        return;
+    }
+    // The heartbeat thread reads the epoch every period, and a proposal
+    // below records what it installs: no store call here.
+    if (!aborted && store.epochChangedSince(epoch)) {
+      std::string why = "epoch " + std::to_string(epoch) +
+                        " ended (the job moved to epoch " +
+                        std::to_string(store.observedEpoch()) + ")";
+      // A communicator being created holds commMutex through its
+      // rendezvous, which abort cannot end: try again at the next tick.
+      std::unique_lock<std::mutex> lock(commMutex, std::try_to_lock);
+      if (!lock.owns_lock())
+        continue;
+      for (size_t i = 0; i < comms.size(); ++i)
+        if (comms[i] && plan.communicators[i].faultTolerant)
+          comms[i]->abort(why);
+      aborted = true;
+    }
+    if (!aborted && Clock::now() >= nextDeadCheck) {
+      auto dead = store.deadGroups(f.quorum);
+      if (dead && !dead->empty())
+        (void)store.proposeNextEpoch(epoch);
+      nextDeadCheck = Clock::now() + deadCheck;
+    }
   }
 }
 
@@ -1777,11 +1855,24 @@ Result<void> Session::Impl::faultTolerantStep() {
     StepState state{
         std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
         std::vector<char>(n, 0), std::vector<int>(commSequence.size(), 0)};
+    // A peer cut off without closing its connections (a partition) would
+    // hold a collective until the timeout; the watcher ends it as soon as
+    // the job has moved to another epoch.
+    Stop stop;
+    std::thread watcher([&] { watchEpoch(epoch, stop); });
     PassOutcome before = runPass(state, f.beforeOrder, /*soft=*/true);
+    {
+      std::lock_guard<std::mutex> lock(stop.mutex);
+      stop.stopped = true;
+    }
+    stop.wake.notify_all();
+    watcher.join();
     if (before.failure)
       return fail(*before.failure);
-    auto voted = f.membership->voteStep(
-        epoch, step, plan.rank, !before.faultTolerantFailure && !f.healFailure);
+    bool ok = !before.faultTolerantFailure && !f.healFailure;
+    auto voted = untilDeadline(Clock::now() + options.timeout, [&] {
+      return f.membership->voteStep(epoch, step, plan.rank, ok);
+    });
     if (!voted)
       return fail(voted.error());
     Result<bool> commit = *voted ? awaitCommit(epoch, step) : false;

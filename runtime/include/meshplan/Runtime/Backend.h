@@ -135,6 +135,16 @@ public:
   /// Returns when every member has called it.
   virtual Result<void> barrier() = 0;
 
+  /// Makes the collective in progress on another thread, and every later
+  /// one, fail promptly with `why` instead of waiting for the timeout (a
+  /// fault-tolerant group whose epoch has moved on, its peer cut off
+  /// without closing the connection). Thread-safe; the communicator is
+  /// unusable afterwards. A backend that cannot abort ignores it: its
+  /// calls end at the timeout as before.
+  virtual void abort(const std::string &why) { (void)why; }
+  /// True when this backend's abort() ends a collective in progress.
+  virtual bool canAbort() const { return false; }
+
   /// Point to point on a pair (a plan's send and recv, pipeline stages):
   /// sends `count` elements to the member with key `to` / receives them from
   /// the member with key `from`. `tag` names the transfer: a send pairs with

@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -253,6 +255,26 @@ public:
 
   const GroupSpec &group() const override { return spec; }
 
+  /// Aborts the waits of every unbound buffer in use (abortWaitRecv /
+  /// abortWaitSend make them return false at once) and closes the
+  /// connections, so that nothing arrives later into memory the aborted
+  /// call has given back. Only this file's own algorithms wait on unbound
+  /// buffers it can reach: a fault-tolerant group uses them for every
+  /// all-reduce (abortable, below); Gloo's own collectives end at their
+  /// timeout.
+  void abort(const std::string &why) override {
+    std::lock_guard<std::mutex> lock(abortMutex);
+    if (aborted.exchange(true))
+      return;
+    abortReason = why;
+    for (gloo::transport::UnboundBuffer *b : active) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+    context->closeConnections();
+  }
+  bool canAbort() const override { return abortable(); }
+
   Result<void> allGather(const void *in, void *out, int64_t count,
                          DType dtype) override {
     size_t bytes = size_t(count * plan::dtypeBytes(dtype));
@@ -326,7 +348,11 @@ public:
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
-    if (count > 0 && orderMatters(dtype, op, size(), keyOrder) &&
+    if (aborted)
+      return guarded([&] { throwAborted("all-reduce"); });
+    bool own = orderMatters(dtype, op, size(), keyOrder) ||
+               (abortable() && size() > 1);
+    if (count > 0 && own &&
         size_t(count * plan::dtypeBytes(dtype)) * size_t(size()) <=
             kGatherAllReduceBytes) {
       // Small: every member gathers every member's whole input (Bruck's
@@ -343,7 +369,7 @@ public:
           *sum, data,
           [&](int64_t s) { return scratch.data() + bytes * size_t(s); }, n,
           count, dtype);
-    } else if (count > 0 && orderMatters(dtype, op, size(), keyOrder)) {
+    } else if (count > 0 && own) {
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       auto sum = reduceFunction(dtype, sumOp);
       MESHPLAN_TRY(guarded([&] {
@@ -470,10 +496,46 @@ private:
                const char *what) {
     for (; sends > 0; --sends)
       if (!sending.waitSend(timeout))
-        throw std::runtime_error(std::string(what) + ": a send was aborted");
+        throwAborted(std::string(what) + ": a send");
     for (; recvs > 0; --recvs)
       if (!receiving.waitRecv(timeout))
-        throw std::runtime_error(std::string(what) + ": a receive was aborted");
+        throwAborted(std::string(what) + ": a receive");
+  }
+
+  /// A fault-tolerant group (its avg divides by a nominal size) runs every
+  /// all-reduce on this file's own algorithms, whose waits abort() can end.
+  bool abortable() const { return spec.nominalSize > 0; }
+
+  /// Registers an unbound buffer for abort() while it is in use.
+  struct Tracked {
+    GlooCommunicator &comm;
+    gloo::transport::UnboundBuffer *buffer;
+    Tracked(GlooCommunicator &comm, gloo::transport::UnboundBuffer &buffer)
+        : comm(comm), buffer(&buffer) {
+      {
+        std::lock_guard<std::mutex> lock(comm.abortMutex);
+        if (!comm.aborted) {
+          comm.active.push_back(this->buffer);
+          return;
+        }
+      }
+      comm.throwAborted("a collective");
+    }
+    ~Tracked() {
+      std::lock_guard<std::mutex> lock(comm.abortMutex);
+      comm.active.erase(
+          std::find(comm.active.begin(), comm.active.end(), buffer));
+    }
+  };
+  [[noreturn]] void throwAborted(const std::string &what) {
+    // Never called with abortMutex held.
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(abortMutex);
+      why = aborted ? abortReason : std::string();
+    }
+    throw std::runtime_error(what + " was aborted" +
+                             (why.empty() ? std::string() : ": " + why));
   }
 
   /// ceil(log2 n): the rounds of the log-round algorithms on n members.
@@ -499,6 +561,7 @@ private:
     if (base + block * size_t(me) != in)
       std::memcpy(base + block * size_t(me), in, block);
     auto buffer = context->createUnboundBuffer(out, block * size_t(n));
+    Tracked tracked(*this, *buffer);
     uint64_t slot = uint64_t(context->nextSlot(logRounds(n)));
     int round = 0;
     for (int64_t bit = 1; bit < n; bit <<= 1, ++round) {
@@ -526,6 +589,7 @@ private:
     if (base + block * size_t(me) != in)
       std::memcpy(base + block * size_t(me), in, block);
     auto buffer = context->createUnboundBuffer(out, block * size_t(n));
+    Tracked tracked(*this, *buffer);
     // Two slots per round, one per piece of a wrapping range.
     uint64_t slot = uint64_t(context->nextSlot(2 * logRounds(n)));
     int64_t have = 1;
@@ -583,6 +647,8 @@ private:
     std::unique_ptr<gloo::transport::UnboundBuffer> inbox[2] = {
         context->createUnboundBuffer(packed.data(), inboxBytes),
         context->createUnboundBuffer(packed.data() + inboxBytes, inboxBytes)};
+    Tracked trackedWhole(*this, *whole), tracked0(*this, *inbox[0]),
+        tracked1(*this, *inbox[1]);
     uint64_t slot = uint64_t(context->nextSlot(int(2 * pieces)));
     int sends = 0, results = 0;
     int parts[2] = {0, 0};
@@ -610,7 +676,7 @@ private:
       auto [at, bytes] = span(me, c);
       for (; parts[c % 2] > 0; --parts[c % 2])
         if (!inbox[c % 2]->waitRecv(timeout))
-          throw std::runtime_error("all-reduce: a receive was aborted");
+          throwAborted("all-reduce: a receive");
       if (bytes) {
         uint8_t *box = packed.data() + (c % 2) * inboxBytes;
         std::memcpy(box + size_t(me) * bytes, data + at, bytes);
@@ -670,6 +736,7 @@ private:
     return guarded([&] {
       std::unique_ptr<gloo::transport::UnboundBuffer> buffer =
           context->createUnboundBuffer(data, bytes);
+      Tracked tracked(*this, *buffer);
       if (sending) {
         buffer->send(static_cast<int>(peer), slot);
         if (!buffer->waitSend(timeout))
@@ -692,6 +759,11 @@ private:
   /// The pipelined all-reduce's two inboxes.
   std::vector<uint8_t> packed;
   bool keyOrder = true;
+  /// abort(): the unbound buffers in use, under abortMutex.
+  std::mutex abortMutex;
+  std::vector<gloo::transport::UnboundBuffer *> active;
+  std::atomic<bool> aborted{false};
+  std::string abortReason;
 };
 
 /// A group of one rank needs no context: every collective is a copy.
