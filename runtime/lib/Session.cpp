@@ -2160,9 +2160,34 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
     info.mesh = m.mesh->str();
   int64_t rank = m.plan.rank, world = m.options.worldSize;
   std::string base = "ckpt/" + std::to_string(m.checkpointsSaved++) + "/";
+  // The ranks that save, in rank order; the first of them coordinates.
+  std::vector<int64_t> savers;
+  if (m.ft) {
+    // Fault-tolerant: the live groups' ranks. A box the layout replicates
+    // over the managed axis is written by the lowest live group (below),
+    // and the keys name the epoch and step, which every live rank shares
+    // (a healed rank's save count does not).
+    const FaultTolerance &f = *m.ft;
+    if (m.plan.mesh.pipelineAxis)
+      return makeError("checkpoint: a fault-tolerant pipelined layout cannot "
+                       "be saved yet");
+    for (int64_t r = 0; r < world; ++r) {
+      auto position = m.mesh->positionOf(r);
+      if (position && containsGroup(f.quorum.members,
+                                    int(m.mesh->coordinateAt(*position,
+                                                             f.axis))))
+        savers.push_back(r);
+    }
+    base = "ckpt/e" + std::to_string(f.quorum.epoch) + "/s" +
+           std::to_string(m.steps) + "/";
+  } else {
+    for (int64_t r = 0; r < world; ++r)
+      savers.push_back(r);
+  }
+  int64_t coordinator = savers.front();
   Backend &store = *m.backend;
-  // 1. Rank 0 makes a fresh staging directory; the others wait for it.
-  if (rank == 0) {
+  // 1. The coordinator makes a fresh staging directory; the others wait.
+  if (rank == coordinator) {
     Result<void> begun = ckpt::beginCheckpoint(dir);
     slowCheckpointForTests();
     MESHPLAN_TRY(store.storeSet(base + "begin", statusBytes(begun)));
@@ -2175,11 +2200,21 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   }
   // 2. Every rank writes what it owns, in parallel, and posts its records.
   std::vector<ckpt::SaveBox> save;
-  for (const ckpt::PersistentBox &b : *boxes) {
+  for (ckpt::PersistentBox &b : *boxes) {
     auto it = m.bufferIds.find(b.bufferId);
     if (it == m.bufferIds.end())
       return makeError("checkpoint: no buffer \"" + b.bufferId + "\"");
     const BufferState &s = m.buffers[size_t(it->second)];
+    if (m.ft) {
+      // Coordinate 0 of the managed axis may be dead: the lowest live
+      // group's rank writes instead (core's owner rule, the managed axis
+      // skipped).
+      auto owns = ckpt::ownsShard(*m.root, s.layout, rank, m.ft->axis);
+      if (!owns)
+        return owns.error();
+      b.owned = *owns && !b.box.empty() &&
+                m.ft->group == m.ft->quorum.members.front();
+    }
     save.push_back({&b, std::span<const std::byte>(s.data)});
   }
   auto records = ckpt::writeRankData(dir, rank, save);
@@ -2190,12 +2225,14 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
                                             "rank " + std::to_string(rank)))));
   if (!records)
     return records.error();
-  // 3. Rank 0 gathers every rank's records (the metadata lists them all)
-  // and commits; everyone returns what the commit did.
-  if (rank == 0) {
+  // 3. The coordinator gathers every saver's records (the metadata lists
+  // them all) and commits; everyone returns what the commit did.
+  if (rank == coordinator) {
     std::vector<ckpt::RankRecords> all;
     Result<void> committed;
-    for (int64_t r = 0; r < world && committed; ++r) {
+    for (int64_t r : savers) {
+      if (!committed)
+        break;
       auto bytes = store.storeGet(base + "rank" + std::to_string(r));
       if (!bytes) {
         committed = bytes.error();

@@ -22,6 +22,10 @@
 #     one bit for bit, so the only difference in 1 and 2 is the order in
 #     which real gradients are summed (AdamW amplifies it where a gradient
 #     is near zero; 8 steps after a failure it reached 1e-4 relative).
+#  3b. Group 0 killed (rank 0 and coordinate 0 of the managed axis, the
+#     owner rule's writers): the survivors save a checkpoint at step 20
+#     (the lowest live group writes, the lowest live rank commits); a plain
+#     job loads it and runs step 21, equal to 21 uninterrupted steps.
 #  4. Case 3 through `meshplan run --fault-tolerant`, which restarts the
 #     killed group itself (its private redis-server, its own store): bit
 #     for bit again.
@@ -56,6 +60,7 @@ trap cleanup EXIT
 # this test trains on the same tokens even if the tree changes meanwhile.
 cp -r "$src/docs" "$work/data"
 common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --log-every 1 --steps 20)
+extra=()
 tol=1e-3
 
 # start JOB RANK INCARNATION [ENV...]: one rank in the background.
@@ -65,7 +70,7 @@ start() {
   env "$@" RANK="$rank" WORLD_SIZE=6 LOCAL_RANK="$rank" MESHPLAN_TIMEOUT=30 \
     MESHPLAN_STORE="file:$work/$job.store" MESHPLAN_JOB="$job" \
     MESHPLAN_FT_STORE="redis://127.0.0.1:$port" MESHPLAN_FT_INCARNATION="$inc" \
-    "$train" "${common[@]}" --save-params "$work/$job.params" \
+    "$train" "${common[@]}" --save-params "$work/$job.params" "${extra[@]}" \
     >>"$work/$job.r$rank.log" 2>&1 &
   pids[$rank]=$!
 } 2>/dev/null
@@ -127,6 +132,23 @@ until grep -q "^step 9/20" "$work/s3.r0.log"; do sleep 0.05; done
 for r in 2 3; do start s3 "$r" 1; done
 finish s3 0 1 2 3 4 5
 "$train" --compare "$work/s3.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
+
+echo "== 3b. group 0 (rank 0, managed coordinate 0) killed; the survivors checkpoint"
+# The owner rule's coordinate 0 of the managed axis is dead: the lowest live
+# group writes, and the lowest live rank commits. A plain job loads the
+# checkpoint and runs step 21: the uninterrupted 21 steps, bit for bit.
+mkdir -p "$work/s5.store"
+extra=(--save-checkpoint "$work/s5.ckpt")
+for r in 0 1 2 3 4 5; do start s5 "$r" 0 MESHPLAN_TEST_KILL=4:0,1; done
+extra=()
+for r in 0 1; do { wait "${pids[$r]}"; } 2>/dev/null || true; done
+finish s5 2 3 4 5
+"$bin/meshplan" ckpt verify "$work/s5.ckpt"
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --steps 21 --log-every 21 \
+  --load-checkpoint "$work/s5.ckpt" --save-params "$work/s5.resumed" | grep loaded
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --steps 21 --log-every 21 \
+  --save-params "$work/plain-synthetic-21.params" | tail -n 1
+"$train" --compare "$work/s5.resumed" "$work/plain-synthetic-21.params" --rtol 0 | head -n 1
 
 echo "== 4. through the launcher: meshplan run --fault-tolerant restarts replica 1"
 "$bin/meshplan" run -n 6 --fault-tolerant --timeout 60 -- env MESHPLAN_TEST_KILL=4:2,3 \
