@@ -292,6 +292,7 @@ Result<void> Membership::ensureConnected(Connection &c, bool firstConnect) {
     return got.error();
   if (got.value()->type == REDIS_REPLY_NIL) {
     c.reset();
+    lost = true;
     return makeError(
         "membership store " + store + " no longer holds job \"" + opts.job +
         "\" (its keys are gone: the store was restarted without persistence "
@@ -314,6 +315,8 @@ Result<void> Membership::noteEpoch(int64_t epoch) {
   while (epoch > seen && !observed.compare_exchange_weak(
                              seen, epoch, std::memory_order_acq_rel))
     ;
+  if (epoch < seen)
+    lost = true;
   if (epoch < seen)
     return makeError("membership store " + store + ": job \"" + opts.job +
                      "\" is at epoch " + std::to_string(epoch) +
@@ -553,6 +556,8 @@ Result<EpochProposal> Membership::proposeNextEpoch(int64_t expectedEpoch) {
   Result<Quorum> q = parseQuorumPair(reply, 1, store);
   if (!q)
     return q.error();
+  if (status == 0 && q->epoch < expectedEpoch)
+    lost = true;
   if (status == 0 && q->epoch < expectedEpoch)
     return makeError("membership store " + store + ": job \"" + opts.job +
                      "\" is at epoch " + std::to_string(q->epoch) +

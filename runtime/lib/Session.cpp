@@ -1399,12 +1399,13 @@ std::string groupList(const std::vector<int> &groups) {
 
 /// A store call retried while it fails (the store unreachable from a
 /// partitioned group, or restarting) until `deadline`; then its last error,
-/// which names the store.
+/// which names the store. A store that lost the job's state is not retried.
 template <typename F>
-auto untilDeadline(Clock::time_point deadline, F &&call) -> decltype(call()) {
+auto untilDeadline(const Membership &store, Clock::time_point deadline,
+                   F &&call) -> decltype(call()) {
   while (true) {
     auto r = call();
-    if (r || Clock::now() >= deadline)
+    if (r || Clock::now() >= deadline || store.lostState())
       return r;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -1540,7 +1541,8 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   Clock::time_point grace = start + 2 * expiry;
   std::optional<Error> noQuorum;
   while (true) {
-    auto q = untilDeadline(deadline, [&] { return store.currentQuorum(); });
+    auto q =
+        untilDeadline(store, deadline, [&] { return store.currentQuorum(); });
     if (!q)
       return q.error();
     Clock::time_point now = Clock::now();
@@ -1548,8 +1550,8 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
     if (f.quorum.epoch > 0) {
       int64_t next = f.quorum.epoch + 1;
       if (q->epoch >= next) {
-        auto members =
-            untilDeadline(deadline, [&] { return store.membersOf(next); });
+        auto members = untilDeadline(store, deadline,
+                                     [&] { return store.membersOf(next); });
         if (!members)
           return members.error();
         if (containsGroup(*members, f.group))
@@ -1559,14 +1561,16 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
         f.quorum = Quorum{};
         continue;
       }
-      auto dead = untilDeadline(deadline, [&] { return store.deadGroups(*q); });
+      auto dead =
+          untilDeadline(store, deadline, [&] { return store.deadGroups(*q); });
       if (!dead)
         return dead.error();
       propose = !dead->empty() || now >= grace;
     } else if (q->epoch > 0 && containsGroup(q->members, f.group)) {
       return adopt(*q);
     } else if (q->epoch == 0) {
-      auto live = untilDeadline(deadline, [&] { return store.liveGroups(); });
+      auto live =
+          untilDeadline(store, deadline, [&] { return store.liveGroups(); });
       if (!live)
         return live.error();
       propose = int64_t(live->size()) == f.numGroups || now >= grace;
@@ -1594,9 +1598,9 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
 
 Result<void> Session::Impl::adopt(const Quorum &q) {
   FaultTolerance &f = *ft;
-  auto previous = untilDeadline(Clock::now() + options.timeout, [&] {
-    return f.membership->membersOf(q.epoch - 1);
-  });
+  auto previous =
+      untilDeadline(*f.membership, Clock::now() + options.timeout,
+                    [&] { return f.membership->membersOf(q.epoch - 1); });
   if (!previous)
     return previous.error();
   std::vector<int> sources, joiners;
@@ -1734,8 +1738,8 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
   std::optional<Error> noQuorum;
   int64_t votes = 0;
   while (true) {
-    auto t =
-        untilDeadline(deadline, [&] { return store.stepTally(epoch, step); });
+    auto t = untilDeadline(store, deadline,
+                           [&] { return store.stepTally(epoch, step); });
     if (!t)
       return t.error();
     if (t->failed)
@@ -1751,8 +1755,8 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
       // A rank that never votes is dead, and so, once its heartbeat has
       // expired, is its group: any waiter then installs the next epoch,
       // which makes this step's votes final.
-      auto dead =
-          untilDeadline(deadline, [&] { return store.deadGroups(f.quorum); });
+      auto dead = untilDeadline(store, deadline,
+                                [&] { return store.deadGroups(f.quorum); });
       if (!dead)
         return dead.error();
       if (!dead->empty()) {
@@ -1870,9 +1874,10 @@ Result<void> Session::Impl::faultTolerantStep() {
     if (before.failure)
       return fail(*before.failure);
     bool ok = !before.faultTolerantFailure && !f.healFailure;
-    auto voted = untilDeadline(Clock::now() + options.timeout, [&] {
-      return f.membership->voteStep(epoch, step, plan.rank, ok);
-    });
+    auto voted =
+        untilDeadline(*f.membership, Clock::now() + options.timeout, [&] {
+          return f.membership->voteStep(epoch, step, plan.rank, ok);
+        });
     if (!voted)
       return fail(voted.error());
     Result<bool> commit = *voted ? awaitCommit(epoch, step) : false;
@@ -2173,9 +2178,8 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
                        "be saved yet");
     for (int64_t r = 0; r < world; ++r) {
       auto position = m.mesh->positionOf(r);
-      if (position && containsGroup(f.quorum.members,
-                                    int(m.mesh->coordinateAt(*position,
-                                                             f.axis))))
+      if (position && containsGroup(f.quorum.members, int(m.mesh->coordinateAt(
+                                                          *position, f.axis))))
         savers.push_back(r);
     }
     base = "ckpt/e" + std::to_string(f.quorum.epoch) + "/s" +

@@ -29,7 +29,9 @@
 #  4. Case 3 through `meshplan run --fault-tolerant`, which restarts the
 #     killed group itself (its private redis-server, its own store): bit
 #     for bit again.
-#  5. Bad input, before any step: min_replicas above the group count; a
+#  5. The store restarted mid-run without persistence (the job's epoch and
+#     quorum gone): every rank stops at once with an error naming the store.
+#  6. Bad input, before any step: min_replicas above the group count; a
 #     store nobody listens on; a spec without a managed axis.
 #
 #   fault-tolerance.sh BIN_DIR SOURCE_DIR
@@ -159,7 +161,30 @@ grep -q "epoch 3: replica 1 joined; 3 of 3 live" "$work/s4.log"
 # (common carries --synthetic-grads since case 3: bit for bit again.)
 "$train" --compare "$work/s4.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
 
-echo "== 5. bad input"
+echo "== 5. the store restarted mid-run without persistence: every rank stops, naming it"
+mkdir -p "$work/s6.store"
+extra=(--steps 400)
+for r in 0 1 2 3 4 5; do start s6 "$r" 0; done
+extra=()
+until grep -q "^step 5/" "$work/s6.r0.log"; do sleep 0.05; done
+old=$(cat "$work/redis.pid")
+kill "$old"
+for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.05; done
+"$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log"
+restarted=$(date +%s.%N)
+for r in 0 1 2 3 4 5; do
+  if { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r finished although the store lost the job" >&2
+    exit 1
+  fi
+  grep -q "membership store redis://127.0.0.1:$port no longer holds job" "$work/s6.r$r.log" || {
+    echo "FAIL: rank $r did not name the store:" >&2; tail -n 3 "$work/s6.r$r.log" >&2; exit 1; }
+done
+grep -h "error" "$work/s6.r0.log" | head -n 1
+echo "every rank stopped $(python3 -c "print(f'{$(date +%s.%N) - $restarted:.1f}')") s after the restart"
+
+echo "== 6. bad input"
 expect() { # expect PATTERN ENV...: one rank refuses before any step
   local pattern=$1
   shift

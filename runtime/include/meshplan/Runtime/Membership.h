@@ -183,6 +183,10 @@ public:
     return observedEpoch() != epoch;
   }
 
+  /// True once the store was found to have lost the job's state
+  /// (restarted without persistence, or flushed): no retry can help.
+  bool lostState() const { return lost.load(std::memory_order_acquire); }
+
   /// "redis://HOST:PORT", as errors name it.
   const std::string &storeName() const { return store; }
   const MembershipOptions &options() const { return opts; }
@@ -218,6 +222,7 @@ private:
   Connection main;
 
   std::atomic<int64_t> observed{0};
+  std::atomic<bool> lost{false};
 
   std::thread heartbeat;
   Connection heartbeatConn; ///< used by the heartbeat thread only
