@@ -164,6 +164,11 @@ struct StepProfile {
   /// wall minus the time anything above was running: the executor's own
   /// cost (thread hand-offs, dependency waits, bookkeeping).
   double overhead = 0;
+  /// Parallel to the plan's program: when each instruction started and
+  /// ended, in seconds from the step's start (both 0 for one that did not
+  /// run). The trainer's pipeline bubble reads the compute stream's spans
+  /// from them (docs/pipeline.md, "Measured bubble").
+  std::vector<double> instructionStart, instructionEnd;
 };
 
 class Session {
