@@ -254,6 +254,34 @@ int runReference(const TrainFlags &flags, const Planned &planned,
                           .c_str()
                     : "no tensor parallelism");
 
+  // A pipeline with bf16 activations (the compute dtype) rounds the
+  // residual stream where a stage ends: forward, the stage's output as its
+  // rank writes act.s<s>.mb<m>; backward, the gradient of the next stage's
+  // input as that rank writes actgrad.s<s+1>.mb<m> (Train.cpp, handOn).
+  // boundaryAfter[f]: a stage ends after forward segment f (0 the
+  // embedding, 1 + l block l, L + 1 the final norm, L + 2 the output).
+  std::vector<bool> boundaryAfter(size_t(c.nLayers + 3), false);
+  if (planned.spec.pipeline && planned.spec.spec.mixedPrecision.paramDtype ==
+                                   frontend::DType::BFloat16) {
+    const auto &stages = planned.spec.pipeline->stages;
+    for (size_t st = 0; st + 1 < stages.size(); ++st) {
+      int64_t lastSegment = -1;
+      for (const std::string &name : stages[st].paramNames) {
+        auto site = siteOf(name);
+        if (!site)
+          fatal(site.error().message);
+        int64_t seg = site->segment == ParamSite::Embedding   ? 0
+                      : site->segment == ParamSite::Block     ? 1 + site->layer
+                      : site->segment == ParamSite::FinalNorm ? c.nLayers + 1
+                                                              : c.nLayers + 2;
+        lastSegment = std::max(lastSegment, seg);
+      }
+      if (lastSegment < 0 || lastSegment >= c.nLayers + 2)
+        fatal("pipeline stage " + std::to_string(st) +
+              " ends at no segment boundary the model has");
+      boundaryAfter[size_t(lastSegment)] = true;
+    }
+  }
   auto zeros = [&](const std::string &name) {
     return std::vector<float>(tensors.at(name).w.size() * size_t(rows[name]),
                               0.0f);
@@ -297,12 +325,22 @@ int runReference(const TrainFlags &flags, const Planned &planned,
       auto gr = [&](const std::string &n) { return G.at(n).data(); };
       Microbatch run(c, members[size_t(t)].shard, shape, planned.modelOptions,
                      group.member(t));
+      // After forward segment f, and after the backward of segment f + 1,
+      // when a stage ends after f (bf16 boundaries only).
+      auto boundary = [&](int64_t f) {
+        if (boundaryAfter[size_t(f)])
+          run.roundStreamToBf16();
+      };
       check(run.setData(tokens, targets));
       check(run.forwardEmbedding(w("tok_embeddings.weight")));
+      boundary(0);
       auto block = [&](int64_t l) { return blockWeights(l, w); };
-      for (int64_t l = 0; l < c.nLayers; ++l)
+      for (int64_t l = 0; l < c.nLayers; ++l) {
         check(run.forwardBlock(l, block(l)));
+        boundary(1 + l);
+      }
       check(run.forwardFinalNorm(w("norm.weight")));
+      boundary(c.nLayers + 1);
       auto loss = run.forwardOutput(w("output.weight"));
       if (!loss)
         fatal(loss.error().message);
@@ -311,9 +349,12 @@ int runReference(const TrainFlags &flags, const Planned &planned,
         return;
       check(run.backwardOutput(w("output.weight"), 1.0f / float(M),
                                gr("output.weight")));
+      boundary(c.nLayers + 1);
       check(run.backwardFinalNorm(w("norm.weight"), gr("norm.weight")));
+      boundary(c.nLayers);
       for (int64_t l = c.nLayers - 1; l >= 0; --l) {
         check(run.backwardBlock(l, block(l), blockGrads(l, gr)));
+        boundary(l);
       }
       check(run.backwardEmbedding(gr("tok_embeddings.weight")));
     };

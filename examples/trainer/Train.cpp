@@ -17,6 +17,7 @@
 
 #include "Trainer.h"
 
+#include "meshplan/Core/PipelineSchedule.h"
 #include "meshplan/Plan/Trace.h"
 #include "meshplan/Runtime/Kernels.h"
 #include "meshplan/Runtime/Session.h"
@@ -159,6 +160,13 @@ private:
   Result<void> calibrate();
   void printCostModel(double computeSeconds, double stepSeconds,
                       double exposedSeconds);
+  // --cost-model under a pipeline: the measured bubble against the cost
+  // model's (docs/pipeline.md, "Measured bubble").
+  std::vector<int64_t> pipelineRanks() const;
+  Result<Communicator *> pairWith(int64_t peer);
+  void recordBubble(const StepProfile &prof);
+  Result<void> exchangeBubble();
+  void printBubble();
 
   const TrainFlags &flags;
   const Planned &planned;
@@ -203,6 +211,14 @@ private:
 
   // --cost-model: this machine's parameters, measured at start.
   std::optional<plan::CostModel> machine;
+  /// --cost-model under a pipeline, from every step but the first: this
+  /// rank's compute-stream idle fraction, step wall and compute-stream busy
+  /// time per step, and each instruction's duration per step.
+  std::vector<double> idleOfStep, wallOfStep, busyOfStep;
+  std::vector<std::vector<double>> secondsOfInstruction;
+  /// After exchangeBubble: per pp coordinate, the medians [idle, wall, busy]
+  /// and the median duration of each instruction of its plan.
+  std::vector<std::vector<double>> pipelineFigures;
 
   // This step's figures.
   double lossSum = 0;
@@ -468,27 +484,50 @@ activationsIn(const std::vector<TensorView> &views) {
   return out;
 }
 
-/// The fp32 values of a boundary activation of `n` elements, checked.
-Result<std::span<float>> activationValues(const TensorView &v, size_t n) {
-  if (v.dtype() != DType::Float32)
-    return makeError(v.id() + ": meshplan-train passes float32 activations "
-                              "between stages");
-  std::span<float> values = v.as<float>();
-  if (values.size() != n)
-    return makeError(v.id() + " holds " + std::to_string(values.size()) +
+/// The values of a boundary activation of `n` elements, checked, as fp32:
+/// a float32 buffer's own, a bfloat16 buffer's widened (the spec's compute
+/// dtype bf16: a bf16 stage boundary).
+Result<std::vector<float>> activationValues(const TensorView &v, size_t n) {
+  if (v.dtype() != DType::Float32 && v.dtype() != DType::BFloat16)
+    return makeError(v.id() + ": meshplan-train passes float32 or bfloat16 "
+                              "activations between stages");
+  if (size_t(v.numElements()) != n)
+    return makeError(v.id() + " holds " + std::to_string(v.numElements()) +
                      " elements; this rank's stage boundary is " +
                      std::to_string(n) +
                      " (batch x seq-len / TP x dim: the sequence shard)");
-  return values;
+  std::vector<float> out(n);
+  if (v.dtype() == DType::Float32) {
+    std::span<const float> x = v.as<float>();
+    std::copy(x.begin(), x.end(), out.begin());
+  } else {
+    std::span<const uint16_t> x = v.as<uint16_t>();
+    for (size_t i = 0; i < n; ++i)
+      out[i] = k::bf16ToFloat(x[i]);
+  }
+  return out;
 }
 
 /// Hands the residual stream `h` on through the activation buffer `to`: a
-/// stage's output (forward) or the gradient of its input (backward).
+/// stage's output (forward) or the gradient of its input (backward),
+/// rounded to nearest even when the buffer is bf16 (the reference rounds
+/// the stream at the same boundaries, Microbatch::roundStreamToBf16).
 Result<void> handOn(const TensorView &to, std::span<const float> h) {
-  auto y = activationValues(to, h.size());
-  if (!y)
-    return y.error();
-  std::copy(h.begin(), h.end(), y->begin());
+  if (to.dtype() != DType::Float32 && to.dtype() != DType::BFloat16)
+    return makeError(to.id() + ": meshplan-train passes float32 or bfloat16 "
+                               "activations between stages");
+  if (to.numElements() != int64_t(h.size()))
+    return makeError(to.id() + " holds " + std::to_string(to.numElements()) +
+                     " elements; this rank's stage boundary is " +
+                     std::to_string(h.size()) +
+                     " (batch x seq-len / TP x dim: the sequence shard)");
+  if (to.dtype() == DType::Float32) {
+    std::copy(h.begin(), h.end(), to.as<float>().begin());
+  } else {
+    std::span<uint16_t> y = to.as<uint16_t>();
+    for (size_t i = 0; i < h.size(); ++i)
+      y[i] = k::floatToBf16(h[i]);
+  }
   return {};
 }
 
@@ -802,18 +841,15 @@ Result<void> RankTrainer::calibrate() {
   plan::CostModel m;
   m.ranksPerNode = options.worldSize;
   m.mfu = 1;
-  if (pc && pc->ranks.size() > 1) {
-    auto comm = session->trainerCommunicator(pc->id);
-    if (!comm)
-      return comm.error();
-    int64_t n = (*comm)->size(), big = int64_t(1) << 18;
+  auto measure = [&](Communicator *comm) -> Result<void> {
+    int64_t n = comm->size(), big = int64_t(1) << 18;
     std::vector<float> in(size_t(big), 1.0f), out(size_t(big * n));
     auto timeOf = [&](int64_t count) -> Result<double> {
       std::vector<double> t;
       for (int rep = 0; rep < 12; ++rep) {
         auto start = Clock::now();
         MESHPLAN_TRY(
-            (*comm)->allGather(in.data(), out.data(), count, DType::Float32));
+            comm->allGather(in.data(), out.data(), count, DType::Float32));
         if (rep >= 2)
           t.push_back(secondsSince(start));
       }
@@ -832,6 +868,26 @@ Result<void> RankTrainer::calibrate() {
     m.intraNodeLatencySeconds = m.interNodeLatencySeconds = alpha;
     m.intraNodeBytesPerSecond = m.interNodeBytesPerSecond =
         bytes / std::max(*large - *small, *large / 2);
+    return {};
+  };
+  if (pc && pc->ranks.size() > 1) {
+    auto comm = session->trainerCommunicator(pc->id);
+    if (!comm)
+      return comm.error();
+    MESHPLAN_TRY(measure(*comm));
+  } else if (planned.spec.pipeline && planned.spec.pipeline->config.ranks > 1) {
+    // No data-parallel group: the pipeline's pairs of neighbouring pp
+    // coordinates, (0, 1), (1, 2), ... in turn (a two-member all-gather is
+    // one transfer each way: the cost model's send).
+    std::vector<int64_t> ranks = pipelineRanks();
+    int64_t mine = planned.pipelineRankOf(p.rank);
+    for (int64_t c = 0; c + 1 < int64_t(ranks.size()); ++c)
+      if (mine == c || mine == c + 1) {
+        auto comm = pairWith(ranks[size_t(mine == c ? c + 1 : c)]);
+        if (!comm)
+          return comm.error();
+        MESHPLAN_TRY(measure(*comm));
+      }
   }
   std::vector<std::byte> a(size_t(64) << 20), b(a.size());
   std::vector<double> t;
@@ -870,6 +926,240 @@ void RankTrainer::printCostModel(double computeSeconds, double stepSeconds,
               m.peakFlopsPerSecond * 1e-9, m.hbmBytesPerSecond * 1e-9,
               schedule->stepSeconds * 1e3, schedule->exposedCommSeconds * 1e3,
               stepSeconds * 1e3, exposedSeconds * 1e3);
+}
+
+/// The ranks of this rank's pipeline (its coordinates with each pp
+/// coordinate in turn), by pp coordinate.
+std::vector<int64_t> RankTrainer::pipelineRanks() const {
+  const Mesh &mesh = *planned.spec.mesh;
+  int axis = planned.spec.pipeline->axisIndex;
+  int64_t position = *mesh.positionOf(session->plan().rank);
+  int64_t base =
+      position - mesh.coordinateAt(position, axis) * mesh.stride(axis);
+  std::vector<int64_t> ranks;
+  for (int64_t c = 0; c < mesh.axis(axis).size; ++c)
+    ranks.push_back(mesh.rankAt(base + c * mesh.stride(axis)));
+  return ranks;
+}
+
+/// The trainer's copy of the plan's pair communicator with `peer` (the one
+/// its sends and receives use).
+Result<Communicator *> RankTrainer::pairWith(int64_t peer) {
+  const plan::Plan &p = session->plan();
+  for (const plan::Instruction &in : p.program) {
+    if (in.op != plan::OpKind::Send && in.op != plan::OpKind::Recv)
+      continue;
+    const plan::Communicator *c = p.findCommunicator(in.comm);
+    if (c && c->ranks.size() == 2 &&
+        (c->ranks[0] == peer || c->ranks[1] == peer))
+      return session->trainerCommunicator(c->id);
+  }
+  return makeError("the plan has no pair communicator with rank " +
+                   std::to_string(peer));
+}
+
+/// One step's compute-stream figures (every step but the first).
+void RankTrainer::recordBubble(const StepProfile &prof) {
+  const plan::Plan &p = session->plan();
+  size_t n = p.program.size();
+  if (prof.instructionStart.size() != n || prof.instructionEnd.size() != n)
+    return;
+  // The union of the compute stream's spans (as the cost model's busy time
+  // sums that stream's instructions, which never overlap there).
+  std::vector<std::pair<double, double>> spans;
+  for (size_t i = 0; i < n; ++i) {
+    const plan::Instruction &in = p.program[i];
+    if (in.stream == "compute" && in.op != plan::OpKind::Free &&
+        in.op != plan::OpKind::Wait)
+      spans.emplace_back(prof.instructionStart[i], prof.instructionEnd[i]);
+  }
+  std::sort(spans.begin(), spans.end());
+  double busy = 0, end = -1;
+  for (auto [a, b] : spans) {
+    a = std::max(a, end);
+    if (b > a)
+      busy += b - a;
+    end = std::max(end, b);
+  }
+  idleOfStep.push_back(prof.wall > 0 ? std::max(0.0, 1 - busy / prof.wall)
+                                     : 0.0);
+  wallOfStep.push_back(prof.wall);
+  busyOfStep.push_back(busy);
+  secondsOfInstruction.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    secondsOfInstruction[i].push_back(prof.instructionEnd[i] -
+                                      prof.instructionStart[i]);
+}
+
+/// Every rank of the pipeline gets every coordinate's medians: a sweep of
+/// max-all-reduces down the pairs of neighbouring coordinates and back up
+/// (each rank's share is zero elsewhere). Collective over the pipeline.
+Result<void> RankTrainer::exchangeBubble() {
+  std::vector<int64_t> ranks = pipelineRanks();
+  int64_t P = int64_t(ranks.size()),
+          mine = planned.pipelineRankOf(session->plan().rank);
+  std::vector<size_t> offset(size_t(P) + 1, 0);
+  for (int64_t c = 0; c < P; ++c)
+    offset[size_t(c) + 1] =
+        offset[size_t(c)] + 3 +
+        planned.templateFor(ranks[size_t(c)]).get().program.size();
+  std::vector<float> all(offset.back(), 0.0f);
+  float *own = all.data() + offset[size_t(mine)];
+  own[0] = float(median(idleOfStep));
+  own[1] = float(median(wallOfStep));
+  own[2] = float(median(busyOfStep));
+  for (size_t i = 0; i < secondsOfInstruction.size(); ++i)
+    own[3 + i] = float(std::max(0.0, median(secondsOfInstruction[i])));
+  auto sweep = [&](int64_t c) -> Result<void> {
+    if (mine != c && mine != c + 1)
+      return {};
+    auto comm = pairWith(ranks[size_t(mine == c ? c + 1 : c)]);
+    if (!comm)
+      return comm.error();
+    return (*comm)->allReduce(all.data(), int64_t(all.size()), DType::Float32,
+                              ReduceOp::Max);
+  };
+  for (int64_t c = 0; c + 1 < P; ++c)
+    MESHPLAN_TRY(sweep(c));
+  for (int64_t c = P - 2; c >= 0; --c)
+    MESHPLAN_TRY(sweep(c));
+  pipelineFigures.assign(size_t(P), {});
+  for (int64_t c = 0; c < P; ++c)
+    pipelineFigures[size_t(c)].assign(all.begin() + long(offset[size_t(c)]),
+                                      all.begin() +
+                                          long(offset[size_t(c) + 1]));
+  return {};
+}
+
+/// The measured bubble next to the cost model's (plan::simulateTogether,
+/// as `meshplan explain` lays a pipeline out) and the textbook formula.
+/// Bubble = the compute stream's idle time over the step, averaged over the
+/// pipeline's ranks; the model's step is the slowest rank's.
+void RankTrainer::printBubble() {
+  const frontend::ResolvedPipeline &pp = *planned.spec.pipeline;
+  std::vector<int64_t> ranks = pipelineRanks();
+  size_t P = ranks.size();
+  if (pipelineFigures.size() != P)
+    return;
+  std::vector<plan::Plan> plans;
+  std::vector<std::vector<double>> planFlops, measuredCosts;
+  double totalFlops = 0, totalCompute = 0;
+  const double rate = 1e12; // "flops" per measured second below
+  for (size_t c = 0; c < P; ++c) {
+    const plan::PreparedTemplate &t = planned.templateFor(ranks[c]);
+    auto one = t.instantiate(ranks[c], false);
+    if (!one) {
+      std::printf("pipeline bubble: %s\n", one.error().message.c_str());
+      return;
+    }
+    const std::vector<double> &f = pipelineFigures[c];
+    if (f.size() != 3 + one->program.size()) {
+      std::printf("pipeline bubble: the figures of pp coordinate %zu do not "
+                  "match its plan\n",
+                  c);
+      return;
+    }
+    std::vector<double> flops = t.flops(), measured(one->program.size(), 0);
+    flops.resize(one->program.size(), 0);
+    for (size_t i = 0; i < one->program.size(); ++i) {
+      plan::OpKind op = one->program[i].op;
+      if (plan::isCollective(op) || op == plan::OpKind::Free ||
+          op == plan::OpKind::Wait)
+        continue;
+      measured[i] = double(f[3 + i]) * rate;
+      if (op == plan::OpKind::Compute) {
+        totalFlops += flops[i];
+        totalCompute += double(f[3 + i]);
+      }
+    }
+    plans.push_back(std::move(*one));
+    planFlops.push_back(std::move(flops));
+    measuredCosts.push_back(std::move(measured));
+  }
+  std::vector<const plan::Plan *> pointers;
+  for (const plan::Plan &one : plans)
+    pointers.push_back(&one);
+  // The bubble of a joint layout: the compute stream idle over the
+  // slowest rank's step, per rank and averaged (PlanCommands.cpp's
+  // explainPipeline).
+  struct Layout {
+    std::vector<double> idle;
+    double mean = 0, step = 0;
+    std::string error;
+  };
+  auto layOut = [&](const std::vector<std::vector<double>> &costs,
+                    const plan::CostModel &m) {
+    Layout out;
+    auto schedules = plan::simulateTogether(pointers, costs, m);
+    if (!schedules) {
+      out.error = schedules.error().message;
+      return out;
+    }
+    for (const plan::Schedule &s : *schedules)
+      out.step = std::max(out.step, s.stepSeconds);
+    for (const plan::Schedule &s : *schedules) {
+      double busy = s.computeStream >= 0
+                        ? s.streamBusySeconds[size_t(s.computeStream)]
+                        : 0.0;
+      out.idle.push_back(out.step > 0 ? std::max(0.0, 1 - busy / out.step)
+                                      : 0.0);
+      out.mean += out.idle.back() / double(P);
+    }
+    return out;
+  };
+  plan::CostModel m = *machine;
+  m.peakFlopsPerSecond = rate;
+  Layout measuredLayout = layOut(measuredCosts, m);
+  plan::CostModel f = *machine;
+  f.peakFlopsPerSecond = totalFlops / std::max(totalCompute, 1e-9);
+  Layout flopLayout = layOut(planFlops, f);
+
+  auto percents = [](const std::vector<double> &v) {
+    std::string out;
+    for (size_t c = 0; c < v.size(); ++c) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.1f%%", c ? " " : "", 100 * v[c]);
+      out += buf;
+    }
+    return out;
+  };
+  std::vector<double> measuredIdle;
+  double measuredMean = 0, measuredWall = 0;
+  for (size_t c = 0; c < P; ++c) {
+    measuredIdle.push_back(pipelineFigures[c][0]);
+    measuredMean += measuredIdle.back() / double(P);
+    measuredWall = std::max(measuredWall, double(pipelineFigures[c][1]));
+  }
+  const PipelineScheduleConfig &config = pp.config;
+  const char *formula =
+      config.kind == PipelineScheduleKind::Interleaved1F1B ? "(p-1)/(v m+p-1)"
+      : config.kind == PipelineScheduleKind::ZeroBubbleV   ? "(p-1)/(6m+p-1)"
+                                                           : "(p-1)/(m+p-1)";
+  std::printf(
+      "pipeline bubble (%s, p %lld, m %lld, v %lld; the compute stream idle "
+      "over the step, per pp coordinate, median of %zu steps): measured %s, "
+      "mean %.1f%% (step %.1f ms)\n",
+      std::string(pipelineScheduleKindName(config.kind)).c_str(),
+      (long long)config.ranks, (long long)config.microbatches,
+      (long long)config.stagesPerRank, idleOfStep.size(),
+      percents(measuredIdle).c_str(), 100 * measuredMean, measuredWall * 1e3);
+  if (!measuredLayout.error.empty())
+    std::printf("  cost model: %s\n", measuredLayout.error.c_str());
+  else
+    std::printf("  cost model with the measured cost of every local "
+                "instruction (plan::simulateTogether): %s, mean %.1f%% (step "
+                "%.1f ms); measured / model %.2f\n",
+                percents(measuredLayout.idle).c_str(),
+                100 * measuredLayout.mean, measuredLayout.step * 1e3,
+                measuredLayout.mean > 0 ? measuredMean / measuredLayout.mean
+                                        : 0.0);
+  if (flopLayout.error.empty())
+    std::printf("  cost model with the plan's flops at the measured %.2f "
+                "GFLOP/s: %s, mean %.1f%% (step %.1f ms)\n",
+                f.peakFlopsPerSecond * 1e-9, percents(flopLayout.idle).c_str(),
+                100 * flopLayout.mean, flopLayout.step * 1e3);
+  std::printf("  textbook %s = %.1f%%\n", formula,
+              100 * textbookBubbleFraction(config));
 }
 
 Result<void> RankTrainer::run() {
@@ -1001,6 +1291,9 @@ Result<void> RankTrainer::run() {
     overheads.push_back(prof.overhead);
     callbackComputes.push_back(prof.callbacks - tpSeconds);
     planExposed.push_back(prof.exposedCollectives);
+    if (machine && planned.spec.pipeline &&
+        (step > first || step == flags.steps))
+      recordBubble(prof);
     if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
       std::printf("step %lld/%lld loss %.4f%s tok/s %.0f | step %.1f ms: "
                   "compute %.1f comm %.1f exposed %.1f runtime %.2f ms\n",
@@ -1030,6 +1323,11 @@ Result<void> RankTrainer::run() {
                   flags.saveCheckpoint.c_str(),
                   (long long)session->stepsDone());
   }
+  // Before close: the exchange runs on the trainer's pair communicators.
+  bool bubble = machine && planned.spec.pipeline &&
+                planned.spec.pipeline->config.ranks > 1 && !idleOfStep.empty();
+  if (bubble)
+    MESHPLAN_TRY(exchangeBubble());
   MESHPLAN_TRY(session->close());
   if (printer && !losses.empty()) {
     size_t n = std::min<size_t>(10, losses.size());
@@ -1051,6 +1349,8 @@ Result<void> RankTrainer::run() {
         matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
     if (machine)
       printCostModel(median(callbackComputes), w, median(planExposed));
+    if (bubble)
+      printBubble();
   }
   return {};
 }

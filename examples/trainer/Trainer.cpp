@@ -274,16 +274,16 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
   out.modelOptions.bf16Matmul =
       s.mixedPrecision.paramDtype == frontend::DType::BFloat16;
 
-  // Stage boundaries carry the activation in the compute dtype; the model
-  // keeps its residual stream in fp32 and the reference rounds nothing
-  // there, so a bf16 boundary would make the runs differ.
+  // Stage boundaries carry the activation in the compute dtype: fp32, or
+  // bf16 rounded where a rank writes the boundary buffer (the reference
+  // rounds the stream at the same boundaries). float16 would need the same
+  // emulation and a float16 model; it is not implemented.
   if (out.spec.pipeline &&
-      s.mixedPrecision.paramDtype != frontend::DType::Float32)
+      s.mixedPrecision.paramDtype == frontend::DType::Float16)
     return makeError(flags.spec +
-                     ": pipeline_parallel: meshplan-train passes fp32 "
-                     "activations between stages; set "
-                     "mixed_precision.param_dtype to float32 (bf16 stage "
-                     "boundaries are not implemented)");
+                     ": pipeline_parallel: meshplan-train passes float32 or "
+                     "bfloat16 activations between stages; "
+                     "mixed_precision.param_dtype float16 is not implemented");
 
   auto context = pipeline::makeContext();
   pipeline::CompileOptions options;
@@ -385,12 +385,19 @@ computeInputs(const std::vector<plan::Plan> &plans) {
       byId[b.id] = &b;
     for (const plan::Instruction &in : p.program)
       if (in.op == plan::OpKind::Compute && in.phase == "forward")
-        for (const std::string &id : in.inputs)
-          if (auto it = byId.find(id);
-              it != byId.end() &&
-              (it->second->kind == plan::BufferKind::Gathered ||
-               it->second->kind == plan::BufferKind::ParamShard))
-            seen[it->second->tensor] = it->second;
+        for (const std::string &id : in.inputs) {
+          auto it = byId.find(id);
+          if (it == byId.end() || it->second->tensor.empty())
+            continue;
+          const plan::Buffer *b = it->second;
+          // A parameter as gathered, as its shard, or cast from the shard
+          // into scratch (bf16 compute without FSDP: a pipeline stage, TP).
+          if (b->kind == plan::BufferKind::Gathered ||
+              b->kind == plan::BufferKind::ParamShard)
+            seen[b->tensor] = b;
+          else if (b->kind == plan::BufferKind::Scratch)
+            seen.emplace(b->tensor, b);
+        }
   }
   return seen;
 }

@@ -65,10 +65,16 @@ PY
 expect 2 'FSDP unit "[^"]*" holds [45] of the 9 weights of layers.0; meshplan-train runs whole blocks' -- \
   "$train" --spec "$work/split-units.json" --steps 1 --reference
 
-# A pipeline's stage boundaries carry fp32: a bf16 boundary is refused.
-expect 2 "pipeline_parallel: meshplan-train passes fp32 activations between stages" -- \
-  "$train" --spec "$src/test/planner/Inputs/pipeline/tiny-interleaved-pp2.json" \
-  --steps 1 --reference
+# A pipeline's stage boundaries carry fp32 or bf16 (test/trainer/specs/
+# pp*-bf16.json): a float16 boundary is refused.
+python3 - "$src/test/planner/Inputs/pipeline/tiny-interleaved-pp2.json" "$work/pp-fp16.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["mixed_precision"]["param_dtype"] = "float16"
+json.dump(s, open(sys.argv[2], "w"))
+PY
+expect 2 "pipeline_parallel: meshplan-train passes float32 or bfloat16 activations between stages; mixed_precision.param_dtype float16" -- \
+  "$train" --spec "$work/pp-fp16.json" --steps 1 --reference
 
 # Outside a launcher: no RANK / MESHPLAN_STORE.
 expect 1 "RANK.*meshplan run" -- env -u RANK -u MESHPLAN_STORE "$train" \

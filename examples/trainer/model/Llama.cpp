@@ -1057,6 +1057,14 @@ std::span<const float> Microbatch::stream() const {
   return {m.h.data(), static_cast<size_t>(m.Ns * m.D)};
 }
 
+void Microbatch::roundStreamToBf16() {
+  Impl &m = *impl;
+  if (!m.allocated)
+    return;
+  for (int64_t i = 0; i < m.Ns * m.D; ++i)
+    m.h[size_t(i)] = kernels::bf16ToFloat(kernels::floatToBf16(m.h[size_t(i)]));
+}
+
 double Microbatch::matmulFlops() const { return impl->flops; }
 double Microbatch::matmulSeconds() const { return impl->seconds; }
 

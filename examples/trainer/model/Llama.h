@@ -190,6 +190,11 @@ public:
   /// backward segment the gradient of that segment's input. Empty before
   /// setData.
   std::span<const float> stream() const;
+  /// Rounds the residual stream shard (or its gradient) to bf16, nearest
+  /// even, and widens it back, in place: what a bf16 stage boundary does to
+  /// it (the single-process reference emulates a pipeline's bf16 activation
+  /// buffers with it, where the ranks write and read those buffers).
+  void roundStreamToBf16();
 
   /// Floating-point operations of the matmuls run so far (2 * m * n * k per
   /// sgemm), and the seconds spent inside sgemm, for the trainer's figures.
