@@ -31,10 +31,21 @@ namespace {
 
 // The epoch compare-and-set. KEYS[1] is the epoch, KEYS[2..N+1] the N
 // groups' heartbeat keys in group order; ARGV: expected epoch, min_replicas,
-// nominal group count, the quorum key prefix. Returns {status, epoch,
-// members}: 1 = installed, 0 = the epoch is not the expected one (the store's
-// epoch and members), -1 = no quorum (the live count and groups). The epoch
-// is compared and stepped as a string / by INCR, never as a Lua double.
+// nominal group count, the quorum key prefix, the synced key prefix, the
+// committed key prefix. Returns {status, epoch, members}: 1 = installed, 0 =
+// the epoch is not the expected one (the store's epoch and members), -1 = no
+// quorum (the live count and groups). The epoch is compared and stepped as a
+// string / by INCR, never as a Lua double.
+//
+// Installing epoch E + 1 also records, in the same script, which of its
+// members hold the job's committed state ("synced:E+1"): the first epoch's
+// members all start from the initial parameters; after that, the members
+// of E if a step committed in E (every rank of every member voted ok on it,
+// which a joiner whose heal failed never does), else E's own synced groups,
+// in both cases those still members. The others are joiners and heal.
+// Fixed at installation, so every rank reads the same sources; a group that
+// joined E and healed without a step committing in E heals again (a safe
+// over-estimate), a joiner whose heal failed is never taken for a source.
 constexpr const char *kProposeScript = R"lua(
 local cur = redis.call('GET', KEYS[1]) or '0'
 if cur ~= ARGV[1] then
@@ -51,9 +62,27 @@ local members = table.concat(live, ',')
 if n < tonumber(ARGV[2]) or 2 * n <= tonumber(ARGV[3]) then
   return {-1, tostring(n), members}
 end
+local base = nil
+if cur ~= '0' then
+  if redis.call('EXISTS', ARGV[6] .. cur) == 1 then
+    base = redis.call('GET', ARGV[4] .. cur) or ''
+  else
+    base = redis.call('GET', ARGV[5] .. cur) or ''
+  end
+end
+local synced = live
+if base then
+  local had = {}
+  for g in string.gmatch(base, '[^,]+') do had[g] = true end
+  synced = {}
+  for _, g in ipairs(live) do
+    if had[g] then synced[#synced + 1] = g end
+  end
+end
 redis.call('INCR', KEYS[1])
 local nxt = redis.call('GET', KEYS[1])
 redis.call('SET', ARGV[4] .. nxt, members)
+redis.call('SET', ARGV[5] .. nxt, table.concat(synced, ','))
 return {1, nxt, members}
 )lua";
 
@@ -72,16 +101,23 @@ return ttl
 )lua";
 
 // A step's commit vote. KEYS: the epoch, the step's ok set, its failed
-// flag; ARGV: the voter's epoch, its rank, "1" (ok) or "0", the keys' expiry
-// in seconds. Recorded only while the epoch is the voter's: the compare-and-
-// set above moves the epoch in a script of its own, so a step's votes are
-// final once its epoch has moved.
+// flag, the epoch's committed flag; ARGV: the voter's epoch, its rank, "1"
+// (ok) or "0", the keys' expiry in seconds, the ok votes that commit the step
+// (0: not known). Recorded only while the epoch is the voter's: the compare-
+// and-set above moves the epoch in a script of its own, so a step's votes
+// are final once its epoch has moved. The vote that completes a step marks
+// the epoch committed (read when the next epoch is installed).
 constexpr const char *kVoteScript = R"lua(
 local cur = redis.call('GET', KEYS[1]) or '0'
 if cur ~= ARGV[1] then return 0 end
 if ARGV[3] == '1' then
   redis.call('SADD', KEYS[2], ARGV[2])
   redis.call('EXPIRE', KEYS[2], ARGV[4])
+  local need = tonumber(ARGV[5])
+  if need > 0 and redis.call('SCARD', KEYS[2]) >= need and
+     redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('SET', KEYS[4], '1')
+  end
 else
   redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
 end
@@ -528,6 +564,8 @@ Result<EpochProposal> Membership::proposeNextEpoch(int64_t expectedEpoch) {
   args.push_back(std::to_string(opts.minReplicas));
   args.push_back(std::to_string(opts.numGroups));
   args.push_back(key("quorum:"));
+  args.push_back(key("synced:"));
+  args.push_back(key("committed:"));
   auto r = run(main.ctx, store, opts.ioTimeout,
                "proposing epoch " + std::to_string(expectedEpoch + 1), args);
   if (!r)
@@ -634,14 +672,16 @@ Result<std::vector<int>> Membership::deadGroups(const Quorum &quorum) {
   return dead;
 }
 
-Result<std::vector<int>> Membership::membersOf(int64_t epoch) {
+Result<std::vector<int>> Membership::groupsOf(int64_t epoch, const char *prefix,
+                                              const char *what) {
   if (epoch <= 0)
     return std::vector<int>{};
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
   auto r = run(main.ctx, store, opts.ioTimeout,
-               "reading the quorum of epoch " + std::to_string(epoch),
-               {"GET", key("quorum:" + std::to_string(epoch))});
+               std::string("reading the ") + what + " of epoch " +
+                   std::to_string(epoch),
+               {"GET", key(prefix + std::to_string(epoch))});
   if (!r)
     return r.error();
   if (r.value()->type == REDIS_REPLY_NIL)
@@ -649,9 +689,17 @@ Result<std::vector<int>> Membership::membersOf(int64_t epoch) {
   std::optional<std::vector<int>> members =
       parseMembers(replyString(r.value().get()));
   if (!members)
-    return makeError("membership store " + store + ": the quorum of epoch " +
-                     std::to_string(epoch) + " is malformed");
+    return makeError("membership store " + store + ": the " + what +
+                     " of epoch " + std::to_string(epoch) + " is malformed");
   return std::move(*members);
+}
+
+Result<std::vector<int>> Membership::membersOf(int64_t epoch) {
+  return groupsOf(epoch, "quorum:", "quorum");
+}
+
+Result<std::vector<int>> Membership::syncedOf(int64_t epoch) {
+  return groupsOf(epoch, "synced:", "synced groups");
 }
 
 Result<void> Membership::registerRank(int64_t rank) {
@@ -686,17 +734,18 @@ std::string stepKey(int64_t epoch, int64_t step, const char *what) {
 } // namespace
 
 Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
-                                  bool ok) {
+                                  bool ok, int64_t committingVotes) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r =
-      run(main.ctx, store, opts.ioTimeout,
-          "voting on step " + std::to_string(step) + " of epoch " +
-              std::to_string(epoch),
-          {"EVAL", kVoteScript, "3", key("epoch"),
-           key(stepKey(epoch, step, "ok")), key(stepKey(epoch, step, "failed")),
-           std::to_string(epoch), std::to_string(rank), ok ? "1" : "0",
-           std::to_string(kVoteExpirySeconds)});
+  auto r = run(
+      main.ctx, store, opts.ioTimeout,
+      "voting on step " + std::to_string(step) + " of epoch " +
+          std::to_string(epoch),
+      {"EVAL", kVoteScript, "4", key("epoch"), key(stepKey(epoch, step, "ok")),
+       key(stepKey(epoch, step, "failed")),
+       key("committed:" + std::to_string(epoch)), std::to_string(epoch),
+       std::to_string(rank), ok ? "1" : "0", std::to_string(kVoteExpirySeconds),
+       std::to_string(std::max<int64_t>(0, committingVotes))});
   if (!r)
     return r.error();
   if (r.value()->type != REDIS_REPLY_INTEGER)

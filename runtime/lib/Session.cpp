@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -652,6 +653,17 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
   }
   g.epoch = ft->quorum.epoch;
   g.incarnation = 0; // spans groups of different incarnations
+  // A member that died before the group's rendezvous never comes: the
+  // rendezvous ends once the job has moved on (the watcher beside the step
+  // proposes the next epoch when a group's heartbeat expires).
+  g.cancelled = [m = ft->membership.get(),
+                 epoch = g.epoch]() -> std::optional<std::string> {
+    if (!m->epochChangedSince(epoch))
+      return std::nullopt;
+    return "epoch " + std::to_string(epoch) +
+           " ended (the job moved to epoch " +
+           std::to_string(m->observedEpoch()) + ")";
+  };
   g.nominalSize = static_cast<int64_t>(c.ranks.size());
   return g;
 }
@@ -1598,14 +1610,15 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
 
 Result<void> Session::Impl::adopt(const Quorum &q) {
   FaultTolerance &f = *ft;
-  auto previous =
-      untilDeadline(*f.membership, Clock::now() + options.timeout,
-                    [&] { return f.membership->membersOf(q.epoch - 1); });
-  if (!previous)
-    return previous.error();
+  // The sources: the members the store recorded, with the epoch, as
+  // holding the committed state (Membership::syncedOf); the others heal.
+  auto synced = untilDeadline(*f.membership, Clock::now() + options.timeout,
+                              [&] { return f.membership->syncedOf(q.epoch); });
+  if (!synced)
+    return synced.error();
   std::vector<int> sources, joiners;
   for (int g : q.members)
-    (containsGroup(*previous, g) ? sources : joiners).push_back(g);
+    (containsGroup(*synced, g) ? sources : joiners).push_back(g);
   {
     // Only what changed is rebuilt: the fault_tolerant communicators of the
     // old epoch; every other group stays connected.
@@ -1616,26 +1629,53 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
   }
   f.quorum = q;
   f.healFailure.reset();
-  // The first quorum (or one after every group was lost) has nobody to heal
-  // from: its groups start from the trainer's initial parameters.
-  if (previous->empty() || joiners.empty())
+  // The first quorum's members all start from the trainer's initial
+  // parameters: nobody heals.
+  if (joiners.empty())
     return {};
   if (sources.empty())
     return makeError("fault tolerance: epoch " + std::to_string(q.epoch) +
-                     " has no group of epoch " + std::to_string(q.epoch - 1) +
-                     " to heal its groups " + groupList(joiners) + " from");
+                     " has no group holding the committed state to heal its "
+                     "groups " +
+                     groupList(joiners) +
+                     " from (every group that held it was lost)");
   // A heal that fails (a source or a joiner died mid-transfer) changed
-  // nothing of the joiner's state (it stages everything first): this rank
-  // votes the step failed, so that nobody commits it, and the job moves to
-  // the next epoch, where the heal starts again from the groups then live.
-  // It also moves the epoch itself: a joiner whose counter never arrived
-  // votes on a step number of its own, which nobody else waits for.
+  // nothing of the joiner's state (it stages everything first), and the
+  // joiner is no source in the next epoch (it never voted a step of this
+  // one ok). This rank votes the step failed, so that nobody commits it,
+  // and moves the job to the next epoch, where the heal starts again from
+  // the groups then live: a joiner whose counter never arrived votes on a
+  // step number of its own, which nobody else waits for. It first gives a
+  // dead peer's heartbeat the time to expire (at most twice the expiry, as
+  // ensureQuorum does), so that the next epoch leaves the dead source out
+  // instead of waiting for it in the heal group's rendezvous.
   Result<void> healed = heal(q, sources, joiners);
   if (!healed) {
     f.healFailure = healed.error();
+    Clock::time_point until =
+        Clock::now() + 2 * options.faultTolerance->heartbeatExpiry;
+    while (Clock::now() < until) {
+      auto dead = f.membership->deadGroups(q);
+      if (!dead || !dead->empty())
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     (void)f.membership->proposeNextEpoch(q.epoch);
   }
   return {};
+}
+
+/// Test hook (test/trainer/fault-tolerance.sh, case 7):
+/// MESHPLAN_TEST_KILL_HEAL_SOURCE_AFTER = N makes a rank that is a heal's
+/// source kill itself with SIGKILL once it has sent N buffers, in the middle
+/// of the transfer. Not for production use.
+static void maybeKillHealSourceForTests(int64_t buffersSent) {
+  static const int64_t after = [] {
+    const char *v = std::getenv("MESHPLAN_TEST_KILL_HEAL_SOURCE_AFTER");
+    return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(-1);
+  }();
+  if (after >= 0 && buffersSent >= after)
+    std::raise(SIGKILL);
 }
 
 Result<void> Session::Impl::heal(const Quorum &q,
@@ -1652,6 +1692,22 @@ Result<void> Session::Impl::heal(const Quorum &q,
   if (!derived)
     return derived.error();
   GroupSpec spec{"heal", derived->color, derived->ranks, derived->key, q.epoch};
+  // A source or joiner that died before the rendezvous never comes: the
+  // heal ends (and fails) once the epoch has moved or one of its groups'
+  // heartbeat has expired, looked up at most every 200 ms.
+  spec.cancelled =
+      [&f, &q, next = Clock::now()]() mutable -> std::optional<std::string> {
+    if (f.membership->epochChangedSince(q.epoch))
+      return "epoch " + std::to_string(q.epoch) + " ended";
+    if (Clock::now() < next)
+      return std::nullopt;
+    next = Clock::now() + std::chrono::milliseconds(200);
+    auto dead = f.membership->deadGroups(q);
+    if (dead && !dead->empty())
+      return "replica groups " + groupList(*dead) + " of epoch " +
+             std::to_string(q.epoch) + " died";
+    return std::nullopt;
+  };
   auto comm = backend->createCommunicator(spec);
   if (!comm)
     return comm.error().within("healing in epoch " + std::to_string(q.epoch));
@@ -1687,6 +1743,7 @@ Result<void> Session::Impl::heal(const Quorum &q,
   // sends its buffers to every joiner in buffer order, and every joiner
   // receives in buffer order, so no two transfers wait on each other.
   std::vector<std::vector<std::byte>> staged(joining ? persistent.size() : 0);
+  int64_t buffersSent = 0;
   for (size_t i = 0; i < persistent.size(); ++i) {
     BufferState &s = buffers[size_t(persistent[i])];
     int source = sources[i % sources.size()];
@@ -1706,6 +1763,7 @@ Result<void> Session::Impl::heal(const Quorum &q,
                          ": checksum mismatch (crc32c " + std::to_string(mine) +
                          ", the source's " + std::to_string(crc) + ")");
     } else if (source == f.group) {
+      maybeKillHealSourceForTests(buffersSent++);
       uint32_t crc = ckpt::crc32c(s.data.data(), s.data.size());
       for (int j : joiners) {
         auto sent = c.send(s.data.data(), keyOf(j), int64_t(s.data.size()),
@@ -1876,7 +1934,9 @@ Result<void> Session::Impl::faultTolerantStep() {
     bool ok = !before.faultTolerantFailure && !f.healFailure;
     auto voted =
         untilDeadline(*f.membership, Clock::now() + options.timeout, [&] {
-          return f.membership->voteStep(epoch, step, plan.rank, ok);
+          return f.membership->voteStep(epoch, step, plan.rank, ok,
+                                        f.groupRanks *
+                                            int64_t(f.quorum.members.size()));
         });
     if (!voted)
       return fail(voted.error());

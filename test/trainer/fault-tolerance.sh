@@ -26,6 +26,10 @@
 #     owner rule's writers): the survivors save a checkpoint at step 20
 #     (the lowest live group writes, the lowest live rank commits); a plain
 #     job loads it and runs step 21, equal to 21 uninterrupted steps.
+#  3c. The heal's source killed mid-transfer: replica 1 rejoins and heals
+#     from groups 0 and 2; group 2 dies after sending one buffer. Nothing
+#     of the joiner changes, the step is discarded, and the joiner heals
+#     from group 0 alone in the next epoch: bit for bit again.
 #  4. Case 3 through `meshplan run --fault-tolerant`, which restarts the
 #     killed group itself (its private redis-server, its own store): bit
 #     for bit again.
@@ -151,6 +155,32 @@ finish s5 2 3 4 5
 "$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --steps 21 --log-every 21 \
   --save-params "$work/plain-synthetic-21.params" | tail -n 1
 "$train" --compare "$work/s5.resumed" "$work/plain-synthetic-21.params" --rtol 0 | head -n 1
+
+echo "== 3c. the heal's source killed mid-transfer"
+# Replica 1 comes back at step 9 and heals from groups 0 and 2, striped;
+# both ranks of group 2 kill themselves after sending their first buffer
+# (MESHPLAN_TEST_KILL_HEAL_SOURCE_AFTER). The joiner's state is untouched
+# (it stages everything), nobody commits that step, the next epoch leaves
+# group 2 out and records group 1 as no source (it never voted a step ok),
+# and group 1 heals again from group 0 alone: bit for bit at step 20.
+mkdir -p "$work/s7.store"
+for r in 0 1 2 3; do start s7 "$r" 0 MESHPLAN_TEST_KILL=4:2,3; done
+for r in 4 5; do start s7 "$r" 0 MESHPLAN_TEST_KILL_HEAL_SOURCE_AFTER=1; done
+for r in 2 3; do { wait "${pids[$r]}"; } 2>/dev/null || true; done
+until grep -q "^step 9/20" "$work/s7.r0.log"; do sleep 0.05; done
+for r in 2 3; do start s7 "$r" 1; done
+for r in 4 5; do
+  if { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r (a heal source) was not killed mid-transfer" >&2
+    exit 1
+  fi
+done
+finish s7 0 1 2 3
+grep -h "^fault tolerance" "$work/s7.r0.log" | tail -n 2
+grep -q "replica groups 0, 1 of 3 live" "$work/s7.r2.log" || {
+  echo "FAIL: replica 1 did not heal once group 2 was gone:" >&2
+  grep -h "^fault tolerance" "$work/s7.r2.log" >&2; exit 1; }
+"$train" --compare "$work/s7.params" "$work/plain-synthetic.params" --rtol 0 | head -n 1
 
 echo "== 4. through the launcher: meshplan run --fault-tolerant restarts replica 1"
 "$bin/meshplan" run -n 6 --fault-tolerant --timeout 60 -- env MESHPLAN_TEST_KILL=4:2,3 \

@@ -363,6 +363,69 @@ TEST_F(MembershipTest, FirstQuorumAndRepeatedProposal) {
       << p.error().message;
 }
 
+// Which members hold the committed state, fixed with each epoch: the heal's
+// sources (docs/fault-tolerance.md, "Healing"). One rank per group, so a
+// step commits with 1 ok vote per member.
+TEST_F(MembershipTest, SyncedGroupsAreThoseHoldingTheCommittedState) {
+  std::vector<std::unique_ptr<Membership>> g;
+  for (int i = 0; i < 3; ++i) {
+    g.push_back(mustConnect(options(redis.port, "synced", i, 3, 1)));
+    ASSERT_TRUE(g.back());
+    ASSERT_TRUE(g.back()->startHeartbeat().ok());
+  }
+  auto install = [&](int proposer, int64_t expected) {
+    auto p = g[size_t(proposer)]->proposeNextEpoch(expected);
+    EXPECT_TRUE(p.ok() && p->won) << (p.ok() ? "lost" : p.error().message);
+    return p.ok() ? p->quorum : Quorum{};
+  };
+  auto synced = [&](int64_t epoch) {
+    auto s = g[0]->syncedOf(epoch);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+    return s.ok() ? *s : std::vector<int>{99};
+  };
+  auto vote = [&](int group, int64_t epoch, int64_t step, bool ok,
+                  int64_t committing) {
+    auto v = g[size_t(group)]->voteStep(epoch, step, group, ok, committing);
+    ASSERT_TRUE(v.ok()) << v.error().message;
+    EXPECT_TRUE(*v);
+  };
+
+  // The first epoch: everyone starts from the initial parameters.
+  EXPECT_EQ(install(0, 0), (Quorum{1, {0, 1, 2}}));
+  EXPECT_EQ(synced(1), (std::vector<int>{0, 1, 2}));
+  // Group 1 lost before any step of epoch 1 committed.
+  ASSERT_TRUE(g[1]->leaveGroup().ok());
+  EXPECT_EQ(install(0, 1), (Quorum{2, {0, 2}}));
+  EXPECT_EQ(synced(2), (std::vector<int>{0, 2}));
+  // It comes back: a joiner, although it was a member of epoch 1.
+  ASSERT_TRUE(g[1]->startHeartbeat().ok());
+  EXPECT_EQ(install(1, 2), (Quorum{3, {0, 1, 2}}));
+  EXPECT_EQ(synced(3), (std::vector<int>{0, 2}));
+  // Its heal fails (it votes the step failed), and source 2 dies: the next
+  // epoch's only source is group 0, never the joiner that did not heal.
+  vote(0, 3, 5, true, 3);
+  vote(1, 3, 5, false, 3);
+  vote(2, 3, 5, true, 3);
+  ASSERT_TRUE(g[2]->leaveGroup().ok());
+  EXPECT_EQ(install(1, 3), (Quorum{4, {0, 1}}));
+  EXPECT_EQ(synced(4), (std::vector<int>{0}));
+  // A step commits in epoch 4 (every member's ok vote): both hold it.
+  vote(0, 4, 5, true, 2);
+  vote(1, 4, 5, true, 2);
+  ASSERT_TRUE(g[2]->startHeartbeat().ok());
+  EXPECT_EQ(install(2, 4), (Quorum{5, {0, 1, 2}}));
+  EXPECT_EQ(synced(5), (std::vector<int>{0, 1}));
+  // Two of three ok votes, then group 0 is lost: no commit in epoch 5, so
+  // its synced groups carry over, less the lost one.
+  vote(1, 5, 6, true, 3);
+  vote(2, 5, 6, true, 3);
+  ASSERT_TRUE(g[0]->leaveGroup().ok());
+  EXPECT_EQ(install(1, 5), (Quorum{6, {1, 2}}));
+  EXPECT_EQ(synced(6), (std::vector<int>{1}));
+  EXPECT_EQ(synced(0), (std::vector<int>{}));
+  EXPECT_EQ(synced(7), (std::vector<int>{}));
+}
+
 TEST_F(MembershipTest, CompetingThreadsExactlyOneWinsEachEpoch) {
   constexpr int kGroups = 4, kRounds = 40;
   std::vector<std::unique_ptr<Membership>> ms;
@@ -756,8 +819,8 @@ TEST_F(MembershipTest, TwoJobsOnOneStoreDoNotInterfere) {
   EXPECT_EQ(all, (std::set<std::string>{
                      "meshplan:{job-a}:config", "meshplan:{job-a}:epoch",
                      "meshplan:{job-a}:hb:0", "meshplan:{job-a}:hb:1",
-                     "meshplan:{job-a}:quorum:1", "meshplan:{job-b}:config",
-                     "meshplan:{job-b}:hb:0"}));
+                     "meshplan:{job-a}:quorum:1", "meshplan:{job-a}:synced:1",
+                     "meshplan:{job-b}:config", "meshplan:{job-b}:hb:0"}));
 
   // A process of job a with another group count is refused: the majority
   // rule is only sound if every process counts the same groups.

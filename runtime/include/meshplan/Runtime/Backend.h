@@ -36,7 +36,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +68,12 @@ struct GroupSpec {
   /// over its nominal size, the survivors having processed the missing
   /// members' share of the batch (docs/fault-tolerance.md).
   int64_t nominalSize = 0;
+  /// Polled while the rendezvous waits for members (every few tens of
+  /// milliseconds): a reason ends it with an error naming the reason. A
+  /// fault-tolerant group of an epoch that ended, or one with a member
+  /// known dead, would otherwise wait the whole timeout for members that
+  /// never come. Unset: wait up to the timeout.
+  std::function<std::optional<std::string>()> cancelled;
 };
 
 /// Where a communicator's buffers live and when its calls complete.

@@ -154,6 +154,14 @@ public:
   /// Epoch `epoch`'s members as the store recorded them (empty for epoch 0
   /// or an epoch never installed).
   Result<std::vector<int>> membersOf(int64_t epoch);
+  /// The members of epoch `epoch` that held the job's committed state when
+  /// it was installed (the heal's sources; the other members heal from
+  /// them). Recorded with the epoch, atomically: the first epoch's members,
+  /// then those of the previous epoch if one of its steps committed
+  /// (voteStep with committingVotes), else the previous epoch's synced
+  /// groups, in both cases the ones still members. Empty for epoch 0 or an
+  /// epoch never installed.
+  Result<std::vector<int>> syncedOf(int64_t epoch);
 
   /// Records `meshplan:{JOB}:rank:{R}` = this process's group, which the
   /// launcher reads to know which processes make up a group.
@@ -167,8 +175,11 @@ public:
   /// only while the store's epoch is still `epoch` (one script: a vote and
   /// an epoch change never interleave, so once the epoch has moved, a step's
   /// votes are final). Returns false, recording nothing, when the epoch has
-  /// already moved.
-  Result<bool> voteStep(int64_t epoch, int64_t step, int64_t rank, bool ok);
+  /// already moved. `committingVotes` (every rank of every member): the ok
+  /// vote that makes the step's ok votes reach it marks the epoch as one in
+  /// which a step committed (see syncedOf); 0 marks nothing.
+  Result<bool> voteStep(int64_t epoch, int64_t step, int64_t rank, bool ok,
+                        int64_t committingVotes = 0);
   /// The store's epoch and the votes on (epoch, step), read atomically.
   Result<StepTally> stepTally(int64_t epoch, int64_t step);
 
@@ -207,6 +218,9 @@ private:
   Result<void> ensureConnected(Connection &c, bool firstConnect = false);
   /// Records an epoch read from the store; an error when it went backwards.
   Result<void> noteEpoch(int64_t epoch);
+  /// The groups recorded under `prefix` + epoch ("0,2"); empty when none.
+  Result<std::vector<int>> groupsOf(int64_t epoch, const char *prefix,
+                                    const char *what);
   Result<void> refreshHeartbeat(Connection &c);
   void heartbeatLoop();
 

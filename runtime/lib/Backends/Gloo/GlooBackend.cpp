@@ -19,6 +19,7 @@
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/common/error.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -31,12 +32,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -55,6 +59,54 @@ template <typename F> Result<void> guarded(F &&call) {
   }
   return {};
 }
+
+/// A store whose waits end early when the group's `cancelled` says so:
+/// waits in slices of kCancelPollInterval on the wrapped store and polls
+/// between them. Only a wait's timeout is retried; any other failure of the
+/// wrapped store surfaces at once.
+class CancellableStore : public gloo::rendezvous::Store {
+public:
+  static constexpr std::chrono::milliseconds kCancelPollInterval{50};
+
+  CancellableStore(gloo::rendezvous::Store &inner,
+                   const std::function<std::optional<std::string>()> &cancelled)
+      : inner(inner), cancelled(cancelled) {}
+
+  void set(const std::string &key, const std::vector<char> &data) override {
+    inner.set(key, data);
+  }
+  std::vector<char> get(const std::string &key) override {
+    return inner.get(key);
+  }
+  void wait(const std::vector<std::string> &keys) override {
+    wait(keys, kDefaultTimeout);
+  }
+  void wait(const std::vector<std::string> &keys,
+            const std::chrono::milliseconds &timeout) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      auto slice = std::max(std::chrono::milliseconds(1),
+                            std::min(left, kCancelPollInterval));
+      try {
+        inner.wait(keys, slice);
+        return;
+      } catch (const gloo::IoException &e) {
+        if (std::string_view(e.what()).find("imeout") ==
+                std::string_view::npos ||
+            left <= kCancelPollInterval)
+          throw;
+      }
+      if (std::optional<std::string> why = cancelled())
+        throw gloo::IoException("rendezvous stopped: " + *why);
+    }
+  }
+
+private:
+  gloo::rendezvous::Store &inner;
+  const std::function<std::optional<std::string>()> &cancelled;
+};
 
 //===----------------------------------------------------------------------===//
 // Reductions
@@ -874,15 +926,24 @@ public:
       context = std::make_shared<gloo::rendezvous::Context>(
           static_cast<int>(group.key), static_cast<int>(group.ranks.size()));
       context->setTimeout(options.timeout);
-      context->connectFullMesh(scoped, device);
+      if (group.cancelled) {
+        CancellableStore cancellable(scoped, group.cancelled);
+        context->connectFullMesh(cancellable, device);
+      } else {
+        context->connectFullMesh(scoped, device);
+      }
     });
     if (!ok)
       return makeError("rendezvous of communicator \"" + group.id +
                        "\" (color " + std::to_string(group.color) + ", " +
                        std::to_string(group.ranks.size()) +
                        " members) failed: " + ok.error().message);
+    // The predicate serves the rendezvous only (it may capture the
+    // caller's state by reference): the communicator keeps no copy.
+    GroupSpec kept = group;
+    kept.cancelled = nullptr;
     return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
-        group, context, options.timeout, options.keyOrderReductions));
+        kept, context, options.timeout, options.keyOrderReductions));
   }
 
   Result<void> storeSet(const std::string &key,
