@@ -1639,10 +1639,10 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
                      "groups " +
                      groupList(joiners) +
                      " from (every group that held it was lost)");
-  // A heal that fails (a source or a joiner died mid-transfer) changed
-  // nothing of the joiner's state (it stages everything first), and the
-  // joiner is no source in the next epoch (it never voted a step of this
-  // one ok). This rank votes the step failed, so that nobody commits it,
+  // A heal that fails (a source or a joiner died mid-transfer) may leave the
+  // joiner's buffers half written, which nothing reads: the joiner is no
+  // source in the next epoch (it never voted a step of this one ok) and
+  // trains only after a heal that succeeded. This rank votes the step failed, so that nobody commits it,
   // and moves the job to the next epoch, where the heal starts again from
   // the groups then live: a joiner whose counter never arrived votes on a
   // step number of its own, which nobody else waits for. It first gives a
@@ -1742,44 +1742,97 @@ Result<void> Session::Impl::heal(const Quorum &q,
   // Striped: buffer i comes from source group i mod |sources|; each source
   // sends its buffers to every joiner in buffer order, and every joiner
   // receives in buffer order, so no two transfers wait on each other.
-  std::vector<std::vector<std::byte>> staged(joining ? persistent.size() : 0);
+  //
+  // A joiner receives straight into its buffers: its state means nothing
+  // until a heal succeeds (a joiner whose heal failed is no source in the
+  // next epoch, Membership::syncedOf, and never commits a step of this one),
+  // so staging 1 GiB to keep it would only cost a second copy and the
+  // page faults. The checksums run on a helper thread beside the transfers:
+  // on a source ahead of the sends, on a joiner one buffer behind the
+  // receives.
+  std::vector<size_t> mine;
+  for (size_t i = 0; i < persistent.size(); ++i)
+    if (joining || sources[i % sources.size()] == f.group)
+      mine.push_back(i);
+  std::vector<uint32_t> crcs(persistent.size(), 0);
+  std::mutex crcMutex;
+  std::condition_variable crcReady;
+  size_t crcDone = 0, crcQueued = joining ? 0 : mine.size();
+  bool crcStop = false;
+  std::thread crcWorker([&] {
+    for (size_t k = 0; k < mine.size(); ++k) {
+      {
+        std::unique_lock<std::mutex> lock(crcMutex);
+        crcReady.wait(lock, [&] { return crcStop || k < crcQueued; });
+        if (crcStop)
+          return;
+      }
+      const BufferState &b = buffers[size_t(persistent[mine[k]])];
+      uint32_t crc = ckpt::crc32c(b.data.data(), b.data.size());
+      std::lock_guard<std::mutex> lock(crcMutex);
+      crcs[mine[k]] = crc;
+      crcDone = k + 1;
+      crcReady.notify_all();
+    }
+  });
+  auto stopWorker = [&] {
+    {
+      std::lock_guard<std::mutex> lock(crcMutex);
+      crcStop = true;
+    }
+    crcReady.notify_all();
+    crcWorker.join();
+  };
+  std::vector<uint32_t> expected(persistent.size(), 0);
   int64_t buffersSent = 0;
-  for (size_t i = 0; i < persistent.size(); ++i) {
+  for (size_t k = 0; k < mine.size(); ++k) {
+    size_t i = mine[k];
     BufferState &s = buffers[size_t(persistent[i])];
     int source = sources[i % sources.size()];
     std::string tag = "heal " + s.meta->id;
     if (joining) {
-      staged[i].resize(s.data.size());
-      uint32_t crc = 0;
-      auto got = c.recv(staged[i].data(), keyOf(source), int64_t(s.data.size()),
+      auto got = c.recv(s.data.data(), keyOf(source), int64_t(s.data.size()),
                         DType::UInt8, tag);
       if (got)
-        got = c.recv(&crc, keyOf(source), 4, DType::UInt8, tag + " crc32c");
-      if (!got)
+        got = c.recv(&expected[i], keyOf(source), 4, DType::UInt8,
+                     tag + " crc32c");
+      if (!got) {
+        stopWorker();
         return got.error().within(where(source, "\"" + s.meta->id + "\""));
-      uint32_t mine = ckpt::crc32c(staged[i].data(), staged[i].size());
-      if (mine != crc)
-        return makeError(where(source, "\"" + s.meta->id + "\"") +
-                         ": checksum mismatch (crc32c " + std::to_string(mine) +
-                         ", the source's " + std::to_string(crc) + ")");
-    } else if (source == f.group) {
-      maybeKillHealSourceForTests(buffersSent++);
-      uint32_t crc = ckpt::crc32c(s.data.data(), s.data.size());
-      for (int j : joiners) {
-        auto sent = c.send(s.data.data(), keyOf(j), int64_t(s.data.size()),
-                           DType::UInt8, tag);
-        if (sent)
-          sent = c.send(&crc, keyOf(j), 4, DType::UInt8, tag + " crc32c");
-        if (!sent)
-          return sent.error().within("healing group " + std::to_string(j));
+      }
+      std::lock_guard<std::mutex> lock(crcMutex);
+      crcQueued = k + 1;
+      crcReady.notify_all();
+      continue;
+    }
+    maybeKillHealSourceForTests(buffersSent++);
+    uint32_t crc;
+    {
+      std::unique_lock<std::mutex> lock(crcMutex);
+      crcReady.wait(lock, [&] { return crcDone > k; });
+      crc = crcs[i];
+    }
+    for (int j : joiners) {
+      auto sent = c.send(s.data.data(), keyOf(j), int64_t(s.data.size()),
+                         DType::UInt8, tag);
+      if (sent)
+        sent = c.send(&crc, keyOf(j), 4, DType::UInt8, tag + " crc32c");
+      if (!sent) {
+        stopWorker();
+        return sent.error().within("healing group " + std::to_string(j));
       }
     }
   }
+  crcWorker.join();
   if (joining) {
-    // Everything arrived and checked: now, and only now, in place.
-    for (size_t i = 0; i < persistent.size(); ++i)
-      std::memcpy(buffers[size_t(persistent[i])].data.data(), staged[i].data(),
-                  staged[i].size());
+    for (size_t i : mine)
+      if (crcs[i] != expected[i])
+        return makeError(
+            where(sources[i % sources.size()],
+                  "\"" + buffers[size_t(persistent[i])].meta->id + "\"") +
+            ": checksum mismatch (crc32c " + std::to_string(crcs[i]) +
+            ", the source's " + std::to_string(expected[i]) + ")");
+    // Everything arrived and checked: the counter last.
     steps = count;
   }
   ++f.heals;
