@@ -1642,13 +1642,13 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
   // A heal that fails (a source or a joiner died mid-transfer) may leave the
   // joiner's buffers half written, which nothing reads: the joiner is no
   // source in the next epoch (it never voted a step of this one ok) and
-  // trains only after a heal that succeeded. This rank votes the step failed, so that nobody commits it,
-  // and moves the job to the next epoch, where the heal starts again from
-  // the groups then live: a joiner whose counter never arrived votes on a
-  // step number of its own, which nobody else waits for. It first gives a
-  // dead peer's heartbeat the time to expire (at most twice the expiry, as
-  // ensureQuorum does), so that the next epoch leaves the dead source out
-  // instead of waiting for it in the heal group's rendezvous.
+  // trains only after a heal that succeeded. This rank votes the step failed,
+  // so that nobody commits it, and moves the job to the next epoch, where the
+  // heal starts again from the groups then live: a joiner whose counter never
+  // arrived votes on a step number of its own, which nobody else waits for. It
+  // first gives a dead peer's heartbeat the time to expire (at most twice the
+  // expiry, as ensureQuorum does), so that the next epoch leaves the dead
+  // source out instead of waiting for it in the heal group's rendezvous.
   Result<void> healed = heal(q, sources, joiners);
   if (!healed) {
     f.healFailure = healed.error();
