@@ -50,7 +50,8 @@ const char *kUsage =
     "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"
     "                      [--batch B] [--seq-len T] [--seed S] [--data PATH]\n"
     "                      [--save-params DIR] [--resume-after K]\n"
-    "                      [--load-checkpoint DIR] [--save-checkpoint DIR]\n"
+    "                      [--load-checkpoint DIR] [--save-checkpoint DIR\n"
+    "                      [--checkpoint-every N]]\n"
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
     "                      [--reference | --plain-reference] [--device cpu]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
@@ -167,6 +168,7 @@ private:
   void recordBubble(const StepProfile &prof);
   Result<void> exchangeBubble();
   void printBubble();
+  Result<void> saveCheckpoint();
 
   const TrainFlags &flags;
   const Planned &planned;
@@ -208,6 +210,9 @@ private:
   int64_t printerRank = 0;
   std::vector<int32_t> tokens, targets;
   std::map<std::string, std::vector<float>> weights; ///< fp32 of a call
+
+  /// The step of the last checkpoint saved (-1: none).
+  int64_t lastSaved = -1;
 
   // --cost-model: this machine's parameters, measured at start.
   std::optional<plan::CostModel> machine;
@@ -1162,6 +1167,29 @@ void RankTrainer::printBubble() {
               100 * textbookBubbleFraction(config));
 }
 
+/// Saves --save-checkpoint at the step done (collective; over an existing
+/// checkpoint atomically, docs/checkpoint-format.md).
+Result<void> RankTrainer::saveCheckpoint() {
+  ckpt::CheckpointInfo info;
+  info.model = {planned.spec.model->name, ""};
+  auto specText = plan::readTextFile(flags.spec);
+  info.spec = {flags.spec,
+               specText ? ckpt::fingerprintOf(*specText) : std::string()};
+  if (const auto &o = session->plan().optimizer) {
+    info.training.seed = int64_t(o->seed);
+    info.training.stochasticRounding = o->stochasticRounding;
+  }
+  info.generator = "meshplan-train";
+  MESHPLAN_TRY(session->saveCheckpoint(flags.saveCheckpoint, info));
+  lastSaved = session->stepsDone();
+  if (session->plan().rank == printerRank) {
+    std::printf("saved checkpoint %s at step %lld\n",
+                flags.saveCheckpoint.c_str(), (long long)lastSaved);
+    std::fflush(stdout);
+  }
+  return {};
+}
+
 Result<void> RankTrainer::run() {
   MESHPLAN_TRY(open(""));
   const plan::Plan &p0 = session->plan();
@@ -1303,26 +1331,13 @@ Result<void> RankTrainer::run() {
                   comm * 1e3, exposed * 1e3, prof.overhead * 1e3);
       std::fflush(stdout);
     }
+    if (flags.checkpointEvery > 0 && step % flags.checkpointEvery == 0)
+      MESHPLAN_TRY(saveCheckpoint());
   }
   if (!flags.saveParams.empty())
     MESHPLAN_TRY(saveParams());
-  if (!flags.saveCheckpoint.empty()) {
-    ckpt::CheckpointInfo info;
-    info.model = {planned.spec.model->name, ""};
-    auto specText = plan::readTextFile(flags.spec);
-    info.spec = {flags.spec,
-                 specText ? ckpt::fingerprintOf(*specText) : std::string()};
-    if (const auto &o = session->plan().optimizer) {
-      info.training.seed = int64_t(o->seed);
-      info.training.stochasticRounding = o->stochasticRounding;
-    }
-    info.generator = "meshplan-train";
-    MESHPLAN_TRY(session->saveCheckpoint(flags.saveCheckpoint, info));
-    if (printer)
-      std::printf("saved checkpoint %s at step %lld\n",
-                  flags.saveCheckpoint.c_str(),
-                  (long long)session->stepsDone());
-  }
+  if (!flags.saveCheckpoint.empty() && session->stepsDone() != lastSaved)
+    MESHPLAN_TRY(saveCheckpoint());
   // Before close: the exchange runs on the trainer's pair communicators.
   bool bubble = machine && planned.spec.pipeline &&
                 planned.spec.pipeline->config.ranks > 1 && !idleOfStep.empty();
@@ -1395,6 +1410,8 @@ int main(int argc, char **argv) {
       flags.loadCheckpoint = next();
     else if (a == "--save-checkpoint")
       flags.saveCheckpoint = next();
+    else if (a == "--checkpoint-every")
+      flags.checkpointEvery = parseCount(a, next(), 1, INT64_MAX);
     else if (a == "--synthetic-grads")
       flags.syntheticGrads = true;
     else if (a == "--cost-model")
@@ -1432,6 +1449,9 @@ int main(int argc, char **argv) {
     return compareDumps(compareA, compareB, rtol);
   if (flags.spec.empty())
     usageError(std::string("--spec is required\n") + kUsage);
+  if (flags.checkpointEvery > 0 && flags.saveCheckpoint.empty())
+    usageError("--checkpoint-every needs --save-checkpoint DIR (where to "
+               "save)");
   if (flags.resumeAfter >= flags.steps)
     usageError("--resume-after " + std::to_string(flags.resumeAfter) +
                " must be below --steps " + std::to_string(flags.steps));

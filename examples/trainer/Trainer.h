@@ -52,6 +52,10 @@ struct TrainFlags {
   std::string loadCheckpoint;
   /// Where to save a checkpoint after the last step.
   std::string saveCheckpoint;
+  /// Also save it after every step divisible by this (0: only at the end):
+  /// a job stopped mid-run resumes from the last one with
+  /// --load-checkpoint.
+  int64_t checkpointEvery = 0;
   int64_t logEvery = 1;
   /// Measure this machine's collective latency and bandwidth at start and
   /// print the plan's cost model with them beside the measured step.
