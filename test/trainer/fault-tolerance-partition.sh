@@ -26,6 +26,19 @@ if [[ -z $server ]]; then
   echo "SKIPPED: redis-server is not installed (Debian package redis-server)"
   exit 0
 fi
+# A run killed by ctest's timeout cannot clean up (SIGKILL skips the trap):
+# remove the namespaces, bridges and veths of runs whose process is gone, so
+# that a stale bridge never holds this run's subnet.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^mpft[0-9]+g[0-9]$' || true); do
+  old=${ns#mpft}
+  kill -0 "${old%g*}" 2>/dev/null || ip netns del "$ns" 2>/dev/null || true
+done
+for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 |
+              grep -E '^mp(br[0-9]+|v[0-9]+g[0-9])$' || true); do
+  old=${link#mpbr}
+  old=${old#mpv}
+  kill -0 "${old%g*}" 2>/dev/null || ip link del "$link" 2>/dev/null || true
+done
 tag=$$
 net=10.213.$((tag % 200 + 20))
 bridge=mpbr$tag
@@ -107,6 +120,19 @@ wait_for "$work/r0.log" "replica groups 0, 2 of 3 live" 30
 echo "survivors committed without group 1 $(python3 -c "print(f'{$(date +%s.%N) - $cut:.1f}')") s after the cut (collective timeout 60 s)"
 wait_for "$work/r0.log" "^step 12/60" 60
 ip link set "mpv${tag}g1" up
+# Every rank finishes within 150 s, or the test fails with their logs
+# (instead of a silent ctest timeout).
+for _ in $(seq 1500); do
+  alive=0
+  for r in 0 1 2 3 4 5; do kill -0 "${pids[$r]}" 2>/dev/null && alive=1; done
+  ((alive)) || break
+  sleep 0.1
+done
+if ((alive)); then
+  echo "FAIL: ranks still running 150 s after the link came back:" >&2
+  for r in 0 1 2 3 4 5; do echo "-- rank $r" >&2; tail -n 4 "$work/r$r.log" >&2; done
+  exit 1
+fi
 for r in 0 1 2 3 4 5; do
   if ! wait "${pids[$r]}"; then
     echo "FAIL: rank $r failed:" >&2
