@@ -395,18 +395,24 @@ Result<void> RankTrainer::onCompute(ComputeCall &call) {
   auto runShare = [&] {
     return call.phase == "forward" ? forward(call) : backward(call);
   };
-  auto ft = session->faultTolerance();
-  if (!ft || ft->dataRanks.size() <= 1)
+  if (call.shares.empty() || (call.shares.size() == 1 && call.shares[0] == 0))
     return runShare();
   // A replica group is missing: this rank also runs the shares of the
-  // batch assigned to it, each a microbatch of its own whose gradients add
-  // into the same buffers; the plan's average over the nominal group count
-  // then equals the full job's (docs/fault-tolerance.md).
-  for (size_t k = 0; k < ft->dataRanks.size(); ++k) {
-    auto d = dataParallelIndex(planned, ft->dataRanks[k]);
+  // batch assigned to it (docs/fault-tolerance.md). The session hands one
+  // share per call where it keeps the shares' sums apart (the exact sums of
+  // the full job), or all of them, which then add into the same gradients.
+  auto ft = session->faultTolerance();
+  if (!ft)
+    return makeError("a compute call names batch shares outside fault "
+                     "tolerance");
+  for (int64_t k : call.shares) {
+    if (k < 0 || size_t(k) >= ft->dataRanks.size())
+      return makeError("batch share " + std::to_string(k) + " of " +
+                       std::to_string(ft->dataRanks.size()));
+    auto d = dataParallelIndex(planned, ft->dataRanks[size_t(k)]);
     if (!d)
       return d.error();
-    share = int64_t(k);
+    share = k;
     shareDp = *d;
     Result<void> ok = runShare();
     share = 0;
@@ -802,7 +808,12 @@ RankTrainer::addGradients(ComputeCall &call,
 
 Result<float> RankTrainer::globalLoss(float local) {
   for (Communicator *c : lossComms)
-    MESHPLAN_TRY(c->allReduce(&local, 1, DType::Float32, ReduceOp::Avg));
+    if (auto ok = c->allReduce(&local, 1, DType::Float32, ReduceOp::Avg); !ok) {
+      // A peer that stopped because the membership store lost the job
+      // closed its connections: report the store, the cause.
+      MESHPLAN_TRY(session->checkMembershipStore());
+      return ok.error().within("the loss's all-reduce");
+    }
   return local;
 }
 

@@ -276,6 +276,22 @@ struct FaultTolerance {
   /// Per stream: the instructions before the commit, and after it.
   std::vector<std::vector<int>> beforeOrder, afterOrder;
   std::vector<int64_t> dataRanks;
+  /// Batch shares of missing groups run one pass each, and the
+  /// fault_tolerant all-reduces sum the shares in group order
+  /// (Communicator::allReduceShares): the sums of the full job, bit for
+  /// bit. Possible when the part before the commit writes no persistent
+  /// buffer, and its fault_tolerant collectives are sum or avg all-reduces
+  /// over the managed axis alone whose results nothing before the commit
+  /// reads (docs/fault-tolerance.md, "Exact sums").
+  bool sharesApart = false;
+  /// This step, with groups missing: per member of the fault_tolerant
+  /// groups (live groups, ascending), the groups whose shares it brings.
+  std::vector<std::vector<int64_t>> shareLayout;
+  /// The pass running (an index into dataRanks), and each deferred
+  /// all-reduce's packed input of the earlier passes, by instruction.
+  size_t sharePass = 0;
+  std::unique_ptr<std::mutex> stashMutex = std::make_unique<std::mutex>();
+  std::map<int, std::vector<std::vector<std::byte>>> shareStash;
   int64_t discarded = 0, heals = 0;
   /// The last heal of this epoch failed: this rank's steps cannot commit.
   std::optional<Error> healFailure;
@@ -368,6 +384,9 @@ struct Session::Impl {
   std::string describe(const Bound &b) const;
   TensorView view(int buffer);
   void ensure(int buffer);
+  bool sharing(const Bound &b) const;
+  Result<bool> allReduceShare(const Bound &b, Communicator &c, std::byte *data,
+                              int64_t count, DType wire);
 };
 
 std::string Session::Impl::describe(const Bound &b) const {
@@ -668,6 +687,36 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
   return g;
 }
 
+bool Session::Impl::sharing(const Bound &b) const {
+  return ft && !ft->shareLayout.empty() && b.comm >= 0 &&
+         plan.communicators[size_t(b.comm)].faultTolerant;
+}
+
+/// A fault_tolerant all-reduce while groups are missing (FaultTolerance::
+/// sharesApart): in every pass but this rank's last, keeps the packed input
+/// of the pass's share; in the last, sums every share of every member in
+/// group order into `data`. True once `data` holds the sum.
+Result<bool> Session::Impl::allReduceShare(const Bound &b, Communicator &c,
+                                           std::byte *data, int64_t count,
+                                           DType wire) {
+  FaultTolerance &f = *ft;
+  size_t bytes = size_t(count * plan::dtypeBytes(wire));
+  std::lock_guard<std::mutex> lock(*f.stashMutex);
+  std::vector<std::vector<std::byte>> &kept = f.shareStash[b.index];
+  if (f.sharePass + 1 < f.dataRanks.size()) {
+    kept.emplace_back(data, data + bytes);
+    return false;
+  }
+  std::vector<const void *> mine;
+  for (const std::vector<std::byte> &k : kept)
+    mine.push_back(k.data());
+  mine.push_back(data);
+  MESHPLAN_TRY(
+      c.allReduceShares(mine, data, count, wire, *b.in->reduce, f.shareLayout));
+  kept.clear();
+  return true;
+}
+
 Result<void> Session::Impl::runCollective(Bound &b) {
   const Instruction &in = *b.in;
   auto comm = communicator(b.comm);
@@ -706,6 +755,10 @@ Result<void> Session::Impl::runCollective(Bound &b) {
     case OpKind::AllReduce:
       if (src != dst)
         std::memcpy(dst, src, size_t(count * esize));
+      if (sharing(b)) {
+        auto summed = allReduceShare(b, c, dst, count, wire);
+        return summed ? Result<void>() : Result<void>(summed.error());
+      }
       return c.allReduce(dst, count, wire, *in.reduce);
     case OpKind::Broadcast:
       if (src != dst)
@@ -763,10 +816,17 @@ Result<void> Session::Impl::runCollective(Bound &b) {
       copyBox(box(p.in), chunkRef(data, p.at, p, mine), mine.offset,
               mine.localShape);
     }
-    if (in.op == OpKind::AllReduce)
+    if (in.op == OpKind::AllReduce && sharing(b)) {
+      auto summed = allReduceShare(b, c, data.data(), count, wire);
+      if (!summed)
+        return summed.error();
+      if (!*summed)
+        return {}; // deferred to the last share's pass
+    } else if (in.op == OpKind::AllReduce) {
       MESHPLAN_TRY(c.allReduce(data.data(), count, wire, *in.reduce));
-    else
+    } else {
       MESHPLAN_TRY(c.broadcast(data.data(), count, wire, in.root));
+    }
     for (const Pair &p : b.pairs) {
       const ShardBox &mine = p.members[0];
       copyBox(chunkRef(data, p.at, p, mine), box(p.out), mine.offset,
@@ -848,6 +908,11 @@ Result<void> Session::Impl::runCompute(Bound &b) {
   call.microbatch = in.microbatch;
   call.step = steps + 1;
   call.session = self;
+  if (ft && !ft->shareLayout.empty())
+    call.shares = {int64_t(ft->sharePass)};
+  else if (ft)
+    for (size_t k = 0; k < ft->dataRanks.size(); ++k)
+      call.shares.push_back(int64_t(k));
   // Inputs: parameters, then (accumulating microbatches) the gradients so
   // far; amax buffers only feed the scales.
   std::map<std::string, int> accumulated;
@@ -1514,6 +1579,27 @@ Result<void> Session::Impl::setUpFaultTolerance() {
   for (size_t s = 0; s < streams.size(); ++s)
     for (int i : streams[s])
       (f.afterCommit[size_t(i)] ? f.afterOrder : f.beforeOrder)[s].push_back(i);
+  f.sharesApart = true;
+  for (size_t i = 0; i < n && f.sharesApart; ++i) {
+    const Bound &b = program[i];
+    if (f.afterCommit[i])
+      continue;
+    for (int x : b.outputs)
+      if (buffers[size_t(x)].persistent)
+        f.sharesApart = false;
+    if (b.comm < 0 || !plan.communicators[size_t(b.comm)].faultTolerant)
+      continue;
+    const plan::Communicator &c = plan.communicators[size_t(b.comm)];
+    if (c.axes.size() != 1 || c.axes[0] != mesh->axis(f.axis).name ||
+        (b.in->reduce != ReduceOp::Sum && b.in->reduce != ReduceOp::Avg))
+      f.sharesApart = false;
+    for (size_t j = 0; j < n; ++j)
+      if (j != i && !f.afterCommit[j] && program[j].in->op != OpKind::Free)
+        for (int x : program[j].inputs)
+          if (std::find(b.outputs.begin(), b.outputs.end(), x) !=
+              b.outputs.end())
+            f.sharesApart = false;
+  }
 
   MembershipOptions mo;
   mo.host = o.store.host;
@@ -1959,23 +2045,47 @@ Result<void> Session::Impl::faultTolerantStep() {
       if (assigned == f.group)
         f.dataRanks.push_back(f.alongAxis[size_t(missing[i])]);
     }
-    // A fresh attempt: no step-local buffer survives a discarded one.
-    for (BufferState &s : buffers)
-      if (!s.persistent) {
-        s.data = {};
-        s.live = false;
-      }
+    // With groups missing and shares kept apart: who brings which share to
+    // the fault_tolerant all-reduces (every member computes the same), and
+    // one pass per share of this rank's.
+    f.shareLayout.clear();
+    f.shareStash.clear();
+    if (f.sharesApart && !missing.empty()) {
+      size_t live = f.quorum.members.size();
+      for (int g : f.quorum.members)
+        f.shareLayout.push_back({int64_t(g)});
+      for (size_t i = 0; i < missing.size(); ++i)
+        f.shareLayout[(i + size_t(step)) % live].push_back(missing[i]);
+    }
+    size_t passes = f.shareLayout.empty() ? 1 : f.dataRanks.size();
     size_t n = program.size();
     Clock::time_point start = Clock::now();
-    StepState state{
-        std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
-        std::vector<char>(n, 0), std::vector<int>(commSequence.size(), 0)};
+    auto freshState = [&] {
+      // A fresh attempt or share: no step-local buffer survives.
+      for (BufferState &s : buffers)
+        if (!s.persistent) {
+          s.data = {};
+          s.live = false;
+        }
+      return StepState{
+          std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
+          std::vector<char>(n, 0), std::vector<int>(commSequence.size(), 0)};
+    };
+    StepState state = freshState();
     // A peer cut off without closing its connections (a partition) would
     // hold a collective until the timeout; the watcher ends it as soon as
     // the job has moved to another epoch.
     Stop stop;
     std::thread watcher([&] { watchEpoch(epoch, stop); });
-    PassOutcome before = runPass(state, f.beforeOrder, /*soft=*/true);
+    PassOutcome before;
+    for (f.sharePass = 0; f.sharePass < passes; ++f.sharePass) {
+      if (f.sharePass > 0)
+        state = freshState();
+      before = runPass(state, f.beforeOrder, /*soft=*/true);
+      if (before.failure || before.faultTolerantFailure)
+        break;
+    }
+    f.sharePass = 0;
     {
       std::lock_guard<std::mutex> lock(stop.mutex);
       stop.stopped = true;
@@ -2024,6 +2134,20 @@ std::optional<FaultToleranceState> Session::faultTolerance() const {
   s.stepsDiscarded = f.discarded;
   s.heals = f.heals;
   return s;
+}
+
+Result<void> Session::checkMembershipStore() {
+  if (!impl->ft)
+    return {};
+  Membership &m = *impl->ft->membership;
+  auto q = m.currentQuorum();
+  // A connection the store's restart closed fails once; the reconnect
+  // then finds out whether the store still holds the job.
+  if (!q && !m.lostState())
+    q = m.currentQuorum();
+  if (!q)
+    return q.error();
+  return {};
 }
 
 int64_t Session::stepsDone() const { return impl->steps; }

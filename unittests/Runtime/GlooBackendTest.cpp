@@ -169,6 +169,42 @@ void runMember(Communicator &comm) {
       expectEqual(me, name + " bf16", half.data(), wantHalf.data(),
                   half.size());
     }
+    // allReduceShares (fault tolerance with members missing): n + 2 nominal
+    // members, 1 and n + 1 missing, their contributions brought by members
+    // n - 1 and 0 beside their own; the result is the left fold over the
+    // nominal members, as a full group's all-reduce would take it.
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      std::string name = std::string("all-reduce shares ") +
+                         (op == ReduceOp::Sum ? "sum" : "avg") + at;
+      int64_t nominal = n + 2;
+      std::vector<std::vector<int64_t>> layout(static_cast<size_t>(n));
+      for (int64_t g = 0, k = 0; g < nominal; ++g)
+        if (g != 1 && g != nominal - 1)
+          layout[size_t(k++)].push_back(g);
+      // Out of member order, so that a fold in member order would differ.
+      layout[size_t(n - 1)].push_back(1);
+      layout[0].push_back(nominal - 1);
+      std::vector<std::vector<float>> mine;
+      std::vector<const void *> pointers;
+      for (int64_t g : layout[size_t(me)])
+        mine.push_back(inputs(g, 23 * count, count));
+      for (const std::vector<float> &m : mine)
+        pointers.push_back(m.data());
+      std::vector<float> out(static_cast<size_t>(count)),
+          want = inputs(0, 23 * count, count);
+      check(me, name,
+            comm.allReduceShares(pointers, out.data(), count, DType::Float32,
+                                 op, layout));
+      for (int64_t g = 1; g < nominal; ++g) {
+        std::vector<float> theirs = inputs(g, 23 * count, count);
+        for (int64_t i = 0; i < count; ++i)
+          want[size_t(i)] = want[size_t(i)] + theirs[size_t(i)];
+      }
+      if (op == ReduceOp::Avg)
+        for (float &w : want)
+          w /= float(n);
+      expectEqual(me, name, out.data(), want.data(), out.size());
+    }
     // All-to-all: block s of member t's input lands as block t at member s.
     {
       std::vector<float> in = inputs(me, 19 * count, count * n);

@@ -126,6 +126,19 @@ public:
   /// In place over `count` elements.
   virtual Result<void> allReduce(void *data, int64_t count, DType dtype,
                                  ReduceOp op) = 0;
+  /// The all-reduce of a fault-tolerant group with members missing, whose
+  /// batch shares live members processed as well (docs/fault-tolerance.md,
+  /// "Exact sums"). `mine` holds this member's contributions, each
+  /// `count` elements; `layout[k]` names, for the member with key k, the
+  /// nominal member each of its contributions stands for (this member's
+  /// own list is layout[key()], in the order of `mine`). `out` gets the
+  /// left fold over the nominal members in order, then divided by the
+  /// nominal size for Avg: the very sums an all-reduce over the full group
+  /// takes in key order. Host memory; a backend without it says so.
+  virtual Result<void>
+  allReduceShares(const std::vector<const void *> &mine, void *out,
+                  int64_t count, DType dtype, ReduceOp op,
+                  const std::vector<std::vector<int64_t>> &layout);
   /// In place; `root` is a key.
   virtual Result<void> broadcast(void *data, int64_t count, DType dtype,
                                  int64_t root) = 0;
@@ -174,6 +187,14 @@ inline Result<void> Communicator::recv(void *, int64_t, int64_t, DType,
                                        std::string_view) {
   return makeError("communicator \"" + group().id +
                    "\": this backend has no point-to-point transfers");
+}
+inline Result<void>
+Communicator::allReduceShares(const std::vector<const void *> &, void *,
+                              int64_t, DType, ReduceOp,
+                              const std::vector<std::vector<int64_t>> &) {
+  return makeError("communicator \"" + group().id +
+                   "\": this backend cannot sum several batch shares per "
+                   "member (a fault-tolerant group with members missing)");
 }
 
 struct BackendOptions {

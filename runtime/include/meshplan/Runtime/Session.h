@@ -86,6 +86,14 @@ struct ComputeCall {
   /// activation (forward) or its input's gradient (backward) comes among
   /// them, in the plan's order.
   std::vector<TensorView> grads;
+  /// Fault tolerance with replica groups missing: the batch shares this
+  /// call processes, as indices into FaultToleranceState::dataRanks (the
+  /// ranks whose data they are). One share per call where the session runs
+  /// a pass per share, so that the sums equal the full job's bit for bit
+  /// (docs/fault-tolerance.md, "Exact sums"); every share where it cannot,
+  /// the callback adding them into the same gradients. Empty without fault
+  /// tolerance: the rank's own data.
+  std::vector<int64_t> shares;
   Session *session = nullptr;
 };
 
@@ -219,6 +227,13 @@ public:
   /// Fault-tolerant sessions: the epoch, the live groups and this step's
   /// data assignment; nullopt otherwise.
   std::optional<FaultToleranceState> faultTolerance() const;
+  /// Fault-tolerant sessions: one round trip to the membership store; its
+  /// error (naming the store) when it is unreachable or has lost the job's
+  /// state. A trainer whose own collective failed asks it: a peer that
+  /// stopped because the store lost the job closes its connections, and
+  /// the store, not the closed connection, is then the cause to report.
+  /// Without fault tolerance: nothing to check.
+  Result<void> checkMembershipStore();
   /// Steps completed so far.
   int64_t stepsDone() const;
   /// Continues a run in a fresh session: the next step() is step

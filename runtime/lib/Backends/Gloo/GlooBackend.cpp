@@ -259,6 +259,40 @@ void foldInKeyOrder(const ReduceFn &fn, void *out, Term &&term, int64_t n,
   }
 }
 
+/// allReduceShares' fold: `gathered` holds, per member in key order,
+/// `slots` blocks of `count` elements (its contributions, then padding);
+/// `layout[k][j]` is the nominal member that member k's j-th contribution
+/// stands for. out = the left fold over the nominal members in order.
+Result<void> foldShares(DType dtype, ReduceOp op, void *out,
+                        const std::byte *gathered, size_t slots, int64_t count,
+                        const std::vector<std::vector<int64_t>> &layout) {
+  size_t nominal = 0;
+  for (const auto &list : layout)
+    nominal += list.size();
+  std::vector<const std::byte *> term(nominal, nullptr);
+  size_t block = size_t(count * plan::dtypeBytes(dtype));
+  for (size_t k = 0; k < layout.size(); ++k)
+    for (size_t j = 0; j < layout[k].size(); ++j) {
+      int64_t g = layout[k][j];
+      if (g < 0 || size_t(g) >= nominal || term[size_t(g)])
+        return makeError("allReduceShares: the layout names nominal member " +
+                         std::to_string(g) + " twice or outside 0.." +
+                         std::to_string(nominal - 1));
+      term[size_t(g)] = gathered + (k * slots + j) * block;
+    }
+  ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  auto fn = reduceFunction(dtype, sumOp);
+  if (!fn)
+    return fn.error();
+  foldInKeyOrder(
+      *fn, out,
+      [&](int64_t g) {
+        return reinterpret_cast<const uint8_t *>(term[size_t(g)]);
+      },
+      int64_t(nominal), count, dtype);
+  return {};
+}
+
 //===----------------------------------------------------------------------===//
 // Communicator
 //===----------------------------------------------------------------------===//
@@ -455,6 +489,41 @@ public:
     }
     if (op == ReduceOp::Avg)
       divideBy(data, count, dtype, avgDivisor());
+    return {};
+  }
+
+  /// Every member gathers every member's contributions (padded to the most
+  /// any member brings; log rounds) and folds them in nominal order, as
+  /// the gather path of allReduce folds in key order: with every member
+  /// live and one contribution each, the same sums.
+  Result<void>
+  allReduceShares(const std::vector<const void *> &mine, void *out,
+                  int64_t count, DType dtype, ReduceOp op,
+                  const std::vector<std::vector<int64_t>> &layout) override {
+    if (aborted)
+      return guarded([&] { throwAborted("all-reduce"); });
+    if (layout.size() != size_t(size()) ||
+        layout[size_t(key())].size() != mine.size())
+      return makeError("allReduceShares: the layout has " +
+                       std::to_string(layout.size()) + " members (the group " +
+                       std::to_string(size()) + "), this member's list " +
+                       std::to_string(layout[size_t(key())].size()) +
+                       " entries for " + std::to_string(mine.size()) +
+                       " contributions");
+    size_t slots = 0;
+    for (const auto &list : layout)
+      slots = std::max(slots, list.size());
+    size_t block = size_t(count * plan::dtypeBytes(dtype));
+    std::vector<std::byte> send(slots * block, std::byte{0});
+    for (size_t j = 0; j < mine.size(); ++j)
+      std::memcpy(send.data() + j * block, mine[j], block);
+    std::vector<std::byte> all(send.size() * size_t(size()));
+    if (block > 0)
+      MESHPLAN_TRY(guarded(
+          [&] { logRoundAllGather(send.data(), all.data(), send.size()); }));
+    MESHPLAN_TRY(foldShares(dtype, op, out, all.data(), slots, count, layout));
+    if (op == ReduceOp::Avg)
+      divideBy(out, count, dtype, avgDivisor());
     return {};
   }
 
@@ -841,6 +910,23 @@ public:
     // the group's nominal size.
     if (op == ReduceOp::Avg && avgDivisor() != 1)
       divideBy(data, count, dtype, avgDivisor());
+    return {};
+  }
+  Result<void>
+  allReduceShares(const std::vector<const void *> &mine, void *out,
+                  int64_t count, DType dtype, ReduceOp op,
+                  const std::vector<std::vector<int64_t>> &layout) override {
+    if (layout.size() != 1 || layout[0].size() != mine.size())
+      return makeError("allReduceShares: the layout does not match this "
+                       "member's contributions");
+    size_t block = size_t(count * plan::dtypeBytes(dtype));
+    std::vector<std::byte> all(block * mine.size());
+    for (size_t j = 0; j < mine.size(); ++j)
+      std::memcpy(all.data() + j * block, mine[j], block);
+    MESHPLAN_TRY(
+        foldShares(dtype, op, out, all.data(), mine.size(), count, layout));
+    if (op == ReduceOp::Avg && avgDivisor() != 1)
+      divideBy(out, count, dtype, avgDivisor());
     return {};
   }
   Result<void> broadcast(void *, int64_t, DType, int64_t) override {
