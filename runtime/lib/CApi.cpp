@@ -180,6 +180,8 @@ int mp_set_compute_callback(mp_session *s, mp_compute_fn fn, void *user) {
         c.num_grads = grads.size();
         c.grads = grads.data();
         c.session = s;
+        c.num_shares = call.shares.size();
+        c.shares = call.shares.empty() ? nullptr : call.shares.data();
         callbackErrorSet = false;
         int rc = fn(&c, user);
         if (rc != 0)

@@ -89,6 +89,13 @@ typedef struct mp_compute_call {
      (zeros at the first microbatch, the earlier microbatches' sum after). */
   const mp_tensor *grads;
   mp_session *session;
+  /* Fault tolerance with replica groups missing: the batch shares this call
+     computes, as indices into mp_fault_tolerance's data_ranks. One per call
+     where the session runs a pass per share (the full job's sums, bit for
+     bit), all of them where it cannot (the callback then adds them into the
+     same gradients). num_shares 0: the rank's own data. */
+  size_t num_shares;
+  const int64_t *shares;
 } mp_compute_call;
 
 /* Callbacks return 0 on success, non-zero to fail the step / the init. They
@@ -185,8 +192,8 @@ int mp_resume_after(mp_session *s, int64_t steps);
 /* A fault-tolerant session (MESHPLAN_FT_STORE set; docs/fault-tolerance.md):
    the epoch it trains in, the live replica groups, and the ranks whose share
    of the batch this rank processes in the current step (itself first, then
-   those of missing groups assigned to it: the compute callback runs each as
-   a microbatch of its own). The arrays point into the session and stay
+   those of missing groups assigned to it: the compute callback computes the
+   ones mp_compute_call's shares name). The arrays point into the session and stay
    valid until the next mp_step or mp_fault_tolerance_state. */
 typedef struct mp_fault_tolerance {
   int64_t epoch;
