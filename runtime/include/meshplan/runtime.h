@@ -193,8 +193,8 @@ int mp_resume_after(mp_session *s, int64_t steps);
    the epoch it trains in, the live replica groups, and the ranks whose share
    of the batch this rank processes in the current step (itself first, then
    those of missing groups assigned to it: the compute callback computes the
-   ones mp_compute_call's shares name). The arrays point into the session and stay
-   valid until the next mp_step or mp_fault_tolerance_state. */
+   ones mp_compute_call's shares name). The arrays point into the session and
+   stay valid until the next mp_step or mp_fault_tolerance_state. */
 typedef struct mp_fault_tolerance {
   int64_t epoch;
   int64_t num_groups; /* the managed axis's size */
