@@ -502,14 +502,15 @@ public:
                   const std::vector<std::vector<int64_t>> &layout) override {
     if (aborted)
       return guarded([&] { throwAborted("all-reduce"); });
-    if (layout.size() != size_t(size()) ||
-        layout[size_t(key())].size() != mine.size())
+    if (layout.size() != size_t(size()))
       return makeError("allReduceShares: the layout has " +
-                       std::to_string(layout.size()) + " members (the group " +
-                       std::to_string(size()) + "), this member's list " +
+                       std::to_string(layout.size()) + " members, the group " +
+                       std::to_string(size()));
+    if (layout[size_t(key())].size() != mine.size())
+      return makeError("allReduceShares: the layout gives this member " +
                        std::to_string(layout[size_t(key())].size()) +
-                       " entries for " + std::to_string(mine.size()) +
-                       " contributions");
+                       " contributions, it brings " +
+                       std::to_string(mine.size()));
     size_t slots = 0;
     for (const auto &list : layout)
       slots = std::max(slots, list.size());
