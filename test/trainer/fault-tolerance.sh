@@ -61,8 +61,24 @@ for _ in $(seq 50); do
 done
 cleanup() {
   pkill -9 -f "$work/" 2>/dev/null || true
-  kill "$(cat "$work/redis.pid")" 2>/dev/null || true
-  [[ -n ${KEEP:-} ]] || rm -rf "$work"
+  local pid
+  pid=$(cat "$work/redis.pid" 2>/dev/null || true)
+  [[ -z $pid ]] || kill "$pid" 2>/dev/null || true
+  # Killed processes (and redis-server writing its log as it stops) exit
+  # asynchronously: removing the directory under them can fail, and under
+  # `set -e` a failing trap fails the test after every case passed.
+  for _ in $(seq 100); do
+    { [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; } ||
+      pgrep -f "$work/" >/dev/null || break
+    sleep 0.05
+  done
+  if [[ -z ${KEEP:-} ]]; then
+    for _ in $(seq 20); do
+      rm -rf "$work" 2>/dev/null && break
+      sleep 0.1
+    done
+  fi
+  return 0
 }
 trap cleanup EXIT
 # The trainer's text (docs/ by default) copied once, so that every run of
