@@ -18,6 +18,8 @@
 #include "meshplan/Runtime/Session.h"
 
 #include "BoxCopy.h"
+#include "SessionImpl.h"
+#include "StagedCommunicator.h"
 
 #include "meshplan/Core/Layout.h"
 #include "meshplan/Core/MeshView.h"
@@ -169,32 +171,7 @@ Result<SessionOptions> sessionOptionsFromEnv() {
 // Bound plan
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-struct BufferState {
-  const plan::Buffer *meta = nullptr;
-  Layout layout;
-  int64_t numel = 0;
-  std::vector<std::byte> data;
-  bool live = false;
-  bool persistent = false;
-};
-
-/// One (input, output) pair of a collective, resolved.
-struct Pair {
-  int in = -1, out = -1;
-  /// Padded chunk shape and its offset in the packed block (elements).
-  std::vector<int64_t> padded;
-  int64_t chunk = 0, at = 0;
-  /// The box each member holds of the layout the chunk packs (all-gather:
-  /// the input's; reduce-scatter: the output's; others: this rank's only).
-  std::vector<ShardBox> members;
-  /// all_to_all: every member's input and output boxes.
-  std::vector<ShardBox> inBoxes, outBoxes;
-  /// permute: the keys this rank sends its shard to and receives from.
-  int64_t sendTo = -1, recvFrom = -1;
-};
-
+namespace detail {
 /// The intersection of two boxes (empty when they do not overlap).
 ShardBox intersect(const ShardBox &a, const ShardBox &b) {
   ShardBox r;
@@ -212,18 +189,6 @@ ShardBox intersect(const ShardBox &a, const ShardBox &b) {
 bool sameBox(const ShardBox &a, const ShardBox &b) {
   return a.offset == b.offset && a.localShape == b.localShape;
 }
-
-struct Bound {
-  const Instruction *in = nullptr;
-  int index = 0;
-  std::vector<int> inputs, outputs, deps;
-  int comm = -1;     ///< index into the plan's communicators
-  int sequence = -1; ///< position among its communicator's collectives
-  std::vector<Pair> pairs;
-  /// The buffers already are the collective's packed blocks (one pair, one
-  /// dtype, no padding, member boxes contiguous in key order): no staging.
-  bool direct = false;
-};
 
 /// Row-major index of `offset` inside a packed box, and whether the region
 /// [offset, offset + size) is one contiguous run of it.
@@ -257,137 +222,7 @@ float scaleOf(const std::vector<BufferState> &buffers,
                              b.scale->powerOf2);
 }
 
-using Clock = std::chrono::steady_clock;
-
-/// The fault-tolerant side of a session (docs/fault-tolerance.md).
-struct FaultTolerance {
-  std::unique_ptr<Membership> membership;
-  int axis = -1;          ///< the managed axis: its coordinates are the groups
-  int group = 0;          ///< this rank's coordinate on it
-  int64_t numGroups = 0;  ///< its size
-  int64_t groupRanks = 0; ///< ranks per group
-  /// The ranks along the managed axis with this rank's other coordinates,
-  /// by group (core's groupOf): where its data's and its heal's peers are.
-  std::vector<int64_t> alongAxis;
-  Quorum quorum; ///< the epoch this rank trains in (0: none yet)
-  /// Per instruction: runs after the commit (an optimizer update, or after
-  /// one in its stream's, its communicator's or its deps' order).
-  std::vector<char> afterCommit;
-  /// Per stream: the instructions before the commit, and after it.
-  std::vector<std::vector<int>> beforeOrder, afterOrder;
-  std::vector<int64_t> dataRanks;
-  /// Batch shares of missing groups run one pass each, and the
-  /// fault_tolerant all-reduces sum the shares in group order
-  /// (Communicator::allReduceShares): the sums of the full job, bit for
-  /// bit. Possible when the part before the commit writes no persistent
-  /// buffer, and its fault_tolerant collectives are sum or avg all-reduces
-  /// over the managed axis alone whose results nothing before the commit
-  /// reads (docs/fault-tolerance.md, "Exact sums").
-  bool sharesApart = false;
-  /// This step, with groups missing: per member of the fault_tolerant
-  /// groups (live groups, ascending), the groups whose shares it brings.
-  std::vector<std::vector<int64_t>> shareLayout;
-  /// The pass running (an index into dataRanks), and each deferred
-  /// all-reduce's packed input of the earlier passes, by instruction.
-  size_t sharePass = 0;
-  std::unique_ptr<std::mutex> stashMutex = std::make_unique<std::mutex>();
-  std::map<int, std::vector<std::vector<std::byte>>> shareStash;
-  int64_t discarded = 0, heals = 0;
-  /// The last heal of this epoch failed: this rank's steps cannot commit.
-  std::optional<Error> healFailure;
-};
-
-/// One attempt at a step: which instructions completed, each
-/// communicator's next turn, and every instruction's [start, end).
-struct StepState {
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
-  std::vector<char> done;
-  std::vector<int> turn;
-};
-
-/// What a pass over (part of) the program came to.
-struct PassOutcome {
-  /// Fatal: the session is unusable.
-  std::optional<Error> failure;
-  /// Fault-tolerant sessions: a collective of a fault_tolerant communicator
-  /// failed; the pass went on without the later ones, and the step cannot
-  /// commit.
-  std::optional<Error> faultTolerantFailure;
-};
-
-} // namespace
-
-struct Session::Impl {
-  plan::Plan plan;
-  SessionOptions options;
-  std::shared_ptr<const Mesh> mesh;
-  std::optional<View> root;
-  std::vector<BufferState> buffers;
-  std::unordered_map<std::string, int> bufferIds;
-  std::vector<Bound> program;
-  std::vector<std::vector<int>> streams; ///< instruction indices per stream
-  std::vector<std::vector<int>> commSequence; ///< collectives per comm
-  std::unique_ptr<Backend> backend;
-  std::vector<std::unique_ptr<Communicator>> comms; ///< lazily, per comm
-  std::map<std::string, std::unique_ptr<Communicator>> trainerComms;
-  std::mutex commMutex;
-  ComputeCallback fallback;
-  std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
-  int64_t steps = 0;
-  int64_t checkpointsSaved = 0; ///< numbers the store keys of each save
-  /// loadCheckpoint's staging region, kept for the next load (stagingFor).
-  std::shared_ptr<std::byte> loadStaging;
-  size_t loadStagingBytes = 0;
-  StepProfile profile;
-  bool broken = false;
-  bool closed = false;
-  Session *self = nullptr;
-  std::optional<FaultTolerance> ft;
-
-  Result<void> bind();
-  /// Runs the instructions of `order` (per stream), continuing `state`.
-  /// With `soft`, a fault_tolerant communicator's failure is recorded, not
-  /// fatal.
-  PassOutcome runPass(StepState &state,
-                      const std::vector<std::vector<int>> &order, bool soft);
-  Result<void> setUpFaultTolerance();
-  Result<void> faultTolerantStep();
-  /// Returns once this rank is in the store's current quorum, with that
-  /// epoch adopted (and any joining group healed). `moveOn`: the adopted
-  /// epoch failed; wait for (or install) a later one.
-  Result<void> ensureQuorum(bool moveOn);
-  Result<void> adopt(const Quorum &q);
-  Result<void> heal(const Quorum &q, const std::vector<int> &sources,
-                    const std::vector<int> &joiners);
-  /// The commit vote's outcome: true = commit.
-  Result<bool> awaitCommit(int64_t epoch, int64_t step);
-  /// Runs beside the part of a step before its commit: installs the next
-  /// epoch once a group of `epoch` is dead, and aborts `epoch`'s
-  /// fault_tolerant communicators once the epoch has moved, until `stop`.
-  struct Stop {
-    std::mutex mutex;
-    std::condition_variable wake;
-    bool stopped = false;
-  };
-  void watchEpoch(int64_t epoch, Stop &stop);
-  GroupSpec groupSpecOf(int comm);
-  int64_t incarnation() const {
-    return options.faultTolerance ? options.faultTolerance->incarnation : 0;
-  }
-  Result<void> bindCollective(Bound &b);
-  Result<Communicator *> communicator(int comm);
-  Result<void> execute(Bound &b);
-  Result<void> runCollective(Bound &b);
-  Result<void> runTransfer(Bound &b);
-  Result<void> runCompute(Bound &b);
-  Result<void> runOptimizer(Bound &b);
-  std::string describe(const Bound &b) const;
-  TensorView view(int buffer);
-  void ensure(int buffer);
-  bool sharing(const Bound &b) const;
-  Result<bool> allReduceShare(const Bound &b, Communicator &c, std::byte *data,
-                              int64_t count, DType wire);
-};
+} // namespace detail
 
 std::string Session::Impl::describe(const Bound &b) const {
   std::string s = "instruction \"" + b.in->id + "\"";
@@ -400,6 +235,14 @@ TensorView Session::Impl::view(int buffer) {
   BufferState &s = buffers[buffer];
   TensorView v;
   v.buffer = s.meta;
+  if (dev) {
+    // Device memory; a float8 scale is a device value (deviceScale).
+    v.bytes =
+        std::span<std::byte>(deviceAddress(buffer),
+                             size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
+    v.onDevice = true;
+    return v;
+  }
   v.bytes = std::span<std::byte>(s.data.data(), s.data.size());
   if (s.meta->scale)
     v.scale = scaleOf(buffers, bufferIds, *s.meta);
@@ -446,7 +289,9 @@ Result<void> Session::Impl::bind() {
     s.persistent = b.kind == BufferKind::ParamShard ||
                    b.kind == BufferKind::OptimizerState;
     bufferIds[b.id] = static_cast<int>(i);
-    if (s.persistent)
+    if (s.persistent && options.device)
+      s.live = true; // in the device arena (setUpDevice zeroes it)
+    else if (s.persistent)
       ensure(static_cast<int>(i));
   }
 
@@ -644,6 +489,9 @@ Result<Communicator *> Session::Impl::communicator(int index) {
     if (!comm)
       return comm.error();
     comms[index] = std::move(*comm);
+    // On a device, a host backend's collectives go through host memory.
+    if (dev && comms[index]->memoryKind() == MemoryKind::Host)
+      comms[index] = stageThroughHost(std::move(comms[index]), dev->device);
   }
   return comms[index].get();
 }
@@ -1156,21 +1004,6 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   impl->plan = std::move(p);
   impl->options = options;
   MESHPLAN_TRY(impl->bind());
-  if (options.backend == "nccl") {
-    // The NCCL backend and the CUDA kernels exist in a CUDA build
-    // (MeshplanRuntimeNccl), but this executor still runs plans on host
-    // buffers; refuse rather than run a GPU job on the CPU.
-    if (!buildHasCudaBackend())
-      return makeError("backend \"nccl\": this build has no CUDA backend "
-                       "(configure with the CUDA toolkit installed and "
-                       "MESHPLAN_CUDA=AUTO or ON; docs/cuda.md)");
-    return makeError("backend \"nccl\": the executor does not run plans on "
-                     "CUDA devices yet; this build has the NCCL backend and "
-                     "the CUDA kernels for it (docs/cuda.md)");
-  }
-  if (options.backend != "gloo")
-    return makeError("backend \"" + options.backend +
-                     "\": unknown (expected \"gloo\" or \"nccl\")");
   BackendOptions bo;
   bo.store = options.store;
   bo.rank = options.rank;
@@ -1179,12 +1012,37 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   bo.job = options.job;
   bo.keyOrderReductions = options.keyOrderReductions;
   bo.localRank = options.localRank;
-  auto backend = createGlooBackend(bo);
+  Result<std::unique_ptr<Backend>> backend = makeError("no backend");
+  if (options.makeBackend) {
+    backend = options.makeBackend(bo);
+  } else if (options.backend == "nccl") {
+    // The NCCL backend lives in MeshplanRuntimeNccl (CUDA builds), which a
+    // program links to run on GPUs; this library alone has no CUDA.
+    if (!buildHasCudaBackend())
+      return makeError("backend \"nccl\": this build has no CUDA backend "
+                       "(configure with the CUDA toolkit installed and "
+                       "MESHPLAN_CUDA=AUTO or ON; docs/cuda.md)");
+    return makeError("backend \"nccl\": this program does not link the CUDA "
+                     "backend (link MeshplanRuntimeNccl and open the session "
+                     "with cudaSessionOptions from meshplan/Runtime/"
+                     "CudaDevice.h; docs/cuda.md)");
+  } else if (options.backend == "gloo") {
+    backend = createGlooBackend(bo);
+  } else {
+    return makeError("backend \"" + options.backend +
+                     "\": unknown (expected \"gloo\" or \"nccl\")");
+  }
   if (!backend)
     return backend.error().within("store " + options.store.text());
+  if ((*backend)->memoryKind() == MemoryKind::Device && !options.device)
+    return makeError("backend \"" + std::string((*backend)->name()) +
+                     "\" runs on device buffers: the session needs a device "
+                     "(SessionOptions::device; docs/cuda.md)");
   impl->backend = std::move(*backend);
   if (options.faultTolerance)
     MESHPLAN_TRY(impl->setUpFaultTolerance());
+  if (options.device)
+    MESHPLAN_TRY(impl->setUpDevice());
   // Every group this session may create, in the plan's communicator order
   // (the same on every rank): the plan's, then the trainer's separate ones
   // over the same members (trainerCommunicator). A backend whose group
@@ -1239,6 +1097,8 @@ void Session::onCompute(const std::string &phase, const std::string &unit,
 
 Result<void>
 Session::initParameters(const std::function<Result<void>(TensorView &)> &init) {
+  if (impl->dev)
+    return impl->initOnDevice(init);
   for (size_t i = 0; i < impl->buffers.size(); ++i) {
     BufferState &s = impl->buffers[i];
     if (s.meta->kind == BufferKind::OptimizerState) {
@@ -1268,10 +1128,38 @@ Result<void> Session::copyIn(const std::string &id,
   std::vector<int64_t> zero(s.meta->globalShape.size(), 0);
   BoxRef src{const_cast<std::byte *>(whole.data()), s.meta->dtype,
              &s.meta->globalShape, &zero};
-  BoxRef dst{s.data.data(), s.meta->dtype, &s.meta->localShape,
-             &s.meta->offset};
+  std::vector<std::byte> staging;
+  std::byte *into = s.data.data();
+  if (impl->dev) {
+    staging.resize(size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
+    into = staging.data();
+  }
+  BoxRef dst{into, s.meta->dtype, &s.meta->localShape, &s.meta->offset};
   copyBox(src, dst, s.meta->offset, s.meta->localShape);
+  if (impl->dev)
+    return impl->toDevice(it->second, staging);
   return {};
+}
+
+Result<void> Session::copyOut(const TensorView &view,
+                              std::span<std::byte> host) {
+  if (host.size() != view.bytes.size())
+    return makeError(
+        "copyOut of \"" + view.id() + "\": " + std::to_string(host.size()) +
+        " bytes given, the view has " + std::to_string(view.bytes.size()));
+  if (!view.onDevice) {
+    if (!host.empty())
+      std::memcpy(host.data(), view.bytes.data(), host.size());
+    return {};
+  }
+  if (!impl->dev)
+    return makeError("copyOut of \"" + view.id() +
+                     "\": a device view, but this session has no device");
+  return impl->fromDevice(view.bytes.data(), host);
+}
+
+Device *Session::device() const {
+  return impl->dev ? impl->dev->device.get() : nullptr;
 }
 
 namespace {
@@ -1340,9 +1228,10 @@ StepProfile profileOf(const std::vector<Bound> &program,
 }
 } // namespace
 
-PassOutcome Session::Impl::runPass(StepState &state,
-                                   const std::vector<std::vector<int>> &order,
-                                   bool soft) {
+PassOutcome
+Session::Impl::runPass(StepState &state,
+                       const std::vector<std::vector<int>> &order, bool soft,
+                       const std::function<Result<void>(Bound &)> &run) {
   std::mutex mutex;
   std::condition_variable changed;
   PassOutcome out;
@@ -1404,7 +1293,7 @@ PassOutcome Session::Impl::runPass(StepState &state,
         skip = faultTolerantComm(b) && out.faultTolerantFailure.has_value();
       }
       state.spans[size_t(index)].first = Clock::now();
-      Result<void> ok = skip ? Result<void>() : execute(b);
+      Result<void> ok = skip ? Result<void>() : run ? run(b) : execute(b);
       state.spans[size_t(index)].second = Clock::now();
       std::lock_guard<std::mutex> lock(mutex);
       if (!ok) {
@@ -1448,7 +1337,17 @@ Result<void> Session::step() {
   StepState state{
       std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
       std::vector<char>(n, 0), std::vector<int>(m.commSequence.size(), 0)};
-  PassOutcome out = m.runPass(state, m.streams, /*soft=*/false);
+  PassOutcome out = m.dev ? m.runDevicePass(state)
+                          : m.runPass(state, m.streams, /*soft=*/false);
+  if (m.dev) {
+    // The step ends when the device is done with it; report the first
+    // failure, the host's (enqueueing) before the device's.
+    Result<void> done = m.synchronizeDevice();
+    if (!out.failure && !done)
+      out.failure =
+          done.error().within("rank " + std::to_string(m.plan.rank) +
+                              ": step " + std::to_string(m.steps + 1));
+  }
   if (out.failure) {
     m.broken = true;
     return *out.failure;
@@ -2390,6 +2289,9 @@ Result<void> statusFrom(const std::vector<char> &bytes) {
 
 Result<void> Session::saveCheckpoint(const std::string &dir,
                                      ckpt::CheckpointInfo info) {
+  if (impl->dev)
+    return makeError("checkpoints of a session on a device are not supported "
+                     "yet (docs/cuda.md): read the shards with copyOut");
   Impl &m = *impl;
   if (m.broken)
     return makeError("an earlier step failed; this session cannot save");
@@ -2509,6 +2411,9 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
 }
 
 Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
+  if (impl->dev)
+    return makeError("checkpoints of a session on a device are not supported "
+                     "yet (docs/cuda.md): read the shards with copyOut");
   Impl &m = *impl;
   auto meta = ckpt::readCheckpointMetadata(dir);
   if (!meta)

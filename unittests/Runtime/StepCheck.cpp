@@ -20,7 +20,13 @@
 //             rounding) per tensor
 //
 // Usage: runtime-step-check --plans DIR [--replicate a,b] [--shard c]
-//                           [--steps N] [--tp AXIS]
+//                           [--steps N] [--tp AXIS] [--device host|cuda]
+//                           [--probe]
+// With --device the plan runs on a device (docs/cuda.md, "Executor on
+// devices"): `host`, the host device (streams as threads; every machine), or
+// `cuda`, the rank's GPU (CUDA builds; exits 77 without a GPU). The checks
+// are the same: the callbacks copy their views to the host and back.
+// --probe only checks that the device can be had (exit 0, or 77).
 // fp32 must agree within 1e-6 relative; bf16 parameters and every gathered
 // parameter bit for bit. Exits 0 and prints one line on success.
 //
@@ -29,6 +35,9 @@
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Runtime/Kernels.h"
 #include "meshplan/Runtime/Session.h"
+#if MESHPLAN_HAVE_CUDA
+#include "meshplan/Runtime/CudaDevice.h"
+#endif
 
 #include <cmath>
 #include <csignal>
@@ -52,6 +61,9 @@ struct Args {
   /// Failure injection: this rank kills itself (SIGKILL) in the first
   /// backward of this step.
   int64_t killRank = -1, killStep = -1;
+  std::string device; ///< "", "host" or "cuda"
+  /// Only check that the device can be had (exit 0, or 77 for none).
+  bool probe = false;
 };
 
 std::vector<std::string> splitList(const std::string &s) {
@@ -168,6 +180,10 @@ int main(int argc, char **argv) {
       args.killRank = std::stoll(next());
     else if (a == "--kill-step")
       args.killStep = std::stoll(next());
+    else if (a == "--device")
+      args.device = next();
+    else if (a == "--probe")
+      args.probe = true;
     else
       fail("unknown flag " + a);
   }
@@ -175,6 +191,28 @@ int main(int argc, char **argv) {
   if (!options)
     fail(options.error().message);
   options->timeout = std::chrono::milliseconds(30000);
+  if (args.device == "host") {
+    options->device = createHostDevice();
+  } else if (args.device == "cuda") {
+#if MESHPLAN_HAVE_CUDA
+    auto cuda = cudaSessionOptions(*options);
+    if (!cuda) {
+      std::fprintf(stderr, "runtime-step-check: skipped: %s\n",
+                   cuda.error().message.c_str());
+      return 77;
+    }
+    options = std::move(cuda);
+#else
+    fail("--device cuda: this build has no CUDA backend");
+#endif
+  } else if (!args.device.empty()) {
+    fail("--device " + args.device + ": expected host or cuda");
+  }
+  if (args.probe) {
+    std::printf("runtime-step-check: device %s available\n",
+                options->device ? options->device->name().c_str() : "none");
+    return 0;
+  }
   auto session = Session::openPath(args.plans, *options);
   if (!session)
     fail(session.error().message);
@@ -256,7 +294,28 @@ int main(int argc, char **argv) {
     fail(init.error().message);
 
   int64_t checkedParams = 0, trainerChecks = 0, lastTrainerStep = 0;
-  s.onCompute([&](ComputeCall &call) -> Result<void> {
+  // One float all-reduced on a trainer communicator: a device one (NCCL)
+  // takes device memory.
+  auto allReduceOne = [&](Communicator &c, float &x,
+                          DeviceStream stream) -> Result<void> {
+    if (c.memoryKind() == MemoryKind::Host)
+      return c.allReduce(&x, 1, DType::Float32, ReduceOp::Sum);
+    Device &dev = *s.device();
+    auto p = dev.allocate(sizeof(float));
+    if (!p)
+      return p.error();
+    Result<void> ok = [&]() -> Result<void> {
+      MESHPLAN_TRY(dev.copyFromHost(*p, &x, sizeof x, stream));
+      MESHPLAN_TRY(c.setStream(stream));
+      MESHPLAN_TRY(c.allReduce(*p, 1, DType::Float32, ReduceOp::Sum));
+      MESHPLAN_TRY(c.synchronize());
+      MESHPLAN_TRY(dev.copyToHost(&x, *p, sizeof x, stream));
+      return dev.synchronize(stream);
+    }();
+    dev.release(*p);
+    return ok;
+  };
+  auto check = [&](ComputeCall &call) -> Result<void> {
     // Once a step, in its first callback (the same on every rank): a
     // collective of the trainer's own on each trainer_<axis> communicator.
     if (call.step != lastTrainerStep) {
@@ -270,7 +329,7 @@ int main(int argc, char **argv) {
         float x = static_cast<float>(p.rank + 1), want = 0;
         for (int64_t r : c.ranks)
           want += static_cast<float>(r + 1);
-        MESHPLAN_TRY((*comm)->allReduce(&x, 1, DType::Float32, ReduceOp::Sum));
+        MESHPLAN_TRY(allReduceOne(**comm, x, call.stream));
         if (x != want)
           return makeError(c.id + ": the trainer's all-reduce gave " +
                            std::to_string(x) + ", expected " +
@@ -360,6 +419,48 @@ int main(int argc, char **argv) {
              });
     }
     return {};
+  };
+  s.onCompute([&](ComputeCall &call) -> Result<void> {
+    if (!s.device())
+      return check(call);
+    // On a device: the views' bytes to the host, the checks and the
+    // gradients there, and the gradients back (a trainer would enqueue
+    // kernels on call.stream instead).
+    Device &dev = *s.device();
+    MESHPLAN_TRY(dev.synchronize(call.stream));
+    std::vector<std::vector<std::byte>> host;
+    auto mirror = [&](TensorView &v) -> Result<void> {
+      host.emplace_back(v.bytes.size());
+      if (!v.bytes.empty())
+        MESHPLAN_TRY(dev.copyToHost(host.back().data(), v.bytes.data(),
+                                    v.bytes.size(), call.stream));
+      if (v.deviceScale) {
+        float scale = 0;
+        MESHPLAN_TRY(
+            dev.copyToHost(&scale, v.deviceScale, sizeof scale, call.stream));
+        MESHPLAN_TRY(dev.synchronize(call.stream));
+        v.scale = scale;
+      }
+      return {};
+    };
+    ComputeCall onHost = call;
+    for (TensorView &v : onHost.params)
+      MESHPLAN_TRY(mirror(v));
+    for (TensorView &v : onHost.grads)
+      MESHPLAN_TRY(mirror(v));
+    MESHPLAN_TRY(dev.synchronize(call.stream));
+    size_t at = 0;
+    for (TensorView &v : onHost.params)
+      v.bytes = host[at++];
+    for (TensorView &v : onHost.grads)
+      v.bytes = host[at++];
+    MESHPLAN_TRY(check(onHost));
+    for (size_t g = 0; g < call.grads.size(); ++g)
+      if (!call.grads[g].bytes.empty())
+        MESHPLAN_TRY(dev.copyFromHost(call.grads[g].bytes.data(),
+                                      onHost.grads[g].bytes.data(),
+                                      call.grads[g].bytes.size(), call.stream));
+    return dev.synchronize(call.stream);
   });
 
   for (int step = 1; step <= args.steps; ++step) {
@@ -458,8 +559,14 @@ int main(int argc, char **argv) {
       fail(ok.error().message);
 
     // Compare every persistent shard.
-    auto compare = [&](const TensorView &v, const std::vector<float> &whole,
-                       bool exact) {
+    auto compare = [&](const TensorView &device,
+                       const std::vector<float> &whole, bool exact) {
+      // The shard's bytes on the host (a copy from the device, if any).
+      std::vector<std::byte> bytes(device.bytes.size());
+      if (auto ok = s.copyOut(device, bytes); !ok)
+        fail(ok.error().message);
+      TensorView v = device;
+      v.bytes = bytes;
       std::string bad;
       forBox(v.globalShape(), v.offset(), v.localShape(),
              [&](int64_t l, int64_t g) {
@@ -496,9 +603,11 @@ int main(int argc, char **argv) {
     comms += (comms.empty() ? "" : ",") + c;
   std::printf("rank %lld: %d steps match the single-process reference "
               "(%lld parameter reads checked, %lld trainer collectives; "
-              "communicators created: %s)\n",
+              "communicators created: %s%s%s)\n",
               static_cast<long long>(p.rank), args.steps,
               static_cast<long long>(checkedParams),
-              static_cast<long long>(trainerChecks), comms.c_str());
+              static_cast<long long>(trainerChecks), comms.c_str(),
+              s.device() ? "; device " : "",
+              s.device() ? s.device()->name().c_str() : "");
   return 0;
 }

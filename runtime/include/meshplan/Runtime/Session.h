@@ -26,6 +26,7 @@
 #include "meshplan/Core/Result.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Runtime/Backend.h"
+#include "meshplan/Runtime/Device.h"
 #include "meshplan/Runtime/Store.h"
 
 #include <chrono>
@@ -48,7 +49,13 @@ struct TensorView {
   const plan::Buffer *buffer = nullptr; ///< id, dtype, shapes, box, tensor
   std::span<std::byte> bytes;
   /// float8 buffers: the tensorwise scale (value = stored / scale).
+  /// Sessions on a device: unset; see deviceScale.
   std::optional<float> scale;
+  /// Sessions on a device (SessionOptions::device): `bytes` is device
+  /// memory, and a float8 buffer's scale is the float at deviceScale, in
+  /// device memory, valid for work enqueued on the call's stream.
+  bool onDevice = false;
+  const float *deviceScale = nullptr;
 
   const std::string &id() const { return buffer->id; }
   /// The model tensor this buffer holds a version of ("" for none).
@@ -95,6 +102,11 @@ struct ComputeCall {
   /// tolerance: the rank's own data.
   std::vector<int64_t> shares;
   Session *session = nullptr;
+  /// Sessions on a device: the stream of the compute instruction. The
+  /// callback enqueues its work on it and returns (the views are device
+  /// memory, ready in stream order); it may also synchronize it
+  /// (Session::device()) and work on the host, at the cost of overlap.
+  DeviceStream stream;
 };
 
 using ComputeCallback = std::function<Result<void>(ComputeCall &)>;
@@ -131,6 +143,18 @@ struct SessionOptions {
   /// Set: the job's replica groups may die and come back while the others
   /// train (docs/fault-tolerance.md).
   std::optional<FaultToleranceOptions> faultTolerance;
+  /// Set: the plan runs on this device (docs/cuda.md, "Executor on
+  /// devices"): buffers in one arena sized from the plan, each plan stream a
+  /// device stream, instructions enqueued without waiting. A host backend's
+  /// (Gloo's) collectives are staged through host memory; a device
+  /// backend's (NCCL's) run on the device buffers. Unset: host buffers.
+  std::shared_ptr<Device> device;
+  /// Creates the backend named by `backend` when it lives outside this
+  /// library: the NCCL backend is in MeshplanRuntimeNccl
+  /// (cudaSessionOptions in meshplan/Runtime/CudaDevice.h sets it). Unset:
+  /// "gloo" is built in, and "nccl" is refused.
+  std::function<Result<std::unique_ptr<Backend>>(const BackendOptions &)>
+      makeBackend;
 };
 
 /// Options from the environment that `meshplan run`, torchrun or Slurm set:
@@ -271,10 +295,19 @@ public:
   /// (resumeAfter(state.step) continues the run). Not collective.
   Result<ckpt::TrainingState> loadCheckpoint(const std::string &dir);
 
-  /// Persistent buffers (parameter shards, optimizer state) by id.
+  /// Persistent buffers (parameter shards, optimizer state) by id. On a
+  /// device the views are device memory (TensorView::onDevice); copyOut
+  /// reads them on the host.
   Result<TensorView> tensor(const std::string &id);
   std::vector<TensorView> parameters();
   std::vector<TensorView> optimizerState();
+
+  /// Copies a view of this session (a parameter, an optimizer state, or a
+  /// compute call's view between steps) into host memory of the same size,
+  /// waiting for the device where there is one.
+  Result<void> copyOut(const TensorView &view, std::span<std::byte> host);
+  /// The device the plan runs on; null for host buffers.
+  Device *device() const;
 
   /// A communicator of the plan for the trainer's own collectives (the
   /// `trainer_<axis>` ones). It is a separate group from the one the plan's

@@ -75,6 +75,11 @@ cudaError_t castToBf16Stochastic(const float *in, uint16_t *out, int64_t n,
 cudaError_t sumRows(const float *in, int64_t rows, int64_t n, float *out,
                     cudaStream_t stream);
 
+/// acc[i] += add[i] (the executor's `accumulate`): float32, or bfloat16
+/// added in float32 and rounded to nearest even.
+cudaError_t accumulate(void *acc, const void *add, int64_t n, bool bf16,
+                       cudaStream_t stream);
+
 /// The Gloo backend's key-order reduction, for the NCCL backend's
 /// deterministic sums (docs/runtime.md "Determinism"): `in` holds `blocks`
 /// blocks of `count` elements (member k's block k), and

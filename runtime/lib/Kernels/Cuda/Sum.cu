@@ -23,6 +23,18 @@ __global__ void sumRowsKernel(const float *in, int64_t rows, int64_t n,
   }
 }
 
+/// The executor's `accumulate`: acc += add, float32; bf16 widened, added in
+/// float32 and rounded to nearest even once (the CPU executor's order).
+__global__ void accumulateKernel(float *acc, const float *add, int64_t n) {
+  for (int64_t j = firstIndex(); j < n; j += gridStride())
+    acc[j] = acc[j] + add[j];
+}
+__global__ void accumulateBf16Kernel(uint16_t *acc, const uint16_t *add,
+                                     int64_t n) {
+  for (int64_t j = firstIndex(); j < n; j += gridStride())
+    acc[j] = roundBf16(widenBf16(acc[j]) + widenBf16(add[j]));
+}
+
 template <BlockReduce Op>
 __device__ __forceinline__ float combine(float a, float b) {
   return Op == BlockReduce::Product ? a * b : a + b;
@@ -99,6 +111,19 @@ cudaError_t sumRows(const float *in, int64_t rows, int64_t n, float *out,
   if (rows < 0)
     return cudaErrorInvalidValue;
   sumRowsKernel<<<blocksFor(n), kBlock, 0, stream>>>(in, rows, n, out);
+  return launched();
+}
+
+cudaError_t accumulate(void *acc, const void *add, int64_t n, bool bf16,
+                       cudaStream_t stream) {
+  if (n <= 0)
+    return cudaSuccess;
+  if (bf16)
+    accumulateBf16Kernel<<<blocksFor(n), kBlock, 0, stream>>>(
+        static_cast<uint16_t *>(acc), static_cast<const uint16_t *>(add), n);
+  else
+    accumulateKernel<<<blocksFor(n), kBlock, 0, stream>>>(
+        static_cast<float *>(acc), static_cast<const float *>(add), n);
   return launched();
 }
 

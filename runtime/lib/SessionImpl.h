@@ -1,0 +1,276 @@
+//===- SessionImpl.h - A session's state, shared by its executors -*- C++
+//-*-===//
+//
+// Internal to the runtime. Session::Impl holds the bound plan (buffers,
+// instructions resolved to buffer indices, per-collective boxes), the
+// backend and its communicators, and either host buffers or, for a session
+// on a device, the device state (DeviceState). Session.cpp binds the plan
+// and runs it on host buffers; DeviceExecution.cpp runs it on a device.
+//
+//===----------------------------------------------------------------------===//
+#ifndef MESHPLAN_RUNTIME_LIB_SESSIONIMPL_H
+#define MESHPLAN_RUNTIME_LIB_SESSIONIMPL_H
+
+#include "meshplan/Runtime/Session.h"
+
+#include "DeviceMemory.h"
+#include "StreamGraph.h"
+
+#include "meshplan/Core/Layout.h"
+#include "meshplan/Core/MeshView.h"
+#include "meshplan/Runtime/Membership.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace meshplan::runtime {
+
+using plan::Instruction;
+
+namespace detail {
+
+struct BufferState {
+  const plan::Buffer *meta = nullptr;
+  Layout layout;
+  int64_t numel = 0;
+  std::vector<std::byte> data;
+  bool live = false;
+  bool persistent = false;
+};
+
+/// One (input, output) pair of a collective, resolved.
+struct Pair {
+  int in = -1, out = -1;
+  /// Padded chunk shape and its offset in the packed block (elements).
+  std::vector<int64_t> padded;
+  int64_t chunk = 0, at = 0;
+  /// The box each member holds of the layout the chunk packs (all-gather:
+  /// the input's; reduce-scatter: the output's; others: this rank's only).
+  std::vector<ShardBox> members;
+  /// all_to_all: every member's input and output boxes.
+  std::vector<ShardBox> inBoxes, outBoxes;
+  /// permute: the keys this rank sends its shard to and receives from.
+  int64_t sendTo = -1, recvFrom = -1;
+};
+
+struct Bound {
+  const Instruction *in = nullptr;
+  int index = 0;
+  std::vector<int> inputs, outputs, deps;
+  int comm = -1;     ///< index into the plan's communicators
+  int sequence = -1; ///< position among its communicator's collectives
+  std::vector<Pair> pairs;
+  /// The buffers already are the collective's packed blocks (one pair, one
+  /// dtype, no padding, member boxes contiguous in key order): no staging.
+  bool direct = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+/// The fault-tolerant side of a session (docs/fault-tolerance.md).
+struct FaultTolerance {
+  std::unique_ptr<Membership> membership;
+  int axis = -1;          ///< the managed axis: its coordinates are the groups
+  int group = 0;          ///< this rank's coordinate on it
+  int64_t numGroups = 0;  ///< its size
+  int64_t groupRanks = 0; ///< ranks per group
+  /// The ranks along the managed axis with this rank's other coordinates,
+  /// by group (core's groupOf): where its data's and its heal's peers are.
+  std::vector<int64_t> alongAxis;
+  Quorum quorum; ///< the epoch this rank trains in (0: none yet)
+  /// Per instruction: runs after the commit (an optimizer update, or after
+  /// one in its stream's, its communicator's or its deps' order).
+  std::vector<char> afterCommit;
+  /// Per stream: the instructions before the commit, and after it.
+  std::vector<std::vector<int>> beforeOrder, afterOrder;
+  std::vector<int64_t> dataRanks;
+  /// Batch shares of missing groups run one pass each, and the
+  /// fault_tolerant all-reduces sum the shares in group order
+  /// (Communicator::allReduceShares): the sums of the full job, bit for
+  /// bit. Possible when the part before the commit writes no persistent
+  /// buffer, and its fault_tolerant collectives are sum or avg all-reduces
+  /// over the managed axis alone whose results nothing before the commit
+  /// reads (docs/fault-tolerance.md, "Exact sums").
+  bool sharesApart = false;
+  /// This step, with groups missing: per member of the fault_tolerant
+  /// groups (live groups, ascending), the groups whose shares it brings.
+  std::vector<std::vector<int64_t>> shareLayout;
+  /// The pass running (an index into dataRanks), and each deferred
+  /// all-reduce's packed input of the earlier passes, by instruction.
+  size_t sharePass = 0;
+  std::unique_ptr<std::mutex> stashMutex = std::make_unique<std::mutex>();
+  std::map<int, std::vector<std::vector<std::byte>>> shareStash;
+  int64_t discarded = 0, heals = 0;
+  /// The last heal of this epoch failed: this rank's steps cannot commit.
+  std::optional<Error> healFailure;
+};
+
+/// One attempt at a step: which instructions completed, each
+/// communicator's next turn, and every instruction's [start, end).
+struct StepState {
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
+  std::vector<char> done;
+  std::vector<int> turn;
+};
+
+/// What a pass over (part of) the program came to.
+struct PassOutcome {
+  /// Fatal: the session is unusable.
+  std::optional<Error> failure;
+  /// Fault-tolerant sessions: a collective of a fault_tolerant communicator
+  /// failed; the pass went on without the later ones, and the step cannot
+  /// commit.
+  std::optional<Error> faultTolerantFailure;
+};
+
+/// The intersection of two boxes (empty when they do not overlap).
+ShardBox intersect(const ShardBox &a, const ShardBox &b);
+bool sameBox(const ShardBox &a, const ShardBox &b);
+/// Row-major index of `offset` inside a packed box, and whether the region
+/// [offset, offset + size) is one contiguous run of it.
+std::pair<int64_t, bool> packedStart(const plan::Buffer &b,
+                                     const std::vector<int64_t> &offset,
+                                     const std::vector<int64_t> &size);
+/// The float8 scale of a buffer with one (1 otherwise), from its amax.
+float scaleOf(const std::vector<BufferState> &buffers,
+              const std::unordered_map<std::string, int> &ids,
+              const plan::Buffer &b);
+
+/// A session on a device (SessionOptions::device; DeviceExecution.cpp):
+/// where its buffers are and what orders its streams.
+struct DeviceState {
+  std::shared_ptr<Device> device;
+  std::unique_ptr<DeviceArena> arena;
+  /// Which events each instruction waits for and records.
+  StreamGraph graph;
+  std::vector<DeviceStream> streams; ///< per plan stream
+  std::vector<DeviceEvent> events;   ///< per graph event
+  /// Per plan stream: its collectives' packing blocks, in device memory
+  /// (stream order serializes their uses).
+  std::vector<std::byte *> sendScratch, recvScratch;
+  /// A device float per (instruction, buffer) whose float8 scale the
+  /// instruction computes from the buffer's amax.
+  std::map<std::pair<int, int>, float *> scales;
+  /// Device allocations besides the arena, released with the state.
+  std::vector<void *> allocations;
+  ~DeviceState();
+};
+
+} // namespace detail
+
+using namespace detail;
+
+struct Session::Impl {
+  plan::Plan plan;
+  SessionOptions options;
+  std::shared_ptr<const Mesh> mesh;
+  std::optional<View> root;
+  std::vector<BufferState> buffers;
+  std::unordered_map<std::string, int> bufferIds;
+  std::vector<Bound> program;
+  std::vector<std::vector<int>> streams; ///< instruction indices per stream
+  std::vector<std::vector<int>> commSequence; ///< collectives per comm
+  std::unique_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Communicator>> comms; ///< lazily, per comm
+  std::map<std::string, std::unique_ptr<Communicator>> trainerComms;
+  std::mutex commMutex;
+  ComputeCallback fallback;
+  std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
+  int64_t steps = 0;
+  int64_t checkpointsSaved = 0; ///< numbers the store keys of each save
+  /// loadCheckpoint's staging region, kept for the next load (stagingFor).
+  std::shared_ptr<std::byte> loadStaging;
+  size_t loadStagingBytes = 0;
+  StepProfile profile;
+  bool broken = false;
+  bool closed = false;
+  Session *self = nullptr;
+  std::optional<FaultTolerance> ft;
+  /// Set when the plan runs on a device (DeviceExecution.cpp).
+  std::unique_ptr<DeviceState> dev;
+
+  Result<void> bind();
+  /// Runs the instructions of `order` (per stream), continuing `state`.
+  /// With `soft`, a fault_tolerant communicator's failure is recorded, not
+  /// fatal.
+  /// `run` executes one instruction (default: execute(); on a device:
+  /// enqueue it).
+  PassOutcome runPass(StepState &state,
+                      const std::vector<std::vector<int>> &order, bool soft,
+                      const std::function<Result<void>(Bound &)> &run = {});
+  Result<void> setUpFaultTolerance();
+  Result<void> faultTolerantStep();
+  /// Returns once this rank is in the store's current quorum, with that
+  /// epoch adopted (and any joining group healed). `moveOn`: the adopted
+  /// epoch failed; wait for (or install) a later one.
+  Result<void> ensureQuorum(bool moveOn);
+  Result<void> adopt(const Quorum &q);
+  Result<void> heal(const Quorum &q, const std::vector<int> &sources,
+                    const std::vector<int> &joiners);
+  /// The commit vote's outcome: true = commit.
+  Result<bool> awaitCommit(int64_t epoch, int64_t step);
+  /// Runs beside the part of a step before its commit: installs the next
+  /// epoch once a group of `epoch` is dead, and aborts `epoch`'s
+  /// fault_tolerant communicators once the epoch has moved, until `stop`.
+  struct Stop {
+    std::mutex mutex;
+    std::condition_variable wake;
+    bool stopped = false;
+  };
+  void watchEpoch(int64_t epoch, Stop &stop);
+  GroupSpec groupSpecOf(int comm);
+  int64_t incarnation() const {
+    return options.faultTolerance ? options.faultTolerance->incarnation : 0;
+  }
+  Result<void> bindCollective(Bound &b);
+
+  // On a device (DeviceExecution.cpp).
+  /// Places the buffers, creates streams, events and scratch, and zeroes
+  /// the persistent buffers.
+  Result<void> setUpDevice();
+  /// One step: each plan stream's instructions enqueued by a host thread of
+  /// its own, then every stream synchronized.
+  PassOutcome runDevicePass(StepState &state);
+  Result<void> executeOnDevice(Bound &b, DeviceStream s);
+  Result<void> runCollectiveOnDevice(Bound &b, DeviceStream s);
+  Result<void> runComputeOnDevice(Bound &b, DeviceStream s);
+  Result<void> runOptimizerOnDevice(Bound &b, DeviceStream s);
+  /// Enqueues the computation of buffer's float8 scale for instruction b
+  /// and returns where it lands (null: the buffer has no scale).
+  Result<const float *> deviceScale(const Bound &b, int buffer, DeviceStream s);
+  /// The device address of a buffer.
+  std::byte *deviceAddress(int buffer) const;
+  /// ensure() on a device: zeroes a buffer about to be written first.
+  Result<void> ensureOnDevice(int buffer, DeviceStream s);
+  /// Waits for every stream (and device communicator) of the session.
+  Result<void> synchronizeDevice();
+  /// Session::initParameters on a device: each shard filled in host memory
+  /// by `init`, then copied; optimizer state zeroed.
+  Result<void>
+  initOnDevice(const std::function<Result<void>(TensorView &)> &init);
+  /// Host bytes into a buffer's device memory, and device bytes out to the
+  /// host; both wait for the copy.
+  Result<void> toDevice(int buffer, std::span<const std::byte> host);
+  Result<void> fromDevice(const std::byte *device, std::span<std::byte> host);
+  Result<Communicator *> communicator(int comm);
+  Result<void> execute(Bound &b);
+  Result<void> runCollective(Bound &b);
+  Result<void> runTransfer(Bound &b);
+  Result<void> runCompute(Bound &b);
+  Result<void> runOptimizer(Bound &b);
+  std::string describe(const Bound &b) const;
+  TensorView view(int buffer);
+  void ensure(int buffer);
+  bool sharing(const Bound &b) const;
+  Result<bool> allReduceShare(const Bound &b, Communicator &c, std::byte *data,
+                              int64_t count, DType wire);
+};
+} // namespace meshplan::runtime
+
+#endif // MESHPLAN_RUNTIME_LIB_SESSIONIMPL_H
