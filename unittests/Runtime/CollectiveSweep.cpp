@@ -10,6 +10,12 @@
 // the value on the partial group's first member and zeros elsewhere, so sums
 // are exact. Cases with a local slice are skipped (no plan op slices).
 //
+// With --device host every session runs on the host device (the device
+// executor: arena, device streams, packing on the device, Gloo staged
+// through host memory; docs/cuda.md), as ctest's runtime.device.
+// CollectiveSweep does. Shards go in with copyIn and come out with copyOut
+// in both modes.
+//
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Core/Redistribute.h"
@@ -24,6 +30,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <set>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -33,6 +40,36 @@ using namespace meshplan::runtime;
 namespace pl = meshplan::plan;
 
 namespace {
+
+/// Set by --device host: the device every session runs on.
+bool onHostDevice = false;
+
+void useDevice(SessionOptions &o) {
+  if (onHostDevice)
+    o.device = createHostDevice();
+}
+
+/// The shard of persistent buffer `id` as floats on the host.
+std::vector<float> readShard(Session &s, const std::string &id) {
+  auto t = s.tensor(id);
+  std::vector<float> out(t ? t->bytes.size() / sizeof(float) : 0);
+  if (!t || !s.copyOut(*t, std::as_writable_bytes(std::span(out)))) {
+    std::fprintf(stderr, "rank %lld: cannot read %s\n",
+                 static_cast<long long>(s.rank()), id.c_str());
+    _exit(1);
+  }
+  return out;
+}
+
+/// Fills persistent buffer `id` from its whole tensor.
+void writeWhole(Session &s, const std::string &id,
+                const std::vector<float> &whole) {
+  if (auto ok = s.copyIn(id, std::as_bytes(std::span(whole))); !ok) {
+    std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(s.rank()),
+                 ok.error().message.c_str());
+    _exit(1);
+  }
+}
 
 struct Case {
   std::string mesh; ///< "x=2,y=3"
@@ -239,6 +276,7 @@ int runCase(const Case &c, bool viaTemplate, int &skipped, std::string &kinds) {
     o.worldSize = world;
     o.store = {StoreAddress::Kind::File, tmpl, "", 0};
     o.timeout = std::chrono::milliseconds(20000);
+    useDevice(o);
     // Every other case runs the plan instantiated in-process from a
     // template instead of the plan itself.
     Result<std::unique_ptr<Session>> s = makeError("");
@@ -265,26 +303,19 @@ int runCase(const Case &c, bool viaTemplate, int &skipped, std::string &kinds) {
     for (const AxisRef &r : from->partial)
       holder &=
           r.coordinateAt(*mesh, rank) == 0; // default order: position = rank
-    auto t = (*s)->tensor("b0");
-    const plan::Buffer &b = *t->buffer;
-    std::vector<int64_t> idx(b.localShape.size(), 0);
-    for (int64_t l = 0; l < numel(b.localShape); ++l) {
-      int64_t g = 0, rem = l;
-      for (size_t d = b.localShape.size(); d-- > 0;) {
-        idx[d] = rem % b.localShape[d];
-        rem /= b.localShape[d];
-      }
-      for (size_t d = 0; d < idx.size(); ++d)
-        g = g * b.globalShape[d] + b.offset[d] + idx[d];
-      t->as<float>()[size_t(l)] = holder ? float(g + 1) : 0.0f;
-    }
+    std::vector<float> whole(size_t(numel(c.shape)));
+    for (size_t g = 0; g < whole.size(); ++g)
+      whole[g] = holder ? float(g + 1) : 0.0f;
+    writeWhole(**s, "b0", whole);
     if (auto ok = (*s)->step(); !ok) {
       std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
                    ok.error().message.c_str());
       _exit(1);
     }
-    auto result = (*s)->tensor("b" + std::to_string(planned->steps.size()));
+    std::string resultId = "b" + std::to_string(planned->steps.size());
+    auto result = (*s)->tensor(resultId);
     const plan::Buffer &r = *result->buffer;
+    std::vector<float> got = readShard(**s, resultId);
     for (int64_t l = 0; l < numel(r.localShape); ++l) {
       int64_t g = 0, rem = l;
       std::vector<int64_t> at(r.localShape.size());
@@ -294,11 +325,11 @@ int runCase(const Case &c, bool viaTemplate, int &skipped, std::string &kinds) {
       }
       for (size_t d = 0; d < at.size(); ++d)
         g = g * r.globalShape[d] + r.offset[d] + at[d];
-      float got = result->as<float>()[size_t(l)];
-      if (got != float(g + 1)) {
+      if (got[size_t(l)] != float(g + 1)) {
         std::fprintf(stderr, "rank %lld: %s[%lld] = %g, expected %g\n",
                      static_cast<long long>(rank), r.id.c_str(),
-                     static_cast<long long>(g), double(got), double(g + 1));
+                     static_cast<long long>(g), double(got[size_t(l)]),
+                     double(g + 1));
         _exit(1);
       }
     }
@@ -405,6 +436,7 @@ int runPipelineChain(int64_t world, int64_t elements) {
     o.worldSize = world;
     o.store = {StoreAddress::Kind::File, tmpl, "", 0};
     o.timeout = std::chrono::milliseconds(20000);
+    useDevice(o);
     auto s = Session::open(std::move(p), o);
     if (!s) {
       std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
@@ -412,9 +444,10 @@ int runPipelineChain(int64_t world, int64_t elements) {
       _exit(1);
     }
     for (char what : {'F', 'B'}) {
-      auto t = (*s)->tensor(what == 'F' ? "act" : "grad");
+      std::vector<float> whole(static_cast<size_t>(elements));
       for (int64_t l = 0; l < elements; ++l)
-        t->as<float>()[size_t(l)] = value(rank, what, l);
+        whole[size_t(l)] = value(rank, what, l);
+      writeWhole(**s, what == 'F' ? "act" : "grad", whole);
     }
     if (auto ok = (*s)->step(); !ok) {
       std::fprintf(stderr, "rank %lld: %s\n", static_cast<long long>(rank),
@@ -425,13 +458,13 @@ int runPipelineChain(int64_t world, int64_t elements) {
                                   std::tuple{"grad.in", rank + 1, 'B'}}) {
       if (from < 0 || from >= world)
         continue;
-      auto t = (*s)->tensor(id);
+      std::vector<float> got = readShard(**s, id);
       for (int64_t l = 0; l < elements; ++l)
-        if (t->as<float>()[size_t(l)] != value(from, what, l)) {
-          std::fprintf(
-              stderr, "rank %lld: %s[%lld] = %g, expected %g\n",
-              static_cast<long long>(rank), id, static_cast<long long>(l),
-              double(t->as<float>()[size_t(l)]), double(value(from, what, l)));
+        if (got[size_t(l)] != value(from, what, l)) {
+          std::fprintf(stderr, "rank %lld: %s[%lld] = %g, expected %g\n",
+                       static_cast<long long>(rank), id,
+                       static_cast<long long>(l), double(got[size_t(l)]),
+                       double(value(from, what, l)));
           _exit(1);
         }
     }
@@ -457,7 +490,17 @@ int runPipelineChain(int64_t world, int64_t elements) {
 
 } // namespace
 
-int main() {
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc && std::string(argv[i + 1]) == "host") {
+      onHostDevice = true;
+      ++i;
+    } else {
+      std::fprintf(stderr, "usage: RuntimeCollectiveSweep [--device host]\n");
+      return 2;
+    }
+  }
   std::vector<Case> cases;
   auto add = [&](std::string mesh, std::vector<int64_t> shape,
                  std::vector<std::pair<std::string, std::string>> pairs) {
@@ -504,9 +547,10 @@ int main() {
   std::string kindList;
   for (const std::string &k : seen)
     kindList += (kindList.empty() ? "" : ", ") + k;
-  std::printf("%d cases run on real Gloo, every other one from a template "
+  std::printf("%d cases run on real Gloo%s, every other one from a template "
               "(%d skipped: local slices), collectives used: %s\n",
-              ran, skipped, kindList.c_str());
+              ran, onHostDevice ? " through the host device" : "", skipped,
+              kindList.c_str());
   std::printf("%d passed, %d failed\n", ran - failed, failed);
   // Point to point: chains of 2 and 4 stages, small and 1 MiB messages.
   int chainsFailed = 0;
