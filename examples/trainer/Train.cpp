@@ -54,6 +54,7 @@ const char *kUsage =
     "                      [--checkpoint-every N]]\n"
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
     "                      [--reference | --plain-reference] [--device cpu]\n"
+    "                      [--host-device]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -236,6 +237,8 @@ private:
 Result<void> RankTrainer::open(const std::string &jobSuffix) {
   SessionOptions o = options;
   o.job += jobSuffix;
+  if (flags.hostDevice)
+    o.device = createHostDevice();
   auto s = Session::openTemplate(planned.templateFor(options.rank), o);
   if (!s)
     return s.error();
@@ -311,7 +314,12 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
       lossComms.push_back(*comm);
     }
 
-  session->onCompute([this](ComputeCall &call) { return onCompute(call); });
+  // The model computes on the host: on a device session its views are
+  // copied out and its gradients back (computeOnHost).
+  session->onCompute([this](ComputeCall &call) {
+    return session->computeOnHost(
+        call, [this](ComputeCall &onHost) { return onCompute(onHost); });
+  });
   return {};
 }
 
@@ -819,7 +827,11 @@ Result<float> RankTrainer::globalLoss(float local) {
 
 Result<void> RankTrainer::saveParams() {
   std::vector<DumpBox> boxes;
-  for (const TensorView &v : session->parameters()) {
+  for (TensorView v : session->parameters()) {
+    // A device session's shard, read into the host first.
+    std::vector<std::byte> host(v.bytes.size());
+    MESHPLAN_TRY(session->copyOut(v, host));
+    v.bytes = host;
     DumpBox b;
     b.tensor = v.tensor();
     b.bf16 = v.dtype() == DType::BFloat16;
@@ -1267,8 +1279,10 @@ Result<void> RankTrainer::run() {
       std::vector<TensorView> all = session->parameters();
       for (const TensorView &v : session->optimizerState())
         all.push_back(v);
-      for (const TensorView &v : all)
-        kept[v.id()].assign(v.bytes.begin(), v.bytes.end());
+      for (const TensorView &v : all) {
+        kept[v.id()].resize(v.bytes.size());
+        MESHPLAN_TRY(session->copyOut(v, kept[v.id()]));
+      }
       MESHPLAN_TRY(session->close());
       session.reset();
       MESHPLAN_TRY(open("-resumed"));
@@ -1278,7 +1292,7 @@ Result<void> RankTrainer::run() {
           return v.error();
         if (v->bytes.size() != bytes.size())
           return makeError("resume: " + id + " changed size");
-        std::memcpy(v->bytes.data(), bytes.data(), bytes.size());
+        MESHPLAN_TRY(session->copyInto(*v, bytes));
       }
       MESHPLAN_TRY(session->resumeAfter(flags.resumeAfter));
       if (printer)
@@ -1447,6 +1461,8 @@ int main(int argc, char **argv) {
                    "kernels and the NCCL backend only (docs/cuda.md)");
       if (device != "cpu")
         usageError("--device: expected cpu or cuda, got \"" + device + "\"");
+    } else if (a == "--host-device") {
+      flags.hostDevice = true;
     } else if (a == "--rtol") {
       std::string t = next();
       char *end = nullptr;

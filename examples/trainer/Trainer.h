@@ -60,6 +60,9 @@ struct TrainFlags {
   /// Measure this machine's collective latency and bandwidth at start and
   /// print the plan's cost model with them beside the measured step.
   bool costModel = false;
+  /// Run the plan through the device executor on the host device
+  /// (docs/cuda.md, "Executor on devices"); the model stays on the CPU.
+  bool hostDevice = false;
 };
 
 /// The mesh axes by their role in the spec.

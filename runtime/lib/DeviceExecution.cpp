@@ -685,4 +685,53 @@ Result<void> Session::Impl::initOnDevice(
                               : dev->device->synchronize(dev->streams[0]);
 }
 
+Result<void> Session::computeOnHost(ComputeCall &call,
+                                    const ComputeCallback &body) {
+  Device *device = this->device();
+  if (!device)
+    return body(call);
+  size_t views = call.params.size() + call.grads.size();
+  std::vector<std::vector<std::byte>> host;
+  std::vector<float> scales(views, 0.0f);
+  host.reserve(views);
+  ComputeCall onHost = call;
+  size_t at = 0;
+  auto mirror = [&](TensorView &v) -> Result<void> {
+    host.emplace_back(v.bytes.size());
+    if (!v.bytes.empty())
+      MESHPLAN_TRY(device->copyToHost(host.back().data(), v.bytes.data(),
+                                      v.bytes.size(), call.stream));
+    if (v.deviceScale)
+      MESHPLAN_TRY(device->copyToHost(&scales[at], v.deviceScale, sizeof(float),
+                                      call.stream));
+    ++at;
+    return {};
+  };
+  for (TensorView &v : onHost.params)
+    MESHPLAN_TRY(mirror(v));
+  for (TensorView &v : onHost.grads)
+    MESHPLAN_TRY(mirror(v));
+  MESHPLAN_TRY(device->synchronize(call.stream));
+  at = 0;
+  auto repoint = [&](TensorView &v) {
+    v.bytes = host[at];
+    if (v.deviceScale)
+      v.scale = scales[at];
+    v.deviceScale = nullptr;
+    v.onDevice = false;
+    ++at;
+  };
+  for (TensorView &v : onHost.params)
+    repoint(v);
+  for (TensorView &v : onHost.grads)
+    repoint(v);
+  MESHPLAN_TRY(body(onHost));
+  for (size_t g = 0; g < call.grads.size(); ++g)
+    if (!call.grads[g].bytes.empty())
+      MESHPLAN_TRY(device->copyFromHost(
+          call.grads[g].bytes.data(), onHost.grads[g].bytes.data(),
+          call.grads[g].bytes.size(), call.stream));
+  return device->synchronize(call.stream);
+}
+
 } // namespace meshplan::runtime

@@ -1158,6 +1158,23 @@ Result<void> Session::copyOut(const TensorView &view,
   return impl->fromDevice(view.bytes.data(), host);
 }
 
+Result<void> Session::copyInto(const TensorView &view,
+                               std::span<const std::byte> host) {
+  auto it = impl->bufferIds.find(view.id());
+  if (it == impl->bufferIds.end() || !impl->buffers[it->second].persistent)
+    return makeError("no persistent buffer \"" + view.id() + "\" in the plan");
+  if (host.size() != view.bytes.size())
+    return makeError(
+        "copyInto \"" + view.id() + "\": " + std::to_string(host.size()) +
+        " bytes given, the shard has " + std::to_string(view.bytes.size()));
+  if (impl->dev)
+    return impl->toDevice(it->second, host);
+  if (!host.empty())
+    std::memcpy(impl->buffers[it->second].data.data(), host.data(),
+                host.size());
+  return {};
+}
+
 Device *Session::device() const {
   return impl->dev ? impl->dev->device.get() : nullptr;
 }
@@ -2289,9 +2306,6 @@ Result<void> statusFrom(const std::vector<char> &bytes) {
 
 Result<void> Session::saveCheckpoint(const std::string &dir,
                                      ckpt::CheckpointInfo info) {
-  if (impl->dev)
-    return makeError("checkpoints of a session on a device are not supported "
-                     "yet (docs/cuda.md): read the shards with copyOut");
   Impl &m = *impl;
   if (m.broken)
     return makeError("an earlier step failed; this session cannot save");
@@ -2343,6 +2357,9 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   }
   // 2. Every rank writes what it owns, in parallel, and posts its records.
   std::vector<ckpt::SaveBox> save;
+  // On a device the shards are written from host copies.
+  std::vector<std::vector<std::byte>> fromDevice;
+  fromDevice.reserve(boxes->size());
   for (ckpt::PersistentBox &b : *boxes) {
     auto it = m.bufferIds.find(b.bufferId);
     if (it == m.bufferIds.end())
@@ -2357,6 +2374,14 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
         return owns.error();
       b.owned = *owns && !b.box.empty() &&
                 m.ft->group == m.ft->quorum.members.front();
+    }
+    if (m.dev) {
+      fromDevice.emplace_back(
+          size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
+      MESHPLAN_TRY(
+          m.fromDevice(m.deviceAddress(it->second), fromDevice.back()));
+      save.push_back({&b, std::span<const std::byte>(fromDevice.back())});
+      continue;
     }
     save.push_back({&b, std::span<const std::byte>(s.data)});
   }
@@ -2411,9 +2436,6 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
 }
 
 Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
-  if (impl->dev)
-    return makeError("checkpoints of a session on a device are not supported "
-                     "yet (docs/cuda.md): read the shards with copyOut");
   Impl &m = *impl;
   auto meta = ckpt::readCheckpointMetadata(dir);
   if (!meta)
@@ -2434,7 +2456,8 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
     auto it = m.bufferIds.find(b.bufferId);
     if (it == m.bufferIds.end())
       return makeError("checkpoint: no buffer \"" + b.bufferId + "\"");
-    size_t size = m.buffers[size_t(it->second)].data.size();
+    const BufferState &s = m.buffers[size_t(it->second)];
+    size_t size = size_t(s.numel * plan::dtypeBytes(s.meta->dtype));
     int64_t want = b.box.numElements() * plan::dtypeBytes(b.dtype);
     if (want < 0 || size_t(want) != size)
       return makeError("checkpoint: " + b.tensor + " loads " +
@@ -2458,7 +2481,9 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   // the data pointers handed out earlier (TensorView, the C API's
   // mp_tensor) stay valid.
   for (const Loaded &l : loaded)
-    if (l.size)
+    if (l.size && m.dev)
+      MESHPLAN_TRY(m.toDevice(l.index, {*staging + l.offset, l.size}));
+    else if (l.size)
       std::memcpy(m.buffers[size_t(l.index)].data.data(), *staging + l.offset,
                   l.size);
   return meta->training;

@@ -420,48 +420,9 @@ int main(int argc, char **argv) {
     }
     return {};
   };
-  s.onCompute([&](ComputeCall &call) -> Result<void> {
-    if (!s.device())
-      return check(call);
-    // On a device: the views' bytes to the host, the checks and the
-    // gradients there, and the gradients back (a trainer would enqueue
-    // kernels on call.stream instead).
-    Device &dev = *s.device();
-    MESHPLAN_TRY(dev.synchronize(call.stream));
-    std::vector<std::vector<std::byte>> host;
-    auto mirror = [&](TensorView &v) -> Result<void> {
-      host.emplace_back(v.bytes.size());
-      if (!v.bytes.empty())
-        MESHPLAN_TRY(dev.copyToHost(host.back().data(), v.bytes.data(),
-                                    v.bytes.size(), call.stream));
-      if (v.deviceScale) {
-        float scale = 0;
-        MESHPLAN_TRY(
-            dev.copyToHost(&scale, v.deviceScale, sizeof scale, call.stream));
-        MESHPLAN_TRY(dev.synchronize(call.stream));
-        v.scale = scale;
-      }
-      return {};
-    };
-    ComputeCall onHost = call;
-    for (TensorView &v : onHost.params)
-      MESHPLAN_TRY(mirror(v));
-    for (TensorView &v : onHost.grads)
-      MESHPLAN_TRY(mirror(v));
-    MESHPLAN_TRY(dev.synchronize(call.stream));
-    size_t at = 0;
-    for (TensorView &v : onHost.params)
-      v.bytes = host[at++];
-    for (TensorView &v : onHost.grads)
-      v.bytes = host[at++];
-    MESHPLAN_TRY(check(onHost));
-    for (size_t g = 0; g < call.grads.size(); ++g)
-      if (!call.grads[g].bytes.empty())
-        MESHPLAN_TRY(dev.copyFromHost(call.grads[g].bytes.data(),
-                                      onHost.grads[g].bytes.data(),
-                                      call.grads[g].bytes.size(), call.stream));
-    return dev.synchronize(call.stream);
-  });
+  // On a device the checks and the synthetic gradients run on host copies
+  // (a trainer would enqueue kernels on call.stream instead).
+  s.onCompute([&](ComputeCall &call) { return s.computeOnHost(call, check); });
 
   for (int step = 1; step <= args.steps; ++step) {
     // The reference step on whole tensors.

@@ -306,6 +306,18 @@ public:
   /// compute call's view between steps) into host memory of the same size,
   /// waiting for the device where there is one.
   Result<void> copyOut(const TensorView &view, std::span<std::byte> host);
+  /// The reverse: host bytes into the persistent buffer `view` shows (its
+  /// shard, as copyOut gives it).
+  Result<void> copyInto(const TensorView &view,
+                        std::span<const std::byte> host);
+  /// For a callback that computes on the host: on a device session, runs
+  /// `body` on a copy of `call` whose views are host memory (copied from the
+  /// device after the stream's earlier work, float8 scales read back into
+  /// TensorView::scale), then copies what it wrote (the gradients, and a
+  /// pipeline stage's output activation) back and waits for the copy. On a
+  /// host session it just runs `body(call)`. It blocks the call's stream
+  /// for the duration: for tests and CPU models, not for GPU trainers.
+  Result<void> computeOnHost(ComputeCall &call, const ComputeCallback &body);
   /// The device the plan runs on; null for host buffers.
   Device *device() const;
 
