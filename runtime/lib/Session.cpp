@@ -13,6 +13,10 @@
 // the order the verifier checked. Every wait is bounded by the session's
 // timeout; the first failure stops all streams.
 //
+// This file runs plans on host buffers; a session with a device runs the
+// same bound plan through DeviceExecution.cpp (SessionImpl.h holds the
+// state both share).
+//
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Runtime/Session.h"
