@@ -377,13 +377,7 @@ Result<void> Session::Impl::runCollectiveOnDevice(Bound &b, DeviceStream s) {
 }
 
 Result<void> Session::Impl::runComputeOnDevice(Bound &b, DeviceStream s) {
-  const Instruction &in = *b.in;
-  ComputeCall call;
-  call.phase = in.phase;
-  call.unit = in.unit;
-  call.microbatch = in.microbatch;
-  call.step = steps + 1;
-  call.session = self;
+  ComputeCall call = callOf(b);
   call.stream = s;
   auto viewOf = [&](int x) -> Result<TensorView> {
     TensorView v = view(x);
@@ -432,16 +426,7 @@ Result<void> Session::Impl::runComputeOnDevice(Bound &b, DeviceStream s) {
       return v.error();
     call.grads.push_back(*v);
   }
-  auto it = callbacks.find({in.phase, in.unit});
-  const ComputeCallback *fn =
-      it != callbacks.end() ? &it->second : (fallback ? &fallback : nullptr);
-  if (!fn)
-    return makeError("no compute callback for " + in.phase + " " + in.unit +
-                     " (register one with onCompute)");
-  Result<void> ok = (*fn)(call);
-  if (!ok)
-    return ok.error().within("the " + in.phase + " callback of " + in.unit);
-  return {};
+  return invoke(call);
 }
 
 Result<void> Session::Impl::runOptimizerOnDevice(Bound &b, DeviceStream s) {

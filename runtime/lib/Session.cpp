@@ -752,7 +752,7 @@ Result<void> Session::Impl::runTransfer(Bound &b) {
                        *in.dtype, in.tag);
 }
 
-Result<void> Session::Impl::runCompute(Bound &b) {
+ComputeCall Session::Impl::callOf(const Bound &b) const {
   const Instruction &in = *b.in;
   ComputeCall call;
   call.phase = in.phase;
@@ -765,6 +765,24 @@ Result<void> Session::Impl::runCompute(Bound &b) {
   else if (ft)
     for (size_t k = 0; k < ft->dataRanks.size(); ++k)
       call.shares.push_back(int64_t(k));
+  return call;
+}
+
+Result<void> Session::Impl::invoke(ComputeCall &call) {
+  auto it = callbacks.find({call.phase, call.unit});
+  const ComputeCallback *fn =
+      it != callbacks.end() ? &it->second : (fallback ? &fallback : nullptr);
+  if (!fn)
+    return makeError("no compute callback for " + call.phase + " " + call.unit +
+                     " (register one with onCompute)");
+  Result<void> ok = (*fn)(call);
+  if (!ok)
+    return ok.error().within("the " + call.phase + " callback of " + call.unit);
+  return {};
+}
+
+Result<void> Session::Impl::runCompute(Bound &b) {
+  ComputeCall call = callOf(b);
   // Inputs: parameters, then (accumulating microbatches) the gradients so
   // far; amax buffers only feed the scales.
   std::map<std::string, int> accumulated;
@@ -799,16 +817,7 @@ Result<void> Session::Impl::runCompute(Bound &b) {
     }
     call.grads.push_back(view(x));
   }
-  auto it = callbacks.find({in.phase, in.unit});
-  const ComputeCallback *fn =
-      it != callbacks.end() ? &it->second : (fallback ? &fallback : nullptr);
-  if (!fn)
-    return makeError("no compute callback for " + in.phase + " " + in.unit +
-                     " (register one with onCompute)");
-  Result<void> ok = (*fn)(call);
-  if (!ok)
-    return ok.error().within("the " + in.phase + " callback of " + in.unit);
-  return {};
+  return invoke(call);
 }
 
 Result<void> Session::Impl::runOptimizer(Bound &b) {

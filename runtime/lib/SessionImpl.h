@@ -263,6 +263,10 @@ struct Session::Impl {
   Result<void> runCollective(Bound &b);
   Result<void> runTransfer(Bound &b);
   Result<void> runCompute(Bound &b);
+  /// A compute instruction's call without its views, and running the
+  /// callback registered for it (both executors).
+  ComputeCall callOf(const Bound &b) const;
+  Result<void> invoke(ComputeCall &call);
   Result<void> runOptimizer(Bound &b);
   std::string describe(const Bound &b) const;
   TensorView view(int buffer);
