@@ -20,7 +20,8 @@ Result<HappensBefore> HappensBefore::of(const plan::Plan &plan) {
   for (size_t i = 0; i < n; ++i)
     position[plan.program[i].id] = i;
   // Direct predecessors: the previous instruction of the same stream, the
-  // deps, and the previous collective of the same communicator.
+  // deps, and the previous collective or transfer of the same communicator
+  // (the executor takes both in the communicator's program order).
   std::vector<std::vector<size_t>> preds(n);
   std::map<std::string, size_t> lastOfStream, lastOfComm;
   for (size_t i = 0; i < n; ++i) {
@@ -28,7 +29,7 @@ Result<HappensBefore> HappensBefore::of(const plan::Plan &plan) {
     if (auto it = lastOfStream.find(in.stream); it != lastOfStream.end())
       preds[i].push_back(it->second);
     lastOfStream[in.stream] = i;
-    if (plan::isCollective(in.op)) {
+    if (plan::isCollective(in.op) || plan::isPointToPoint(in.op)) {
       if (auto it = lastOfComm.find(in.comm); it != lastOfComm.end())
         preds[i].push_back(it->second);
       lastOfComm[in.comm] = i;

@@ -42,7 +42,9 @@ Result<StreamGraph> buildStreamGraph(const plan::Plan &plan) {
                          "\" is not an earlier instruction");
       before.push_back(it->second);
     }
-    if (plan::isCollective(in.op)) {
+    // A communicator's collectives and transfers, in program order (the
+    // executor's turns; NCCL needs one order on every member).
+    if (plan::isCollective(in.op) || plan::isPointToPoint(in.op)) {
       if (auto it = lastCollective.find(in.comm); it != lastCollective.end())
         before.push_back(it->second);
       lastCollective[in.comm] = i;

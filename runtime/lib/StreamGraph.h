@@ -4,7 +4,7 @@
 // is one CUDA stream (program order within a plan stream is stream order),
 // and every ordering the plan requires across streams becomes a wait on an
 // event recorded after the earlier instruction. The orderings are the
-// instruction's `deps` and, for a collective, the previous collective of
+// instruction's `deps` and, for a collective or transfer, the previous one of
 // its communicator (the executor issues a communicator's collectives in
 // program order, as `meshplan verify` checked them; NCCL requires it).
 //

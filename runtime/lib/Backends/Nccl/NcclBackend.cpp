@@ -422,6 +422,24 @@ public:
     });
   }
 
+  /// A plan's tagged transfers (pipeline stages). NCCL matches a pair's
+  /// sends and receives in issue order, not by tag; that pairs the same
+  /// transfers, because the executor issues a communicator's transfers in
+  /// program order and `meshplan verify` proved the plans complete under
+  /// rendezvous semantics in that order (docs/plan-format.md).
+  Result<void> send(const void *data, int64_t to, int64_t count, DType dtype,
+                    std::string_view) override {
+    if (to < 0)
+      return makeError(where("send") + ": peer key out of range");
+    return sendRecv(data, to, nullptr, -1, count, dtype);
+  }
+  Result<void> recv(void *data, int64_t from, int64_t count, DType dtype,
+                    std::string_view) override {
+    if (from < 0)
+      return makeError(where("recv") + ": peer key out of range");
+    return sendRecv(nullptr, -1, data, from, count, dtype);
+  }
+
   Result<void> barrier() override {
     // An all-reduce of one device word, waited for: returns when every
     // member has enqueued its part and the device has run it.
