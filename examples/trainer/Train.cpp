@@ -1456,9 +1456,9 @@ int main(int argc, char **argv) {
         usageError("--device cuda: this build has no CUDA backend (build "
                    "with the CUDA toolkit installed; docs/cuda.md)");
       if (device == "cuda")
-        usageError("--device cuda: the trainer's cuBLAS path and the CUDA "
-                   "executor are not written yet; this build has the CUDA "
-                   "kernels and the NCCL backend only (docs/cuda.md)");
+        usageError("--device cuda: the example model runs on the CPU only "
+                   "(its cuBLAS port is not written; the runtime's CUDA "
+                   "executor is, docs/cuda.md)");
       if (device != "cpu")
         usageError("--device: expected cpu or cuda, got \"" + device + "\"");
     } else if (a == "--host-device") {
