@@ -23,14 +23,15 @@ cmake --build "$build" --target help | grep -q MeshplanRuntimeNccl || {
   exit 2
 }
 programs=(RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest runtime-step-check
-          bench-cuda-kernels meshplan)
+          bench-cuda-kernels bench-runtime-collectives meshplan)
 cmake --build "$build" -j2 --target "${programs[@]}"
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/plans"
 for p in RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest; do
   cp "$build/unittests/$p" "$bundle/bin/"
 done
-cp "$build/bin/runtime-step-check" "$build/bin/bench-cuda-kernels" "$bundle/bin/"
+cp "$build/bin/runtime-step-check" "$build/bin/bench-cuda-kernels" \
+  "$build/bin/bench-runtime-collectives" "$bundle/bin/"
 # Libraries outside the C/C++ runtime and the driver; NCCL stays behind.
 for f in "$bundle"/bin/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'

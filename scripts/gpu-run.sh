@@ -8,7 +8,7 @@
 # kernels, NCCL on the device, every planned example through the device
 # executor on the host device (a check of the bundle) and on the GPU (every
 # rank of a job on the one device, Gloo staged through pinned memory), then
-# bench-cuda-kernels. A step that fails is reported and the rest still run;
+# bench-cuda-kernels and bench-runtime-collectives (issue 8, on more cores). A step that fails is reported and the rest still run;
 # the exit status is the number of failed steps (skips count as passes, and
 # say so).
 set -uo pipefail
@@ -89,5 +89,10 @@ while IFS='|' read -r name n flags; do
   fi
 done <"$bundle/cases.txt"
 step "bench-cuda-kernels" "$bundle/bin/bench-cuda-kernels"
+# Issue 8's collectives against raw Gloo, 4 processes, on this machine's
+# spare cores (the 2-core development VMs time-share them).
+step "bench-runtime-collectives (key order)" "$bundle/bin/bench-runtime-collectives" --reps 9
+step "bench-runtime-collectives (gloo order)" "$bundle/bin/bench-runtime-collectives" --reps 9 \
+  --reduction-order gloo
 say "== $failed failed step(s)"
 exit "$failed"
