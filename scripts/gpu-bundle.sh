@@ -18,7 +18,8 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 bundle=$2
 src=$(cd "$(dirname "$0")/.." && pwd)
-cmake --build "$build" --target help | grep -q MeshplanRuntimeNccl || {
+targets=$(cmake --build "$build" --target help)
+[[ $targets == *MeshplanRuntimeNccl* ]] || {
   echo "gpu-bundle: $build has no CUDA backend (configure with the CUDA toolkit installed)" >&2
   exit 2
 }
