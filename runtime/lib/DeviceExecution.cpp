@@ -431,7 +431,7 @@ Result<void> Session::Impl::runComputeOnDevice(Bound &b, DeviceStream s) {
 
 Result<void> Session::Impl::runOptimizerOnDevice(Bound &b, DeviceStream s) {
   const plan::OptimizerConfig &o = *plan.optimizer;
-  DeviceAdamW hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+  kernels::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
   int64_t step = steps + 1;
   Device &device = *dev->device;
   for (size_t g = 0; g + 3 < b.inputs.size(); g += 4) {

@@ -269,17 +269,16 @@ public:
                    [=] { *scale = k::fp8ScaleFromAmax(*amax, f, powerOf2); });
   }
   Result<void> adamwFp32(float *param, const float *grad, float *expAvg,
-                         float *expAvgSq, int64_t n, const DeviceAdamW &hp,
+                         float *expAvgSq, int64_t n, const k::AdamWParams &hp,
                          int64_t step, DeviceStream s) override {
-    k::AdamWParams p{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weightDecay};
     return enqueue(s, [=] {
       size_t m = size_t(n);
-      k::adamwFp32({param, m}, {grad, m}, {expAvg, m}, {expAvgSq, m}, p, step);
+      k::adamwFp32({param, m}, {grad, m}, {expAvg, m}, {expAvgSq, m}, hp, step);
     });
   }
   Result<void> adamwBf16StochasticRounding(
       uint16_t *param, const float *grad, float *expAvg, float *expAvgSq,
-      const DeviceAdamW &hp, int64_t step, uint64_t seed, uint64_t tensorId,
+      const k::AdamWParams &hp, int64_t step, uint64_t seed, uint64_t tensorId,
       std::span<const int64_t> globalShape, std::span<const int64_t> offset,
       std::span<const int64_t> localShape, DeviceStream s) override {
     auto runs = k::boxIndexRuns(globalShape, offset, localShape);
@@ -289,10 +288,9 @@ public:
     size_t n = 1;
     for (int64_t d : localShape)
       n *= size_t(d);
-    k::AdamWParams p{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weightDecay};
     return enqueue(s, [=, runs = std::move(*runs)] {
       k::adamwBf16StochasticRounding({param, n}, {grad, n}, {expAvg, n},
-                                     {expAvgSq, n}, p, step, seed, tensorId,
+                                     {expAvgSq, n}, hp, step, seed, tensorId,
                                      runs);
     });
   }

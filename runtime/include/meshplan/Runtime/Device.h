@@ -38,6 +38,7 @@
 #include "meshplan/Core/Result.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Runtime/Backend.h"
+#include "meshplan/Runtime/Kernels.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -60,12 +61,6 @@ struct DeviceBoxRef {
   plan::DType dtype = plan::DType::Float32;
   std::span<const int64_t> shape;  ///< local (packed) shape
   std::span<const int64_t> origin; ///< global offset of element [0, ..]
-};
-
-/// AdamW's hyper-parameters as the executor passes them (kernels::AdamWParams
-/// without the kernels' header).
-struct DeviceAdamW {
-  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
 };
 
 class Device {
@@ -134,16 +129,17 @@ public:
   /// AdamW on fp32 master weights (kernels::adamwFp32).
   virtual Result<void> adamwFp32(float *param, const float *grad, float *expAvg,
                                  float *expAvgSq, int64_t n,
-                                 const DeviceAdamW &hp, int64_t step,
+                                 const kernels::AdamWParams &hp, int64_t step,
                                  DeviceStream stream) = 0;
   /// AdamW on bf16 parameters with stochastic rounding, keyed by (seed,
   /// step, tensor id, global element index) of the box [offset, offset +
   /// localShape) of a tensor of globalShape.
   virtual Result<void> adamwBf16StochasticRounding(
       uint16_t *param, const float *grad, float *expAvg, float *expAvgSq,
-      const DeviceAdamW &hp, int64_t step, uint64_t seed, uint64_t tensorId,
-      std::span<const int64_t> globalShape, std::span<const int64_t> offset,
-      std::span<const int64_t> localShape, DeviceStream stream) = 0;
+      const kernels::AdamWParams &hp, int64_t step, uint64_t seed,
+      uint64_t tensorId, std::span<const int64_t> globalShape,
+      std::span<const int64_t> offset, std::span<const int64_t> localShape,
+      DeviceStream stream) = 0;
 };
 
 /// The asynchronous host device (above): each stream a worker thread,

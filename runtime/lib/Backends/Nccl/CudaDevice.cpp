@@ -201,18 +201,19 @@ public:
                                         streamOf(s)));
   }
   Result<void> adamwFp32(float *param, const float *grad, float *expAvg,
-                         float *expAvgSq, int64_t n, const DeviceAdamW &hp,
-                         int64_t step, DeviceStream s) override {
+                         float *expAvgSq, int64_t n,
+                         const kernels::AdamWParams &hp, int64_t step,
+                         DeviceStream s) override {
     MESHPLAN_TRY(current());
-    kernels::AdamWParams p{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weightDecay};
     return check("adamwFp32", cuda::adamwFp32(param, grad, expAvg, expAvgSq, n,
-                                              p, step, streamOf(s)));
+                                              hp, step, streamOf(s)));
   }
   Result<void> adamwBf16StochasticRounding(
       uint16_t *param, const float *grad, float *expAvg, float *expAvgSq,
-      const DeviceAdamW &hp, int64_t step, uint64_t seed, uint64_t tensorId,
-      std::span<const int64_t> globalShape, std::span<const int64_t> offset,
-      std::span<const int64_t> localShape, DeviceStream s) override {
+      const kernels::AdamWParams &hp, int64_t step, uint64_t seed,
+      uint64_t tensorId, std::span<const int64_t> globalShape,
+      std::span<const int64_t> offset, std::span<const int64_t> localShape,
+      DeviceStream s) override {
     MESHPLAN_TRY(current());
     auto index = cuda::shardIndexOf(globalShape, offset, localShape);
     if (!index)
@@ -221,10 +222,9 @@ public:
     int64_t n = 1;
     for (int64_t d : localShape)
       n *= d;
-    kernels::AdamWParams p{hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weightDecay};
     return check("adamwBf16StochasticRounding",
                  cuda::adamwBf16StochasticRounding(
-                     param, grad, expAvg, expAvgSq, n, p, step, seed, tensorId,
+                     param, grad, expAvg, expAvgSq, n, hp, step, seed, tensorId,
                      *index, streamOf(s)));
   }
 
