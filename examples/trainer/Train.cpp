@@ -580,7 +580,7 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
               flags.batch, flags.seqLen, tokens, targets);
     MESHPLAN_TRY(run->mb->setData(tokens, targets));
     if (!in.empty()) {
-      auto x = activationValues(*in[0], run->mb->stream().size());
+      auto x = activationValues(*in[0], size_t(run->mb->streamSize()));
       if (!x)
         return x.error();
       MESHPLAN_TRY(run->mb->forwardFrom(first - 1, *x));
@@ -613,8 +613,12 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
   }
   run->end = end;
   // The stage's output, for the next stage's rank.
-  if (!out.empty())
-    MESHPLAN_TRY(handOn(*out[0], mb.stream()));
+  if (!out.empty()) {
+    auto h = mb.stream();
+    if (!h)
+      return h.error();
+    MESHPLAN_TRY(handOn(*out[0], *h));
+  }
   return {};
 }
 
@@ -685,7 +689,7 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
   } else {
     Microbatch &mb = *run->mb;
     if (fromNextStage) {
-      auto dy = activationValues(*in.back(), mb.stream().size());
+      auto dy = activationValues(*in.back(), size_t(mb.streamSize()));
       if (!dy)
         return dy.error();
       MESHPLAN_TRY(mb.backwardFrom(*dy));
@@ -710,8 +714,12 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     if (u->embedding)
       MESHPLAN_TRY(mb.backwardEmbedding(gr("tok_embeddings.weight")));
     // The gradient of the stage's input, for the previous stage's rank.
-    if (!out.empty())
-      MESHPLAN_TRY(handOn(*out[0], mb.stream()));
+    if (!out.empty()) {
+      auto h = mb.stream();
+      if (!h)
+        return h.error();
+      MESHPLAN_TRY(handOn(*out[0], *h));
+    }
   }
   if (first == run->first) {
     // The stage's backward of this microbatch is done.

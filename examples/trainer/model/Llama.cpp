@@ -16,12 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "model/Llama.h"
 
-#include "meshplan/Runtime/Kernels.h"
-
-#include <cblas.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -136,44 +131,22 @@ Result<void> checkModel(const LlamaConfig &c, const TpShard &s,
 // Microbatch::Impl
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-namespace kernels = meshplan::runtime::kernels;
-
-/// Rows of the causal attention processed per sgemm: row block [r0, r1)
-/// only needs keys [0, r1), which skips about half the work of a full T x T
-/// product while keeping each sgemm large enough to run near peak.
-constexpr int64_t kAttentionRowBlock = 128;
-
-/// sum x[i] * y[i] with eight partial sums so the loop vectorizes without
-/// -ffast-math.
-inline float dot(const float *x, const float *y, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j)
-      acc[j] += x[i + j] * y[i + j];
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +
-              ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i)
-    sum += x[i] * y[i];
-  return sum;
-}
-
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-} // namespace
-
 struct Microbatch::Impl {
   Impl(const LlamaConfig &config, const TpShard &shard,
-       const MicrobatchShape &shape, const ModelOptions &options, TpGroup &tp)
-      : cfg(config), shard(shard), shape(shape), opt(options), tp(tp) {}
+       const MicrobatchShape &shape, const ModelOptions &options, TpGroup &tp,
+       ModelOps &ops)
+      : cfg(config), shard(shard), shape(shape), opt(options), tp(tp),
+        ops(ops) {}
 
   LlamaConfig cfg;
   TpShard shard;
   MicrobatchShape shape;
   ModelOptions opt;
   TpGroup &tp;
+  ModelOps &ops;
+
+  using Buf = OpsBuffer<float>;
+  using IntBuf = OpsBuffer<int32_t>;
 
   // Sizes (set by allocate()).
   int64_t P = 1, B = 0, T = 0, S = 0, D = 0, hd = 0, H = 0, Hkv = 0, F = 0,
@@ -182,42 +155,55 @@ struct Microbatch::Impl {
 
   /// What backward needs from one block's forward.
   struct Layer {
-    std::vector<float> xIn;   ///< [Ns, D] block input (residual)
-    std::vector<float> rstd1; ///< [Ns]
-    std::vector<float> n1;    ///< [N, D] gathered attention_norm output
-    std::vector<float> q;     ///< [N, qd] after RoPE
-    std::vector<float> k;     ///< [N, kd] after RoPE
-    std::vector<float> v;     ///< [N, kd]
-    std::vector<float> lse;   ///< [B, H, T] softmax log-sum-exp per row
-    std::vector<float> o;     ///< [N, qd] attention output (wo's input)
-    std::vector<float> hMid;  ///< [Ns, D] after the attention residual
-    std::vector<float> rstd2; ///< [Ns]
-    std::vector<float> n2;    ///< [N, D] gathered ffn_norm output
-    std::vector<float> a, g;  ///< [N, F] w1 x and w3 x
+    Buf xIn;   ///< [Ns, D] block input (residual)
+    Buf rstd1; ///< [Ns]
+    Buf n1;    ///< [N, D] gathered attention_norm output
+    Buf q;     ///< [N, qd] after RoPE
+    Buf k;     ///< [N, kd] after RoPE
+    Buf v;     ///< [N, kd]
+    Buf lse;   ///< [B, H, T] softmax log-sum-exp per row
+    Buf o;     ///< [N, qd] attention output (wo's input)
+    Buf hMid;  ///< [Ns, D] after the attention residual
+    Buf rstd2; ///< [Ns]
+    Buf n2;    ///< [N, D] gathered ffn_norm output
+    Buf a, g;  ///< [N, F] w1 x and w3 x
   };
   std::vector<Layer> layers;
 
+  /// The microbatch's data on the host (checked by setData) and, in the
+  /// ops' memory, as the kernels read it.
   std::vector<int32_t> tokens, targets;
-  std::vector<float> ropeCos, ropeSin; ///< [T, hd / 2]
+  /// [N] in collective block order [P, B, S]: the token's row of this
+  /// rank's embedding shard (outside [0, V) when another rank owns it).
+  IntBuf rowToken;
+  /// [N]: the target's column of this rank's output shard.
+  IntBuf targetLocal;
+  /// The embedding backward's rows grouped by token (embeddingBackward):
+  /// the distinct local tokens, offsets into embRows, block-order rows.
+  IntBuf embTokens, embOffsets, embRows;
+  int64_t embTokenCount = 0;
+  Buf ropeCos, ropeSin; ///< [T, hd / 2]
 
   /// The residual stream's shard [Ns, D] in forward, its gradient in
   /// backward.
-  std::vector<float> h;
-  std::vector<float> finalIn, rstdF; ///< final norm's input [Ns, D], [Ns]
-  std::vector<float> xf;             ///< [N, D] gathered final norm output
-  std::vector<float> probs;          ///< [N, V] local softmax, then dlogits
-  std::vector<float> ceStats; ///< [3 N]: max, then sumexp and target logit
+  Buf h;
+  /// stream()'s host copy when the ops' memory is not the host's.
+  std::vector<float> hostStream;
+  Buf finalIn, rstdF; ///< final norm's input [Ns, D], [Ns]
+  Buf xf;             ///< [N, D] gathered final norm output
+  Buf probs;          ///< [N, V] local softmax, then dlogits
+  Buf ceStats;        ///< [3 N]: max, then sumexp and target logit
+  std::vector<float> ceHost;
 
   // Scratch reused by every segment.
-  std::vector<float> staging;       ///< [N, D] collectives' block order
-  std::vector<float> full;          ///< [N, D] full-sequence temporary
-  std::vector<float> shardTmp;      ///< [Ns, D]
-  std::vector<float> ffnTmp;        ///< [N, F]
-  std::vector<float> dO, dq;        ///< [N, qd]
-  std::vector<float> dk, dv;        ///< [N, kd]
-  std::vector<float> sc1, sc2, sc3; ///< [rowBlock, T] attention scores
-  std::vector<float> weightBf16;    ///< rounded copy of one weight
-  std::vector<uint16_t> bf16Bits;
+  Buf staging;       ///< [N, D] collectives' block order
+  Buf full;          ///< [N, D] full-sequence temporary
+  Buf shardTmp;      ///< [Ns, D]
+  Buf ffnTmp;        ///< [N, F]
+  Buf dO, dq;        ///< [N, qd]
+  Buf dk, dv;        ///< [N, kd]
+  Buf sc1, sc2, sc3; ///< [rowBlock, T] attention scores
+  Buf weightBf16;    ///< rounded copy of one weight
 
   // Segment order: 0 forwardEmbedding, 1 + l forwardBlock(l), L + 1
   // forwardFinalNorm, L + 2 forwardOutput, L + 3 backwardOutput, L + 4
@@ -279,7 +265,7 @@ struct Microbatch::Impl {
   // Setup
   //===--------------------------------------------------------------------===//
 
-  void allocate() {
+  Result<void> allocate() {
     P = tp.size();
     B = shape.batch;
     T = shape.seqLen;
@@ -297,65 +283,112 @@ struct Microbatch::Impl {
     kd = Hkv * hd;
     L = cfg.nLayers;
 
-    auto sz = [](int64_t n) { return static_cast<size_t>(n); };
-    layers.resize(sz(L));
+    layers.resize(static_cast<size_t>(L));
     for (Layer &l : layers) {
-      l.xIn.resize(sz(Ns * D));
-      l.rstd1.resize(sz(Ns));
-      l.n1.resize(sz(N * D));
-      l.q.resize(sz(N * qd));
-      l.k.resize(sz(N * kd));
-      l.v.resize(sz(N * kd));
-      l.lse.resize(sz(B * H * T));
-      l.o.resize(sz(N * qd));
-      l.hMid.resize(sz(Ns * D));
-      l.rstd2.resize(sz(Ns));
-      l.n2.resize(sz(N * D));
-      l.a.resize(sz(N * F));
-      l.g.resize(sz(N * F));
+      MESHPLAN_TRY(l.xIn.allocate(ops, Ns * D));
+      MESHPLAN_TRY(l.rstd1.allocate(ops, Ns));
+      MESHPLAN_TRY(l.n1.allocate(ops, N * D));
+      MESHPLAN_TRY(l.q.allocate(ops, N * qd));
+      MESHPLAN_TRY(l.k.allocate(ops, N * kd));
+      MESHPLAN_TRY(l.v.allocate(ops, N * kd));
+      MESHPLAN_TRY(l.lse.allocate(ops, B * H * T));
+      MESHPLAN_TRY(l.o.allocate(ops, N * qd));
+      MESHPLAN_TRY(l.hMid.allocate(ops, Ns * D));
+      MESHPLAN_TRY(l.rstd2.allocate(ops, Ns));
+      MESHPLAN_TRY(l.n2.allocate(ops, N * D));
+      MESHPLAN_TRY(l.a.allocate(ops, N * F));
+      MESHPLAN_TRY(l.g.allocate(ops, N * F));
     }
-    h.resize(sz(Ns * D));
-    finalIn.resize(sz(Ns * D));
-    rstdF.resize(sz(Ns));
-    xf.resize(sz(N * D));
-    probs.resize(sz(N * V));
-    ceStats.resize(sz(3 * N));
+    MESHPLAN_TRY(rowToken.allocate(ops, N));
+    MESHPLAN_TRY(targetLocal.allocate(ops, N));
+    MESHPLAN_TRY(embTokens.allocate(ops, N));
+    MESHPLAN_TRY(embOffsets.allocate(ops, N + 1));
+    MESHPLAN_TRY(embRows.allocate(ops, N));
+    MESHPLAN_TRY(h.allocate(ops, Ns * D));
+    MESHPLAN_TRY(finalIn.allocate(ops, Ns * D));
+    MESHPLAN_TRY(rstdF.allocate(ops, Ns));
+    MESHPLAN_TRY(xf.allocate(ops, N * D));
+    MESHPLAN_TRY(probs.allocate(ops, N * V));
+    MESHPLAN_TRY(ceStats.allocate(ops, 3 * N));
+    ceHost.resize(static_cast<size_t>(3 * N));
     if (P > 1 && B > 1)
-      staging.resize(sz(N * D));
-    full.resize(sz(N * D));
-    shardTmp.resize(sz(Ns * D));
-    ffnTmp.resize(sz(N * F));
-    dO.resize(sz(N * qd));
-    dq.resize(sz(N * qd));
-    dk.resize(sz(N * kd));
-    dv.resize(sz(N * kd));
-    int64_t rows = std::min(kAttentionRowBlock, T);
-    sc1.resize(sz(rows * T));
-    sc2.resize(sz(rows * T));
+      MESHPLAN_TRY(staging.allocate(ops, N * D));
+    MESHPLAN_TRY(full.allocate(ops, N * D));
+    MESHPLAN_TRY(shardTmp.allocate(ops, Ns * D));
+    MESHPLAN_TRY(ffnTmp.allocate(ops, N * F));
+    MESHPLAN_TRY(dO.allocate(ops, N * qd));
+    MESHPLAN_TRY(dq.allocate(ops, N * qd));
+    MESHPLAN_TRY(dk.allocate(ops, N * kd));
+    MESHPLAN_TRY(dv.allocate(ops, N * kd));
+    int64_t rows = std::min(ops.attentionRowBlock(), T);
+    MESHPLAN_TRY(sc1.allocate(ops, rows * T));
+    MESHPLAN_TRY(sc2.allocate(ops, rows * T));
     if (opt.bf16Matmul) {
-      sc3.resize(sz(rows * T));
-      int64_t maxWeight = std::max({qd * D, kd * D, F * D, V * D});
-      weightBf16.resize(sz(maxWeight));
-      int64_t maxBuffer =
-          std::max({maxWeight, N * D, N * F, N * qd, N * V, rows * T});
-      bf16Bits.resize(sz(maxBuffer));
+      MESHPLAN_TRY(sc3.allocate(ops, rows * T));
+      MESHPLAN_TRY(
+          weightBf16.allocate(ops, std::max({qd * D, kd * D, F * D, V * D})));
     }
 
     // torchtitan's precompute_freqs_cis, in its float32 steps: freq_i =
     // 1 / theta^(2i / hd), angle = float(t) * freq_i, then cos and sin.
     int64_t half = hd / 2;
-    ropeCos.resize(sz(T * half));
-    ropeSin.resize(sz(T * half));
+    std::vector<float> cosHost(static_cast<size_t>(T * half)),
+        sinHost(static_cast<size_t>(T * half));
     for (int64_t i = 0; i < half; ++i) {
       float exponent = static_cast<float>(2 * i) / static_cast<float>(hd);
       float freq = 1.0f / std::pow(cfg.ropeTheta, exponent);
       for (int64_t t = 0; t < T; ++t) {
         float angle = static_cast<float>(t) * freq;
-        ropeCos[sz(t * half + i)] = std::cos(angle);
-        ropeSin[sz(t * half + i)] = std::sin(angle);
+        cosHost[size_t(t * half + i)] = std::cos(angle);
+        sinHost[size_t(t * half + i)] = std::sin(angle);
       }
     }
+    MESHPLAN_TRY(ropeCos.allocate(ops, T * half));
+    MESHPLAN_TRY(ropeSin.allocate(ops, T * half));
+    ops.upload(ropeCos.data(), cosHost.data(), ropeCos.bytes());
+    ops.upload(ropeSin.data(), sinHost.data(), ropeSin.bytes());
     allocated = true;
+    return {};
+  }
+
+  /// The data's index arrays in the ops' memory (setData).
+  void uploadData() {
+    std::vector<int32_t> rows(static_cast<size_t>(N)),
+        tgt(static_cast<size_t>(N));
+    // Block order: row (p * B + b) * S + s is token b * T + p * S + s.
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t s = 0; s < S; ++s)
+          rows[size_t((p * B + b) * S + s)] = static_cast<int32_t>(
+              tokens[size_t(b * T + p * S + s)] - shard.vocabOffset);
+    for (int64_t n = 0; n < N; ++n)
+      tgt[size_t(n)] =
+          static_cast<int32_t>(targets[size_t(n)] - shard.vocabOffset);
+    // The embedding backward adds each block-order row into its token's
+    // row, in block order: group the rows by local token, keeping that
+    // order within a token.
+    std::vector<std::vector<int32_t>> byToken(static_cast<size_t>(V));
+    for (int64_t r = 0; r < N; ++r) {
+      int32_t tok = rows[size_t(r)];
+      if (tok >= 0 && tok < V)
+        byToken[size_t(tok)].push_back(static_cast<int32_t>(r));
+    }
+    std::vector<int32_t> uniq, offsets{0}, flat;
+    for (int64_t t = 0; t < V; ++t) {
+      if (byToken[size_t(t)].empty())
+        continue;
+      uniq.push_back(static_cast<int32_t>(t));
+      flat.insert(flat.end(), byToken[size_t(t)].begin(),
+                  byToken[size_t(t)].end());
+      offsets.push_back(static_cast<int32_t>(flat.size()));
+    }
+    embTokenCount = static_cast<int64_t>(uniq.size());
+    ops.upload(rowToken.data(), rows.data(), rowToken.bytes());
+    ops.upload(targetLocal.data(), tgt.data(), targetLocal.bytes());
+    ops.upload(embTokens.data(), uniq.data(), sizeof(int32_t) * uniq.size());
+    ops.upload(embOffsets.data(), offsets.data(),
+               sizeof(int32_t) * offsets.size());
+    ops.upload(embRows.data(), flat.data(), sizeof(int32_t) * flat.size());
   }
 
   //===--------------------------------------------------------------------===//
@@ -366,34 +399,16 @@ struct Microbatch::Impl {
   void gemm(bool transA, bool transB, int64_t M, int64_t Nn, int64_t K,
             float alpha, const float *A, int64_t lda, const float *Bm,
             int64_t ldb, float beta, float *C, int64_t ldc) {
-    auto start = std::chrono::steady_clock::now();
-    cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans,
-                transB ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-                static_cast<blasint>(Nn), static_cast<blasint>(K), alpha, A,
-                static_cast<blasint>(lda), Bm, static_cast<blasint>(ldb), beta,
-                C, static_cast<blasint>(ldc));
-    seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
+    seconds += ops.gemm(transA, transB, M, Nn, K, alpha, A, lda, Bm, ldb, beta,
+                        C, ldc, opt.bf16Matmul);
     flops += 2.0 * static_cast<double>(M) * static_cast<double>(Nn) *
              static_cast<double>(K);
   }
 
   /// Rounds a buffer that only feeds matmuls to bf16 in place.
   void roundInPlace(float *data, int64_t n) {
-    if (!opt.bf16Matmul)
-      return;
-    roundInto(data, data, n);
-  }
-
-  void roundInto(const float *in, float *out, int64_t n) {
-    // One thread: these casts are small next to the matmuls they feed (and
-    // attention's are row by row), not worth starting threads for.
-    auto count = static_cast<size_t>(n);
-    std::span<uint16_t> bits(bf16Bits.data(), count);
-    kernels::Threading one = kernels::Threading::singleThreaded();
-    kernels::castToBf16(std::span<const float>(in, count), bits, one);
-    kernels::castBf16ToFloat(bits, std::span<float>(out, count), one);
+    if (opt.bf16Matmul)
+      ops.roundBf16(data, data, n);
   }
 
   /// The matmul input for weight `w` of n elements: itself, or its bf16
@@ -401,7 +416,7 @@ struct Microbatch::Impl {
   const float *weight(const float *w, int64_t n) {
     if (!opt.bf16Matmul)
       return w;
-    roundInto(w, weightBf16.data(), n);
+    ops.roundBf16(w, weightBf16.data(), n);
     return weightBf16.data();
   }
 
@@ -414,11 +429,10 @@ struct Microbatch::Impl {
     if (P == 1 || B == 1) // block order is sequence order
       return tp.allGather(shardIn, fullOut, Ns * D);
     MESHPLAN_TRY(tp.allGather(shardIn, staging.data(), Ns * D));
+    // Block (p, b) of S * D floats goes to sequence b, positions p * S...
     for (int64_t p = 0; p < P; ++p)
-      for (int64_t b = 0; b < B; ++b)
-        std::memcpy(fullOut + (b * T + p * S) * D,
-                    staging.data() + (p * B + b) * S * D,
-                    sizeof(float) * static_cast<size_t>(S * D));
+      ops.copyRows(fullOut + p * S * D, T * D, staging.data() + p * B * S * D,
+                   S * D, S * D, B);
     return {};
   }
 
@@ -427,75 +441,9 @@ struct Microbatch::Impl {
     if (P == 1 || B == 1)
       return tp.reduceScatter(fullIn, shardOut, Ns * D);
     for (int64_t p = 0; p < P; ++p)
-      for (int64_t b = 0; b < B; ++b)
-        std::memcpy(staging.data() + (p * B + b) * S * D,
-                    fullIn + (b * T + p * S) * D,
-                    sizeof(float) * static_cast<size_t>(S * D));
+      ops.copyRows(staging.data() + p * B * S * D, S * D, fullIn + p * S * D,
+                   T * D, S * D, B);
     return tp.reduceScatter(staging.data(), shardOut, Ns * D);
-  }
-
-  //===--------------------------------------------------------------------===//
-  // Elementwise pieces
-  //===--------------------------------------------------------------------===//
-
-  /// y = x * rsqrt(mean(x^2) + eps) * w per row of [Ns, D].
-  void rmsNorm(const float *x, const float *w, float *y, float *rstd) {
-    for (int64_t i = 0; i < Ns; ++i) {
-      const float *xr = x + i * D;
-      float *yr = y + i * D;
-      float ms = dot(xr, xr, D) / static_cast<float>(D);
-      float r = 1.0f / std::sqrt(ms + cfg.normEps);
-      rstd[i] = r;
-      for (int64_t j = 0; j < D; ++j)
-        yr[j] = (xr[j] * r) * w[j];
-    }
-  }
-
-  /// With xhat = x r: dw += sum dy xhat; dx (+)= r (dxhat - xhat
-  /// mean(dxhat xhat)) where dxhat = dy w.
-  void rmsNormBackward(const float *dy, const float *x, const float *rstd,
-                       const float *w, float *dw, float *dx, bool add) {
-    std::vector<float> &dxhat = rowTmp;
-    dxhat.resize(static_cast<size_t>(D));
-    for (int64_t i = 0; i < Ns; ++i) {
-      const float *dyr = dy + i * D, *xr = x + i * D;
-      float *dxr = dx + i * D;
-      float r = rstd[i];
-      for (int64_t j = 0; j < D; ++j) {
-        dw[j] += dyr[j] * (xr[j] * r);
-        dxhat[j] = dyr[j] * w[j];
-      }
-      float c = dot(dxhat.data(), xr, D) * r / static_cast<float>(D);
-      if (add)
-        for (int64_t j = 0; j < D; ++j)
-          dxr[j] += r * (dxhat[j] - (xr[j] * r) * c);
-      else
-        for (int64_t j = 0; j < D; ++j)
-          dxr[j] = r * (dxhat[j] - (xr[j] * r) * c);
-    }
-  }
-  std::vector<float> rowTmp;
-
-  /// Rotates the pairs (x[2i], x[2i+1]) of every head of [N, heads * hd]
-  /// by +angle (forward) or -angle (backward: the transpose).
-  void rope(float *x, int64_t heads, bool inverse) {
-    int64_t half = hd / 2, width = heads * hd;
-    float sign = inverse ? -1.0f : 1.0f;
-    for (int64_t n = 0; n < N; ++n) {
-      int64_t t = n % T;
-      const float *cs = ropeCos.data() + t * half;
-      const float *sn = ropeSin.data() + t * half;
-      float *row = x + n * width;
-      for (int64_t hh = 0; hh < heads; ++hh) {
-        float *xv = row + hh * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          float c = cs[i], s = sign * sn[i];
-          float x0 = xv[2 * i], x1 = xv[2 * i + 1];
-          xv[2 * i] = x0 * c - x1 * s;
-          xv[2 * i + 1] = x0 * s + x1 * c;
-        }
-      }
-    }
   }
 
   //===--------------------------------------------------------------------===//
@@ -504,6 +452,7 @@ struct Microbatch::Impl {
 
   void attentionForward(Layer &l) {
     float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    int64_t block = ops.attentionRowBlock();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t hh = 0; hh < H; ++hh) {
         int64_t kv = hh / group; // local: GQA groups are whole on a rank
@@ -512,32 +461,14 @@ struct Microbatch::Impl {
         const float *vh = l.v.data() + b * T * kd + kv * hd;
         float *oh = l.o.data() + b * T * qd + hh * hd;
         float *lse = l.lse.data() + (b * H + hh) * T;
-        for (int64_t r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
-          int64_t r1 = std::min(T, r0 + kAttentionRowBlock), R = r1 - r0;
+        for (int64_t r0 = 0; r0 < T; r0 += block) {
+          int64_t r1 = std::min(T, r0 + block), R = r1 - r0;
           float *s = sc1.data();
           gemm(false, true, R, r1, hd, scale, qh + r0 * qd, qd, kh, kd, 0.0f, s,
                T);
-          for (int64_t i = 0; i < R; ++i) {
-            int64_t t = r0 + i;
-            float *row = s + i * T;
-            float mx = row[0];
-            for (int64_t j = 1; j <= t; ++j)
-              mx = std::max(mx, row[j]);
-            float sum = 0;
-            for (int64_t j = 0; j <= t; ++j) {
-              row[j] = std::exp(row[j] - mx);
-              sum += row[j];
-            }
-            float inv = 1.0f / sum;
-            for (int64_t j = 0; j <= t; ++j)
-              row[j] *= inv;
-            for (int64_t j = t + 1; j < r1; ++j)
-              row[j] = 0.0f;
-            lse[t] = mx + std::log(sum);
-          }
+          ops.causalSoftmax(s, lse + r0, R, r0, r1, T);
           if (opt.bf16Matmul)
-            for (int64_t i = 0; i < R; ++i)
-              roundInPlace(s + i * T, r1);
+            ops.roundBf16Rows(s, s, R, T, r1);
           gemm(false, false, R, hd, r1, 1.0f, s, T, vh, kd, 0.0f, oh + r0 * qd,
                qd);
         }
@@ -547,8 +478,9 @@ struct Microbatch::Impl {
   /// dO (in dO) -> dq (written), dk and dv (accumulated from zero).
   void attentionBackward(Layer &l) {
     float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    std::fill(dk.begin(), dk.end(), 0.0f);
-    std::fill(dv.begin(), dv.end(), 0.0f);
+    int64_t block = ops.attentionRowBlock();
+    ops.fillZero(dk.data(), dk.bytes());
+    ops.fillZero(dv.data(), dv.bytes());
     for (int64_t b = 0; b < B; ++b)
       for (int64_t hh = 0; hh < H; ++hh) {
         int64_t kv = hh / group;
@@ -560,42 +492,26 @@ struct Microbatch::Impl {
         float *dkh = dk.data() + b * T * kd + kv * hd;
         float *dvh = dv.data() + b * T * kd + kv * hd;
         const float *lse = l.lse.data() + (b * H + hh) * T;
-        for (int64_t r0 = 0; r0 < T; r0 += kAttentionRowBlock) {
-          int64_t r1 = std::min(T, r0 + kAttentionRowBlock), R = r1 - r0;
+        for (int64_t r0 = 0; r0 < T; r0 += block) {
+          int64_t r1 = std::min(T, r0 + block), R = r1 - r0;
           // Recompute the probabilities from the saved log-sum-exp rather
           // than keep B * H * T^2 of them per layer.
           float *p = sc1.data(), *dp = sc2.data();
           gemm(false, true, R, r1, hd, scale, qh + r0 * qd, qd, kh, kd, 0.0f, p,
                T);
-          for (int64_t i = 0; i < R; ++i) {
-            int64_t t = r0 + i;
-            float *row = p + i * T;
-            for (int64_t j = 0; j <= t; ++j)
-              row[j] = std::exp(row[j] - lse[t]);
-            for (int64_t j = t + 1; j < r1; ++j)
-              row[j] = 0.0f;
-          }
+          ops.causalProbs(p, lse + r0, R, r0, r1, T);
           gemm(false, true, R, r1, hd, 1.0f, doh + r0 * qd, qd, vh, kd, 0.0f,
                dp, T);
           const float *pIn = p;
           if (opt.bf16Matmul) {
-            for (int64_t i = 0; i < R; ++i)
-              roundInto(p + i * T, sc3.data() + i * T, r1);
+            ops.roundBf16Rows(p, sc3.data(), R, T, r1);
             pIn = sc3.data();
           }
           gemm(true, false, r1, hd, R, 1.0f, pIn, T, doh + r0 * qd, qd, 1.0f,
                dvh, kd);
-          // Softmax backward: dS = P (dP - sum_j P dP).
-          for (int64_t i = 0; i < R; ++i) {
-            int64_t t = r0 + i;
-            float *pr = p + i * T, *dr = dp + i * T;
-            float rowDot = dot(pr, dr, t + 1);
-            for (int64_t j = 0; j <= t; ++j)
-              dr[j] = pr[j] * (dr[j] - rowDot);
-            for (int64_t j = t + 1; j < r1; ++j)
-              dr[j] = 0.0f;
-            roundInPlace(dr, t + 1);
-          }
+          ops.causalSoftmaxBackward(p, dp, R, r0, r1, T);
+          if (opt.bf16Matmul)
+            ops.roundBf16Rows(dp, dp, R, T, r1);
           gemm(false, false, R, hd, r1, scale, dp, T, kh, kd, 0.0f,
                dqh + r0 * qd, qd);
           gemm(true, false, r1, hd, R, scale, dp, T, qh + r0 * qd, qd, 1.0f,
@@ -613,25 +529,16 @@ struct Microbatch::Impl {
     // vocabulary) directly in block order; the reduce-scatter sums the ranks'
     // contributions and hands each its sequence shard.
     float *blocks = (P == 1 || B == 1) ? full.data() : staging.data();
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t s = 0; s < S; ++s) {
-          int64_t tok = tokens[static_cast<size_t>(b * T + p * S + s)] -
-                        shard.vocabOffset;
-          float *dst = blocks + ((p * B + b) * S + s) * D;
-          if (tok >= 0 && tok < V)
-            std::memcpy(dst, emb + tok * D, sizeof(float) * D);
-          else
-            std::memset(dst, 0, sizeof(float) * D);
-        }
+    ops.embeddingRows(rowToken.data(), N, emb, V, D, blocks);
     return tp.reduceScatter(blocks, h.data(), Ns * D);
   }
 
   Result<void> forwardBlock(int64_t li, const BlockWeights &w) {
     Layer &l = layers[static_cast<size_t>(li)];
-    l.xIn = h;
+    ops.copy(l.xIn.data(), h.data(), h.bytes());
     // Attention.
-    rmsNorm(l.xIn.data(), w.attentionNorm, shardTmp.data(), l.rstd1.data());
+    ops.rmsNorm(l.xIn.data(), w.attentionNorm, shardTmp.data(), l.rstd1.data(),
+                Ns, D, cfg.normEps);
     MESHPLAN_TRY(gatherSeq(shardTmp.data(), l.n1.data()));
     roundInPlace(l.n1.data(), N * D);
     gemm(false, true, N, qd, D, 1.0f, l.n1.data(), D, weight(w.wq, qd * D), D,
@@ -640,8 +547,8 @@ struct Microbatch::Impl {
          0.0f, l.k.data(), kd);
     gemm(false, true, N, kd, D, 1.0f, l.n1.data(), D, weight(w.wv, kd * D), D,
          0.0f, l.v.data(), kd);
-    rope(l.q.data(), H, false);
-    rope(l.k.data(), Hkv, false);
+    ops.rope(l.q.data(), ropeCos.data(), ropeSin.data(), N, T, H, hd, false);
+    ops.rope(l.k.data(), ropeCos.data(), ropeSin.data(), N, T, Hkv, hd, false);
     roundInPlace(l.q.data(), N * qd);
     roundInPlace(l.k.data(), N * kd);
     roundInPlace(l.v.data(), N * kd);
@@ -650,10 +557,10 @@ struct Microbatch::Impl {
     gemm(false, true, N, D, qd, 1.0f, l.o.data(), qd, weight(w.wo, D * qd), qd,
          0.0f, full.data(), D);
     MESHPLAN_TRY(scatterSeq(full.data(), shardTmp.data()));
-    for (int64_t i = 0; i < Ns * D; ++i)
-      l.hMid[i] = l.xIn[i] + shardTmp[i];
+    ops.add(l.xIn.data(), shardTmp.data(), l.hMid.data(), Ns * D);
     // Feed-forward.
-    rmsNorm(l.hMid.data(), w.ffnNorm, shardTmp.data(), l.rstd2.data());
+    ops.rmsNorm(l.hMid.data(), w.ffnNorm, shardTmp.data(), l.rstd2.data(), Ns,
+                D, cfg.normEps);
     MESHPLAN_TRY(gatherSeq(shardTmp.data(), l.n2.data()));
     roundInPlace(l.n2.data(), N * D);
     gemm(false, true, N, F, D, 1.0f, l.n2.data(), D, weight(w.w1, F * D), D,
@@ -664,23 +571,20 @@ struct Microbatch::Impl {
     gemm(false, true, N, D, F, 1.0f, ffnTmp.data(), F, weight(w.w2, D * F), F,
          0.0f, full.data(), D);
     MESHPLAN_TRY(scatterSeq(full.data(), shardTmp.data()));
-    for (int64_t i = 0; i < Ns * D; ++i)
-      h[i] = l.hMid[i] + shardTmp[i];
+    ops.add(l.hMid.data(), shardTmp.data(), h.data(), Ns * D);
     return {};
   }
 
   /// ffnTmp = silu(a) * g, rounded when it feeds a bf16 matmul.
   void swiglu(const Layer &l) {
-    const float *a = l.a.data(), *g = l.g.data();
-    float *u = ffnTmp.data();
-    for (int64_t i = 0; i < N * F; ++i)
-      u[i] = a[i] * sigmoid(a[i]) * g[i];
-    roundInPlace(u, N * F);
+    ops.swiglu(l.a.data(), l.g.data(), ffnTmp.data(), N * F);
+    roundInPlace(ffnTmp.data(), N * F);
   }
 
   Result<void> forwardFinalNorm(const float *norm) {
-    finalIn = h;
-    rmsNorm(finalIn.data(), norm, h.data(), rstdF.data());
+    ops.copy(finalIn.data(), h.data(), h.bytes());
+    ops.rmsNorm(finalIn.data(), norm, h.data(), rstdF.data(), Ns, D,
+                cfg.normEps);
     return {};
   }
 
@@ -694,35 +598,17 @@ struct Microbatch::Impl {
     // global sum of exponentials and the target's logit (0 on ranks that do
     // not own it), summed in one all-reduce.
     float *mx = ceStats.data(), *sums = mx + N, *tgtLogit = mx + 2 * N;
-    for (int64_t n = 0; n < N; ++n) {
-      const float *row = logits + n * V;
-      float m = row[0];
-      for (int64_t j = 1; j < V; ++j)
-        m = std::max(m, row[j]);
-      mx[n] = m;
-      int64_t tgt = targets[static_cast<size_t>(n)] - shard.vocabOffset;
-      tgtLogit[n] = (tgt >= 0 && tgt < V) ? row[tgt] : 0.0f;
-    }
+    ops.rowMaxAndTarget(logits, targetLocal.data(), N, V, mx, tgtLogit);
     MESHPLAN_TRY(tp.allReduceMax(mx, N));
-    for (int64_t n = 0; n < N; ++n) {
-      float *row = logits + n * V;
-      float m = mx[n], sum = 0;
-      for (int64_t j = 0; j < V; ++j) {
-        row[j] = std::exp(row[j] - m);
-        sum += row[j];
-      }
-      sums[n] = sum;
-    }
+    ops.expAndSum(logits, mx, N, V, sums);
     MESHPLAN_TRY(tp.allReduceSum(sums, 2 * N));
+    // Keep the local softmax for backward.
+    ops.normalizeRows(logits, sums, N, V);
+    MESHPLAN_TRY(ops.download(ceHost.data(), ceStats.data(), ceStats.bytes()));
+    const float *hm = ceHost.data(), *hs = hm + N, *ht = hm + 2 * N;
     double loss = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      loss += static_cast<double>(std::log(sums[n]) + mx[n] - tgtLogit[n]);
-      // Keep the local softmax for backward.
-      float inv = 1.0f / sums[n];
-      float *row = logits + n * V;
-      for (int64_t j = 0; j < V; ++j)
-        row[j] *= inv;
-    }
+    for (int64_t n = 0; n < N; ++n)
+      loss += static_cast<double>(std::log(hs[n]) + hm[n] - ht[n]);
     return static_cast<float>(loss / static_cast<double>(N));
   }
 
@@ -730,15 +616,8 @@ struct Microbatch::Impl {
                               float *dOutput) {
     // dlogits = lossScale / N (softmax - onehot), in place of the softmax.
     float *dl = probs.data();
-    float c = lossScale / static_cast<float>(N);
-    for (int64_t n = 0; n < N; ++n) {
-      float *row = dl + n * V;
-      for (int64_t j = 0; j < V; ++j)
-        row[j] *= c;
-      int64_t tgt = targets[static_cast<size_t>(n)] - shard.vocabOffset;
-      if (tgt >= 0 && tgt < V)
-        row[tgt] -= c;
-    }
+    ops.crossEntropyGrad(dl, targetLocal.data(), N, V,
+                         lossScale / static_cast<float>(N));
     roundInPlace(dl, N * V);
     gemm(true, false, V, D, N, 1.0f, dl, V, xf.data(), D, 1.0f, dOutput, D);
     gemm(false, false, N, D, V, 1.0f, dl, V, weight(output, V * D), D, 0.0f,
@@ -747,9 +626,9 @@ struct Microbatch::Impl {
   }
 
   Result<void> backwardFinalNorm(const float *norm, float *dNorm) {
-    shardTmp = h;
-    rmsNormBackward(shardTmp.data(), finalIn.data(), rstdF.data(), norm, dNorm,
-                    h.data(), /*add=*/false);
+    ops.copy(shardTmp.data(), h.data(), h.bytes());
+    ops.rmsNormBackward(shardTmp.data(), finalIn.data(), rstdF.data(), norm,
+                        dNorm, h.data(), Ns, D, /*add=*/false);
     return {};
   }
 
@@ -767,14 +646,7 @@ struct Microbatch::Impl {
          F);
     // a and g are not needed any more: overwrite them with da and dg.
     float *a = l.a.data(), *g = l.g.data();
-    for (int64_t i = 0; i < N * F; ++i) {
-      float s = sigmoid(a[i]);
-      float silu = a[i] * s;
-      float dsilu = s * (1.0f + a[i] * (1.0f - s));
-      float da = du[i] * g[i] * dsilu;
-      g[i] = du[i] * silu;
-      a[i] = da;
-    }
+    ops.swigluBackward(du, a, g, N * F);
     roundInPlace(a, N * F);
     roundInPlace(g, N * F);
     gemm(true, false, F, D, N, 1.0f, a, F, l.n2.data(), D, 1.0f, gr.w1, D);
@@ -785,8 +657,8 @@ struct Microbatch::Impl {
     gemm(false, false, N, D, F, 1.0f, g, F, weight(w.w3, F * D), D, 1.0f, dn2,
          D);
     MESHPLAN_TRY(scatterSeq(dn2, shardTmp.data()));
-    rmsNormBackward(shardTmp.data(), l.hMid.data(), l.rstd2.data(), w.ffnNorm,
-                    gr.ffnNorm, h.data(), /*add=*/true);
+    ops.rmsNormBackward(shardTmp.data(), l.hMid.data(), l.rstd2.data(),
+                        w.ffnNorm, gr.ffnNorm, h.data(), Ns, D, /*add=*/true);
 
     // Attention: h holds d(hMid) = d(block input) through the residual.
     float *dAO = full.data();
@@ -797,8 +669,10 @@ struct Microbatch::Impl {
          dO.data(), qd);
     roundInPlace(dO.data(), N * qd);
     attentionBackward(l);
-    rope(dq.data(), H, /*inverse=*/true);
-    rope(dk.data(), Hkv, /*inverse=*/true);
+    ops.rope(dq.data(), ropeCos.data(), ropeSin.data(), N, T, H, hd,
+             /*inverse=*/true);
+    ops.rope(dk.data(), ropeCos.data(), ropeSin.data(), N, T, Hkv, hd,
+             /*inverse=*/true);
     roundInPlace(dq.data(), N * qd);
     roundInPlace(dk.data(), N * kd);
     roundInPlace(dv.data(), N * kd);
@@ -816,30 +690,20 @@ struct Microbatch::Impl {
     gemm(false, false, N, D, kd, 1.0f, dv.data(), kd, weight(w.wv, kd * D), D,
          1.0f, dn1, D);
     MESHPLAN_TRY(scatterSeq(dn1, shardTmp.data()));
-    rmsNormBackward(shardTmp.data(), l.xIn.data(), l.rstd1.data(),
-                    w.attentionNorm, gr.attentionNorm, h.data(),
-                    /*add=*/true);
+    ops.rmsNormBackward(shardTmp.data(), l.xIn.data(), l.rstd1.data(),
+                        w.attentionNorm, gr.attentionNorm, h.data(), Ns, D,
+                        /*add=*/true);
     return {};
   }
 
   Result<void> backwardEmbedding(float *dEmb) {
     // The backward of the forward's reduce-scatter: gather the shard
-    // gradients in block order, then add each token's row to its embedding
+    // gradients in block order, then add each token's rows to its embedding
     // row where this rank owns it.
     float *blocks = (P == 1 || B == 1) ? full.data() : staging.data();
     MESHPLAN_TRY(tp.allGather(h.data(), blocks, Ns * D));
-    for (int64_t p = 0; p < P; ++p)
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t s = 0; s < S; ++s) {
-          int64_t tok = tokens[static_cast<size_t>(b * T + p * S + s)] -
-                        shard.vocabOffset;
-          if (tok < 0 || tok >= V)
-            continue;
-          const float *src = blocks + ((p * B + b) * S + s) * D;
-          float *dst = dEmb + tok * D;
-          for (int64_t j = 0; j < D; ++j)
-            dst[j] += src[j];
-        }
+    ops.embeddingBackward(embTokens.data(), embOffsets.data(), embRows.data(),
+                          embTokenCount, blocks, D, dEmb);
     return {};
   }
 };
@@ -850,8 +714,8 @@ struct Microbatch::Impl {
 
 Microbatch::Microbatch(const LlamaConfig &config, const TpShard &shard,
                        const MicrobatchShape &shape,
-                       const ModelOptions &options, TpGroup &tp)
-    : impl(std::make_unique<Impl>(config, shard, shape, options, tp)) {}
+                       const ModelOptions &options, TpGroup &tp, ModelOps &ops)
+    : impl(std::make_unique<Impl>(config, shard, shape, options, tp, ops)) {}
 
 Microbatch::~Microbatch() = default;
 
@@ -880,9 +744,10 @@ Result<void> Microbatch::setData(std::span<const int32_t> tokens,
   MESHPLAN_TRY(check("tokens", tokens));
   MESHPLAN_TRY(check("targets", targets));
   if (!m.allocated)
-    m.allocate();
+    MESHPLAN_TRY(m.allocate());
   m.tokens.assign(tokens.begin(), tokens.end());
   m.targets.assign(targets.begin(), targets.end());
+  m.uploadData();
   m.step = 0;
   return {};
 }
@@ -1027,7 +892,7 @@ Result<void> Microbatch::forwardFrom(int64_t layer,
                 " values; this rank's stream shard is batch * seqLen / P * "
                 "dim = " +
                 str(m.Ns * m.D));
-  std::copy(input.begin(), input.end(), m.h.begin());
+  m.ops.upload(m.h.data(), input.data(), m.h.bytes());
   m.step = 1 + layer;
   return {};
 }
@@ -1045,24 +910,32 @@ Result<void> Microbatch::backwardFrom(std::span<const float> outputGrad) {
     return fail("Microbatch: backwardFrom: the gradient has " +
                 str(static_cast<int64_t>(outputGrad.size())) +
                 " values; this rank's stream shard is " + str(m.Ns * m.D));
-  std::copy(outputGrad.begin(), outputGrad.end(), m.h.begin());
+  m.ops.upload(m.h.data(), outputGrad.data(), m.h.bytes());
   m.step = 2 * m.L + 6 - m.step;
   return {};
 }
 
-std::span<const float> Microbatch::stream() const {
+int64_t Microbatch::streamSize() const {
   const Impl &m = *impl;
+  return m.allocated ? m.Ns * m.D : 0;
+}
+
+Result<std::span<const float>> Microbatch::stream() {
+  Impl &m = *impl;
   if (!m.allocated)
-    return {};
-  return {m.h.data(), static_cast<size_t>(m.Ns * m.D)};
+    return std::span<const float>();
+  size_t n = static_cast<size_t>(m.Ns * m.D);
+  if (m.ops.hostMemory())
+    return std::span<const float>(m.h.data(), n);
+  m.hostStream.resize(n);
+  MESHPLAN_TRY(m.ops.download(m.hostStream.data(), m.h.data(), m.h.bytes()));
+  return std::span<const float>(m.hostStream);
 }
 
 void Microbatch::roundStreamToBf16() {
   Impl &m = *impl;
-  if (!m.allocated)
-    return;
-  for (int64_t i = 0; i < m.Ns * m.D; ++i)
-    m.h[size_t(i)] = kernels::bf16ToFloat(kernels::floatToBf16(m.h[size_t(i)]));
+  if (m.allocated)
+    m.ops.roundBf16(m.h.data(), m.h.data(), m.Ns * m.D);
 }
 
 double Microbatch::matmulFlops() const { return impl->flops; }

@@ -1,10 +1,12 @@
 //===- Llama.h - One rank's share of a Llama 3 forward and backward -------===//
 //
-// The model's math for meshplan-train, written out in fp32 on OpenBLAS
-// sgemm: token embedding, RMSNorm, attention with grouped-query heads, RoPE
-// and a causal softmax, SwiGLU feed-forward, final norm, output projection,
-// cross-entropy. Weights use PyTorch's nn.Linear convention (W is [out, in],
-// y = x W^T), with torchtitan's module shapes (frontend/Presets.h).
+// The model's math for meshplan-train, written out in fp32: token embedding,
+// RMSNorm, attention with grouped-query heads, RoPE and a causal softmax,
+// SwiGLU feed-forward, final norm, output projection, cross-entropy, as a
+// sequence of ModelOps calls (ModelOps.h: OpenBLAS sgemm and loops on the CPU,
+// cuBLAS and CUDA kernels on a GPU). Weights use PyTorch's nn.Linear convention
+// (W is [out, in], y = x W^T), with torchtitan's module shapes
+// (frontend/Presets.h).
 //
 // Tensor parallelism follows torchtitan's Llama plan with sequence
 // parallelism; with a TP group of one rank every collective is a no-op and
@@ -25,13 +27,16 @@
 // The model owns the activations of one microbatch (a Microbatch object); the
 // trainer owns the weights and gradients and passes them per segment, so the
 // same code runs inside the runtime's compute callbacks and in the
-// single-process reference.
+// single-process reference. Every weight, gradient and TP-collective
+// pointer is memory of the Microbatch's ModelOps (device memory on a GPU);
+// data, stage boundaries and the loss cross on the host.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_TRAINER_MODEL_LLAMA_H
 #define MESHPLAN_TRAINER_MODEL_LLAMA_H
 
 #include "meshplan/Core/Result.h"
+#include "model/ModelOps.h"
 
 #include <cstdint>
 #include <memory>
@@ -53,7 +58,9 @@ struct LlamaConfig {
 };
 
 /// The tensor-parallel group a Microbatch's collectives run on (the plan's
-/// `trainer_tp` communicator in meshplan-train). Buffers are fp32.
+/// `trainer_tp` communicator in meshplan-train). Buffers are fp32, in the
+/// memory of the Microbatch's ModelOps, and a call may read them only after
+/// the ops' earlier work (ModelOps::synchronize, or the same CUDA stream).
 class TpGroup {
 public:
   virtual ~TpGroup();
@@ -143,9 +150,10 @@ Result<void> checkModel(const LlamaConfig &config, const TpShard &shard,
 /// group must make the same calls in the same order.
 class Microbatch {
 public:
+  /// Runs on `ops` (the host's by default), which must outlive it.
   Microbatch(const LlamaConfig &config, const TpShard &shard,
              const MicrobatchShape &shape, const ModelOptions &options,
-             TpGroup &tp);
+             TpGroup &tp, ModelOps &ops = hostOps());
   ~Microbatch();
   Microbatch(const Microbatch &) = delete;
   Microbatch &operator=(const Microbatch &) = delete;
@@ -187,9 +195,11 @@ public:
   /// gradient of this stage's output.
   Result<void> backwardFrom(std::span<const float> outputGrad);
   /// The residual stream shard: after a forward segment its output, after a
-  /// backward segment the gradient of that segment's input. Empty before
-  /// setData.
-  std::span<const float> stream() const;
+  /// backward segment the gradient of that segment's input, on the host
+  /// (valid until the next call). Empty before setData.
+  Result<std::span<const float>> stream();
+  /// Its size: batch * seqLen / P * dim once setData ran, else 0.
+  int64_t streamSize() const;
   /// Rounds the residual stream shard (or its gradient) to bf16, nearest
   /// even, and widens it back, in place: what a bf16 stage boundary does to
   /// it (the single-process reference emulates a pipeline's bf16 activation
@@ -197,7 +207,8 @@ public:
   void roundStreamToBf16();
 
   /// Floating-point operations of the matmuls run so far (2 * m * n * k per
-  /// sgemm), and the seconds spent inside sgemm, for the trainer's figures.
+  /// sgemm), and the seconds spent inside sgemm (CPU ops; 0 on a GPU, whose
+  /// matmuls run asynchronously), for the trainer's figures.
   double matmulFlops() const;
   double matmulSeconds() const;
 
