@@ -36,6 +36,9 @@ public:
   /// True when the ops' memory is host memory (pointers may be used
   /// directly by the caller).
   virtual bool hostMemory() const = 0;
+  /// The CUDA stream (cudaStream_t) the ops enqueue on, for collectives
+  /// that must follow their work; null for the CPU ops.
+  virtual void *nativeStream() const { return nullptr; }
 
   //===--- Memory ---------------------------------------------------------===//
 

@@ -24,6 +24,11 @@ namespace meshplan::runtime {
 Result<std::shared_ptr<Device>>
 createCudaDevice(int64_t index, std::chrono::milliseconds timeout);
 
+/// The CUDA device index of `device` (what createCudaDevice was given), or
+/// -1 when it is not a CUDA device: for code of the trainer's own that must
+/// run on the session's GPU.
+int64_t cudaDeviceIndex(const Device &device);
+
 /// `options` made to run on this rank's GPU:
 ///   - backend "nccl": the NCCL backend (createNcclBackend) on device
 ///     LOCAL_RANK, one GPU per rank;

@@ -55,6 +55,7 @@ public:
       : index(index), timeout(timeout) {}
 
   std::string name() const override { return "cuda:" + std::to_string(index); }
+  int64_t deviceIndex() const { return index; }
 
   Result<void *> allocate(size_t bytes) override {
     MESHPLAN_TRY(current());
@@ -271,6 +272,11 @@ createCudaDevice(int64_t index, std::chrono::milliseconds timeout) {
                      "): " + cudaText(e));
   return std::shared_ptr<Device>(
       std::make_shared<CudaDevice>(int(index), timeout));
+}
+
+int64_t cudaDeviceIndex(const Device &device) {
+  const auto *cuda = dynamic_cast<const CudaDevice *>(&device);
+  return cuda ? cuda->deviceIndex() : -1;
 }
 
 Result<SessionOptions> cudaSessionOptions(SessionOptions options) {
