@@ -8,6 +8,13 @@
 // the FSDP unit it is given on this rank's slice of the global batch, with
 // tensor-parallel collectives on the plan's TP communicator.
 //
+// With --device cuda the plan runs on this rank's GPU (NCCL by default) and
+// the model on the same GPU through the CUDA ModelOps (cuBLAS). The
+// callbacks still receive host copies of their views (computeOnHost): the
+// parameters go up to the GPU and the gradients come back per call, and the
+// trainer's own host-side collectives (the loss, extra axes) are staged
+// through device memory when the communicator is NCCL's.
+//
 //   meshplan run -n 8 -- meshplan-train --spec examples/specs/fsdp-fp8-3d.json
 //                                        --model tiny --steps 100
 //
@@ -21,6 +28,11 @@
 #include "meshplan/Plan/Trace.h"
 #include "meshplan/Runtime/Kernels.h"
 #include "meshplan/Runtime/Session.h"
+
+#if MESHPLAN_HAVE_CUDA
+#include "meshplan/Runtime/CudaDevice.h"
+#include "model/cuda/CudaOps.h"
+#endif
 
 #include <cblas.h>
 
@@ -53,8 +65,8 @@ const char *kUsage =
     "                      [--load-checkpoint DIR] [--save-checkpoint DIR\n"
     "                      [--checkpoint-every N]]\n"
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
-    "                      [--reference | --plain-reference] [--device cpu]\n"
-    "                      [--host-device]\n"
+    "                      [--reference | --plain-reference]\n"
+    "                      [--device cpu|cuda | --host-device]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -76,43 +88,164 @@ int64_t parseCount(const std::string &flag, const std::string &text,
   return v;
 }
 
-/// The TP group over a runtime communicator, timing its collectives.
+/// The TP group over a runtime communicator, on the model's buffers
+/// (ModelOps memory), timing its collectives:
+///   - both on the host (CPU runs): the communicator reads them directly;
+///   - both on the GPU (NCCL under --device cuda): the collective is
+///     enqueued on the model's stream after its kernels, then waited for
+///     with the communicator's timeout, so a stalled peer is an error rather
+///     than a hang in the model's next download;
+///   - model on the GPU, communicator on the host (Gloo with ranks sharing
+///     a GPU): staged through host copies.
 class CommTpGroup final : public TpGroup {
 public:
-  CommTpGroup(Communicator *comm, double &seconds)
-      : comm(comm), seconds(seconds) {}
+  CommTpGroup(Communicator *comm, ModelOps &ops, double &seconds)
+      : comm(comm), ops(ops), seconds(seconds) {}
   int64_t size() const override { return comm->size(); }
   int64_t rank() const override { return comm->key(); }
   Result<void> allGather(const float *in, float *out, int64_t count) override {
-    auto t = Clock::now();
-    auto ok = comm->allGather(in, out, count, DType::Float32);
-    seconds += secondsSince(t);
-    return ok;
+    return timed(in, count, out, count * size(), [&](const float *i, float *o) {
+      return comm->allGather(i, o, count, DType::Float32);
+    });
   }
   Result<void> reduceScatter(const float *in, float *out,
                              int64_t count) override {
-    auto t = Clock::now();
-    auto ok =
-        comm->reduceScatter(in, out, count, DType::Float32, ReduceOp::Sum);
-    seconds += secondsSince(t);
-    return ok;
+    return timed(in, count * size(), out, count, [&](const float *i, float *o) {
+      return comm->reduceScatter(i, o, count, DType::Float32, ReduceOp::Sum);
+    });
   }
   Result<void> allReduceSum(float *data, int64_t count) override {
-    auto t = Clock::now();
-    auto ok = comm->allReduce(data, count, DType::Float32, ReduceOp::Sum);
-    seconds += secondsSince(t);
-    return ok;
+    return timed(data, count, data, count, [&](const float *, float *o) {
+      return comm->allReduce(o, count, DType::Float32, ReduceOp::Sum);
+    });
   }
   Result<void> allReduceMax(float *data, int64_t count) override {
-    auto t = Clock::now();
-    auto ok = comm->allReduce(data, count, DType::Float32, ReduceOp::Max);
-    seconds += secondsSince(t);
-    return ok;
+    return timed(data, count, data, count, [&](const float *, float *o) {
+      return comm->allReduce(o, count, DType::Float32, ReduceOp::Max);
+    });
   }
 
 private:
+  /// Runs `collective(in, out)` on buffers the communicator can read.
+  template <typename Collective>
+  Result<void> timed(const float *in, int64_t inCount, float *out,
+                     int64_t outCount, Collective &&collective) {
+    auto t = Clock::now();
+    Result<void> ok = run(in, inCount, out, outCount, collective);
+    seconds += secondsSince(t);
+    return ok;
+  }
+  template <typename Collective>
+  Result<void> run(const float *in, int64_t inCount, float *out,
+                   int64_t outCount, Collective &collective) {
+    bool deviceComm = comm->memoryKind() == MemoryKind::Device;
+    if (ops.hostMemory() && !deviceComm)
+      return collective(in, out);
+    if (!ops.hostMemory() && deviceComm) {
+      MESHPLAN_TRY(comm->setStream(DeviceStream{ops.nativeStream()}));
+      MESHPLAN_TRY(collective(in, out));
+      return comm->synchronize();
+    }
+    if (ops.hostMemory())
+      return makeError("the TP communicator holds device memory but the "
+                       "model runs on the host");
+    // out may alias in (all-reduce): stage both through one host buffer
+    // when it does.
+    hostIn.resize(size_t(inCount));
+    MESHPLAN_TRY(
+        ops.download(hostIn.data(), in, sizeof(float) * hostIn.size()));
+    bool inPlace = in == out;
+    if (!inPlace)
+      hostOut.resize(size_t(outCount));
+    float *o = inPlace ? hostIn.data() : hostOut.data();
+    MESHPLAN_TRY(collective(hostIn.data(), o));
+    ops.upload(out, o, sizeof(float) * size_t(outCount));
+    return {};
+  }
+
   Communicator *comm;
+  ModelOps &ops;
   double &seconds;
+  std::vector<float> hostIn, hostOut;
+};
+
+/// The trainer's collectives on host buffers (the loss, the extra axes'
+/// gradient averages, the cost model's measurements): direct on a host
+/// communicator; on a device one (NCCL), staged through device memory of
+/// the session's device on a stream of their own.
+class HostCollectives {
+public:
+  ~HostCollectives() { reset(); }
+  void setDevice(Device *d) {
+    reset();
+    device = d;
+  }
+
+  Result<void> allReduce(Communicator *c, float *data, int64_t n, ReduceOp op) {
+    if (c->memoryKind() == MemoryKind::Host)
+      return c->allReduce(data, n, DType::Float32, op);
+    return staged(c, data, n, data, n, [&](float *in, float *) {
+      return c->allReduce(in, n, DType::Float32, op);
+    });
+  }
+  Result<void> allGather(Communicator *c, const float *in, float *out,
+                         int64_t n) {
+    if (c->memoryKind() == MemoryKind::Host)
+      return c->allGather(in, out, n, DType::Float32);
+    return staged(c, in, n, out, n * c->size(), [&](float *i, float *o) {
+      return c->allGather(i, o, n, DType::Float32);
+    });
+  }
+
+private:
+  template <typename Collective>
+  Result<void> staged(Communicator *c, const float *in, int64_t inCount,
+                      float *out, int64_t outCount, Collective &&collective) {
+    if (!device)
+      return makeError("a device communicator (" + c->group().id +
+                       ") in a session without a device");
+    if (!stream.handle) {
+      auto s = device->createStream();
+      if (!s)
+        return s.error();
+      stream = *s;
+    }
+    size_t inBytes = sizeof(float) * size_t(inCount),
+           outBytes = sizeof(float) * size_t(outCount);
+    if (capacity < inBytes + outBytes) {
+      if (buffer)
+        device->release(buffer);
+      buffer = nullptr;
+      capacity = 0;
+      auto b = device->allocate(inBytes + outBytes);
+      if (!b)
+        return b.error();
+      buffer = *b;
+      capacity = inBytes + outBytes;
+    }
+    auto *din = static_cast<float *>(buffer);
+    float *dout = in == out ? din : din + inCount;
+    MESHPLAN_TRY(device->copyFromHost(din, in, inBytes, stream));
+    MESHPLAN_TRY(c->setStream(stream));
+    MESHPLAN_TRY(collective(din, dout));
+    MESHPLAN_TRY(c->synchronize());
+    MESHPLAN_TRY(device->copyToHost(out, dout, outBytes, stream));
+    return device->synchronize(stream);
+  }
+  void reset() {
+    if (device && buffer)
+      device->release(buffer);
+    if (device && stream.handle)
+      device->destroyStream(stream);
+    buffer = nullptr;
+    capacity = 0;
+    stream = {};
+  }
+
+  Device *device = nullptr;
+  DeviceStream stream;
+  void *buffer = nullptr;
+  size_t capacity = 0;
 };
 
 /// The plan communicator over exactly `axis`, if the plan has one.
@@ -191,6 +324,14 @@ private:
   TpShard shard;
   MicrobatchShape shape;
   std::unique_ptr<TpGroup> tp;
+  /// --device cuda: the model's ops on the session's GPU; else the host's.
+  std::unique_ptr<ModelOps> gpuOps;
+  ModelOps &modelOps() { return gpuOps ? *gpuOps : hostOps(); }
+  /// --device cuda: this call's fp32 parameters and this microbatch's
+  /// gradients on the GPU, by tensor (the host copies are `weights` and the
+  /// backward's map).
+  std::map<std::string, OpsBuffer<float>> opsWeights, opsGrads;
+  HostCollectives hostComms;
   std::vector<Communicator *> extraComms, lossComms;
   bool lossIsGlobal = true;
   /// One microbatch's run through one of this rank's stages (the whole
@@ -243,6 +384,23 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   if (!s)
     return s.error();
   session = std::move(*s);
+  hostComms.setDevice(session->device());
+  if (flags.cuda) {
+#if MESHPLAN_HAVE_CUDA
+    int64_t index =
+        session->device() ? cudaDeviceIndex(*session->device()) : -1;
+    if (index < 0)
+      return makeError("--device cuda: the session does not run on a GPU");
+    opsWeights.clear();
+    opsGrads.clear();
+    auto ops = createCudaOps(index);
+    if (!ops)
+      return ops.error();
+    gpuOps = std::move(*ops);
+#else
+    return makeError("--device cuda: this build has no CUDA backend");
+#endif
+  }
   const plan::Plan &p = session->plan();
   auto d = dataParallelIndex(planned, p.rank);
   if (!d)
@@ -281,7 +439,7 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
     auto comm = session->trainerCommunicator(pc->id);
     if (!comm)
       return comm.error();
-    tp = std::make_unique<CommTpGroup>(*comm, tpSeconds);
+    tp = std::make_unique<CommTpGroup>(*comm, modelOps(), tpSeconds);
   } else {
     tp = std::make_unique<SoloTpGroup>();
   }
@@ -398,6 +556,12 @@ Result<void> RankTrainer::onCompute(ComputeCall &call) {
     default:
       return makeError(v.id() + ": meshplan-train reads float32, bfloat16 "
                                 "and float8 parameters");
+    }
+    if (gpuOps) {
+      OpsBuffer<float> &d = opsWeights[v.tensor()];
+      if (d.size() != n)
+        MESHPLAN_TRY(d.allocate(*gpuOps, n));
+      gpuOps->upload(d.data(), w.data(), d.bytes());
     }
   }
   auto runShare = [&] {
@@ -572,9 +736,10 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
     if (first == 0 && !in.empty())
       return makeError("forward of " + call.unit +
                        " holds the embedding but reads an activation");
-    runs.push_back({std::make_unique<Microbatch>(planned.config, shard, shape,
-                                                 planned.modelOptions, *tp),
-                    first, first});
+    runs.push_back(
+        {std::make_unique<Microbatch>(planned.config, shard, shape,
+                                      planned.modelOptions, *tp, modelOps()),
+         first, first});
     run = &runs.back();
     data.fill(flags.seed, call.step, call.microbatch, shareDp * flags.batch,
               flags.batch, flags.seqLen, tokens, targets);
@@ -596,7 +761,9 @@ Result<void> RankTrainer::forward(ComputeCall &call) {
                        "no activation");
   }
   Microbatch &mb = *run->mb;
-  auto w = [&](const std::string &t) { return weights.at(t).data(); };
+  auto w = [&](const std::string &t) -> const float * {
+    return gpuOps ? opsWeights.at(t).data() : weights.at(t).data();
+  };
   if (u->embedding)
     MESHPLAN_TRY(mb.forwardEmbedding(w("tok_embeddings.weight")));
   for (const auto &[layer, leaves] : u->blocks) {
@@ -677,11 +844,24 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     for (const TensorView &v : call.params)
       if (v.buffer->kind != plan::BufferKind::Activation)
         grads[v.tensor()].assign(size_t(v.numElements()), 0.0f);
+  // On a GPU the model adds into zeroed device copies, read back below.
+  if (gpuOps && !flags.syntheticGrads)
+    for (auto &[name, g] : grads) {
+      OpsBuffer<float> &d = opsGrads[name];
+      if (d.size() != int64_t(g.size()))
+        MESHPLAN_TRY(d.allocate(*gpuOps, int64_t(g.size())));
+      else
+        gpuOps->fillZero(d.data(), d.bytes());
+    }
   auto gr = [&](const std::string &t) -> float * {
     auto it = grads.find(t);
-    return it == grads.end() ? nullptr : it->second.data();
+    if (it == grads.end())
+      return nullptr;
+    return gpuOps ? opsGrads.at(t).data() : it->second.data();
   };
-  auto w = [&](const std::string &t) { return weights.at(t).data(); };
+  auto w = [&](const std::string &t) -> const float * {
+    return gpuOps ? opsWeights.at(t).data() : weights.at(t).data();
+  };
 
   if (flags.syntheticGrads) {
     if (!inputOnly)
@@ -713,6 +893,10 @@ Result<void> RankTrainer::backward(ComputeCall &call) {
     }
     if (u->embedding)
       MESHPLAN_TRY(mb.backwardEmbedding(gr("tok_embeddings.weight")));
+    if (gpuOps)
+      for (auto &[name, g] : grads)
+        MESHPLAN_TRY(gpuOps->download(g.data(), opsGrads.at(name).data(),
+                                      sizeof(float) * g.size()));
     // The gradient of the stage's input, for the previous stage's rank.
     if (!out.empty()) {
       auto h = mb.stream();
@@ -802,8 +986,8 @@ RankTrainer::addGradients(ComputeCall &call,
   auto commStart = Clock::now();
   for (Communicator *c : extraComms)
     for (auto &[name, g] : grads)
-      MESHPLAN_TRY(c->allReduce(g.data(), int64_t(g.size()), DType::Float32,
-                                ReduceOp::Avg));
+      MESHPLAN_TRY(
+          hostComms.allReduce(c, g.data(), int64_t(g.size()), ReduceOp::Avg));
   tpSeconds += secondsSince(commStart);
   for (const TensorView &g : call.grads) {
     if (g.buffer->kind == plan::BufferKind::Activation)
@@ -824,7 +1008,7 @@ RankTrainer::addGradients(ComputeCall &call,
 
 Result<float> RankTrainer::globalLoss(float local) {
   for (Communicator *c : lossComms)
-    if (auto ok = c->allReduce(&local, 1, DType::Float32, ReduceOp::Avg); !ok) {
+    if (auto ok = hostComms.allReduce(c, &local, 1, ReduceOp::Avg); !ok) {
       // A peer that stopped because the membership store lost the job
       // closed its connections: report the store, the cause.
       MESHPLAN_TRY(session->checkMembershipStore());
@@ -884,8 +1068,7 @@ Result<void> RankTrainer::calibrate() {
       std::vector<double> t;
       for (int rep = 0; rep < 12; ++rep) {
         auto start = Clock::now();
-        MESHPLAN_TRY(
-            comm->allGather(in.data(), out.data(), count, DType::Float32));
+        MESHPLAN_TRY(hostComms.allGather(comm, in.data(), out.data(), count));
         if (rep >= 2)
           t.push_back(secondsSince(start));
       }
@@ -1052,8 +1235,8 @@ Result<void> RankTrainer::exchangeBubble() {
     auto comm = pairWith(ranks[size_t(mine == c ? c + 1 : c)]);
     if (!comm)
       return comm.error();
-    return (*comm)->allReduce(all.data(), int64_t(all.size()), DType::Float32,
-                              ReduceOp::Max);
+    return hostComms.allReduce(*comm, all.data(), int64_t(all.size()),
+                               ReduceOp::Max);
   };
   for (int64_t c = 0; c + 1 < P; ++c)
     MESHPLAN_TRY(sweep(c));
@@ -1457,18 +1640,15 @@ int main(int argc, char **argv) {
       compareA = next();
       compareB = next();
     } else if (a == "--device") {
-      // Only the CPU runs the model today; say why cuda is refused, by
-      // whether this build has the CUDA backend at all (docs/cuda.md).
       std::string device = next();
-      if (device == "cuda" && !meshplan::runtime::buildHasCudaBackend())
+#if !MESHPLAN_HAVE_CUDA
+      if (device == "cuda")
         usageError("--device cuda: this build has no CUDA backend (build "
                    "with the CUDA toolkit installed; docs/cuda.md)");
-      if (device == "cuda")
-        usageError("--device cuda: the example model runs on the CPU only "
-                   "(its cuBLAS port is not written; the runtime's CUDA "
-                   "executor is, docs/cuda.md)");
-      if (device != "cpu")
+#endif
+      if (device != "cpu" && device != "cuda")
         usageError("--device: expected cpu or cuda, got \"" + device + "\"");
+      flags.cuda = device == "cuda";
     } else if (a == "--host-device") {
       flags.hostDevice = true;
     } else if (a == "--rtol") {
@@ -1484,6 +1664,12 @@ int main(int argc, char **argv) {
     return compareDumps(compareA, compareB, rtol);
   if (flags.spec.empty())
     usageError(std::string("--spec is required\n") + kUsage);
+  if (flags.cuda && flags.hostDevice)
+    usageError("--device cuda and --host-device exclude each other (the "
+               "host device runs the device executor on the CPU)");
+  if (flags.cuda && flags.reference)
+    usageError("--device cuda: the single-process --reference runs on the "
+               "CPU; compare a GPU run's --save-params with it");
   if (flags.checkpointEvery > 0 && flags.saveCheckpoint.empty())
     usageError("--checkpoint-every needs --save-checkpoint DIR (where to "
                "save)");
@@ -1529,6 +1715,20 @@ int main(int argc, char **argv) {
     fatal(options.error().message +
           " (start meshplan-train with `meshplan run -n N -- meshplan-train "
           "...`, or use --reference for one process)");
+#if MESHPLAN_HAVE_CUDA
+  if (flags.cuda) {
+    // One GPU per rank over NCCL, unless MESHPLAN_BACKEND=gloo asks for
+    // ranks sharing GPUs with staged collectives (docs/cuda.md).
+    const char *backend = std::getenv("MESHPLAN_BACKEND");
+    if (!backend || !*backend)
+      options->backend = "nccl";
+    auto onGpu = cudaSessionOptions(*options);
+    if (!onGpu)
+      fatal("rank " + std::to_string(options->rank) +
+            ": --device cuda: " + onGpu.error().message);
+    options = std::move(onGpu);
+  }
+#endif
   RankTrainer trainer(flags, *planned, *data, *options);
   if (auto ok = trainer.run(); !ok)
     fatal(ok.error().message.starts_with("rank ")

@@ -63,6 +63,9 @@ struct TrainFlags {
   /// Run the plan through the device executor on the host device
   /// (docs/cuda.md, "Executor on devices"); the model stays on the CPU.
   bool hostDevice = false;
+  /// --device cuda: the plan and the model on this rank's GPU (docs/cuda.md,
+  /// "The trainer on a GPU").
+  bool cuda = false;
 };
 
 /// The mesh axes by their role in the spec.
