@@ -13,7 +13,8 @@
 # on a machine with the toolkit). Then, on the GPU machine, from the
 # repository root: bash BUNDLE_DIR/run.sh. NCCL is not bundled (220 MB): run.sh
 # finds the image's libnccl.so.2 (the CUDA toolkit's, or PyTorch's
-# nvidia-nccl wheel).
+# nvidia-nccl wheel). Nor is cuBLAS (600 MB with cuBLASLt), for the model's
+# GPU test: run.sh finds it the same way (nvidia-cublas wheel).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 bundle=$2
@@ -23,23 +24,25 @@ targets=$(cmake --build "$build" --target help)
   echo "gpu-bundle: $build has no CUDA backend (configure with the CUDA toolkit installed)" >&2
   exit 2
 }
-programs=(RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest runtime-step-check
+programs=(RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest TrainerLlamaCudaTest
+          runtime-step-check
           bench-cuda-kernels bench-runtime-collectives meshplan)
 cmake --build "$build" -j2 --target "${programs[@]}"
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/plans"
-for p in RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest; do
+for p in RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest TrainerLlamaCudaTest; do
   cp "$build/unittests/$p" "$bundle/bin/"
 done
 cp "$build/bin/runtime-step-check" "$build/bin/bench-cuda-kernels" \
   "$build/bin/bench-runtime-collectives" "$bundle/bin/"
-# Libraries outside the C/C++ runtime and the driver; NCCL stays behind.
+# Libraries outside the C/C++ runtime and the driver; NCCL and cuBLAS stay
+# behind.
 for f in "$bundle"/bin/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case $(basename "$lib") in
   libc.so* | libm.so* | libstdc++* | libgcc_s* | libpthread* | libdl.so* | librt.so* | \
-    ld-linux* | libnccl.so* | libcuda.so*) ;;
+    ld-linux* | libnccl.so* | libcuda.so* | libcublas*) ;;
   *) cp -L "$lib" "$bundle/lib/" ;;
   esac
 done
@@ -61,4 +64,9 @@ for c in "${cases[@]}"; do
   echo "$name|$n|$flags" >>"$bundle/cases.txt"
 done
 cp "$src/scripts/gpu-run.sh" "$bundle/run.sh"
+# The libraries compress well (OpenBLAS, for the model test's CPU side, is
+# 36 MB of the 64 MiB the device tool carries): run.sh unpacks them.
+strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
+tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
+rm -rf "$bundle/lib"
 du -sh "$bundle"

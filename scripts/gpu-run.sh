@@ -16,6 +16,12 @@ bundle=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$bundle/out}
 mkdir -p "$out"
 log=$out/gpu-results.txt
+# The bundle's libraries travel compressed (gpu-bundle.sh).
+libs=$bundle/lib
+if [[ -e $bundle/lib.tar.xz ]]; then
+  libs=$(mktemp -d)/lib
+  tar -C "$(dirname "$libs")" -xJf "$bundle/lib.tar.xz"
+fi
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
 
@@ -25,10 +31,16 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
   "$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null)"; do
   [[ -n $d && -e $d/libnccl.so.2 ]] && { nccl=$d; break; }
 done
-export LD_LIBRARY_PATH=$bundle/lib${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuBLAS for the model's test: the toolkit's, or PyTorch's nvidia-cublas.
+cublas=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
+  "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)"; do
+  [[ -n $d && -e $d/libcublas.so.13 ]] && { cublas=$d; break; }
+done
+export LD_LIBRARY_PATH=$libs${nccl:+:$nccl}${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 say "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
-say "nccl: ${nccl:-not found}; nproc $(nproc)"
+say "nccl: ${nccl:-not found}; cublas 13: ${cublas:-not found}; nproc $(nproc)"
 
 failed=0
 step() { # step NAME COMMAND...
@@ -72,6 +84,7 @@ launch() { # launch N PLANS DEVICE FLAGS...
 step "runtime.cuda.host" "$bundle/bin/RuntimeCudaHostTest"
 step "runtime.cuda.kernels" "$bundle/bin/RuntimeCudaKernelsTest"
 step "runtime.cuda.nccl" "$bundle/bin/RuntimeCudaNcclTest"
+step "trainer.cuda.model" "$bundle/bin/TrainerLlamaCudaTest"
 probe_store=$(mktemp -d)
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \
   "$bundle/bin/runtime-step-check" --device cuda --probe >>"$log" 2>&1
