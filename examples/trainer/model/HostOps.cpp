@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <vector>
 
 namespace meshplan::trainer {
@@ -42,10 +43,6 @@ inline float dot(const float *x, const float *y, int64_t n) {
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-
-inline float roundOne(float x) {
-  return kernels::bf16ToFloat(kernels::floatToBf16(x));
-}
 
 /// Rows of the causal attention per sgemm on the CPU: row block [r0, r1)
 /// only needs keys [0, r1), which skips about half the work of a full
@@ -107,8 +104,18 @@ public:
   }
 
   void roundBf16(const float *in, float *out, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = roundOne(in[i]);
+    // The runtime's vectorized casts, one thread (these are small next to
+    // the matmuls they feed), in chunks of a stack buffer.
+    constexpr int64_t kChunk = 4096;
+    uint16_t bits[kChunk];
+    kernels::Threading one = kernels::Threading::singleThreaded();
+    for (int64_t i = 0; i < n; i += kChunk) {
+      auto m = static_cast<size_t>(std::min(kChunk, n - i));
+      kernels::castToBf16(std::span<const float>(in + i, m),
+                          std::span<uint16_t>(bits, m), one);
+      kernels::castBf16ToFloat(std::span<const uint16_t>(bits, m),
+                               std::span<float>(out + i, m), one);
+    }
   }
   void roundBf16Rows(const float *in, float *out, int64_t rows, int64_t pitch,
                      int64_t width) override {
