@@ -8,6 +8,8 @@
 //===----------------------------------------------------------------------===//
 #include "model/ModelOps.h"
 
+#include "model/ElementMath.h"
+
 #include "meshplan/Runtime/Kernels.h"
 
 #include <cblas.h>
@@ -41,8 +43,6 @@ inline float dot(const float *x, const float *y, int64_t n) {
     sum += x[i] * y[i];
   return sum;
 }
-
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 /// Rows of the causal attention per sgemm on the CPU: row block [r0, r1)
 /// only needs keys [0, r1), which skips about half the work of a full
@@ -169,12 +169,8 @@ public:
       float *row = x + n * width;
       for (int64_t hh = 0; hh < heads; ++hh) {
         float *xv = row + hh * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          float c = cs[i], s = sign * sn[i];
-          float x0 = xv[2 * i], x1 = xv[2 * i + 1];
-          xv[2 * i] = x0 * c - x1 * s;
-          xv[2 * i + 1] = x0 * s + x1 * c;
-        }
+        for (int64_t i = 0; i < half; ++i)
+          math::rotate(xv[2 * i], xv[2 * i + 1], cs[i], sign * sn[i]);
       }
     }
   }
@@ -186,18 +182,12 @@ public:
 
   void swiglu(const float *a, const float *g, float *u, int64_t n) override {
     for (int64_t i = 0; i < n; ++i)
-      u[i] = a[i] * sigmoid(a[i]) * g[i];
+      u[i] = math::swiglu(a[i], g[i]);
   }
 
   void swigluBackward(const float *du, float *a, float *g, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) {
-      float s = sigmoid(a[i]);
-      float silu = a[i] * s;
-      float dsilu = s * (1.0f + a[i] * (1.0f - s));
-      float da = du[i] * g[i] * dsilu;
-      g[i] = du[i] * silu;
-      a[i] = da;
-    }
+    for (int64_t i = 0; i < n; ++i)
+      math::swigluBackward(du[i], a[i], g[i]);
   }
 
   int64_t attentionRowBlock() const override { return kAttentionRowBlock; }

@@ -9,6 +9,7 @@
 #include "ModelKernels.h"
 
 #include "ScalarMath.h" // runtime/lib/Kernels: bf16 rounding, as the CPU's
+#include "model/ElementMath.h"
 
 #include <cuda_runtime.h>
 
@@ -60,10 +61,6 @@ __device__ __forceinline__ float warpMax(float v) {
   for (int o = kWarp / 2; o > 0; o /= 2)
     v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
-}
-
-__device__ __forceinline__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
 }
 
 __global__ void roundBf16RowsKernel(const float *in, float *out, int64_t rows,
@@ -131,9 +128,7 @@ __global__ void ropeKernel(float *x, const float *cos, const float *sin,
     int64_t t = row % T;
     float c = cos[t * half + i], s = sign * sin[t * half + i];
     float *xv = x + row * heads * hd + hh * hd;
-    float x0 = xv[2 * i], x1 = xv[2 * i + 1];
-    xv[2 * i] = x0 * c - x1 * s;
-    xv[2 * i + 1] = x0 * s + x1 * c;
+    math::rotate(xv[2 * i], xv[2 * i + 1], c, s);
   }
 }
 
@@ -146,19 +141,13 @@ __global__ void addKernel(const float *x, const float *y, float *out,
 __global__ void swigluKernel(const float *a, const float *g, float *u,
                              int64_t n) {
   for (int64_t i = firstIndex(); i < n; i += gridStride())
-    u[i] = a[i] * sigmoid(a[i]) * g[i];
+    u[i] = math::swiglu(a[i], g[i]);
 }
 
 __global__ void swigluBackwardKernel(const float *du, float *a, float *g,
                                      int64_t n) {
-  for (int64_t i = firstIndex(); i < n; i += gridStride()) {
-    float s = sigmoid(a[i]);
-    float silu = a[i] * s;
-    float dsilu = s * (1.0f + a[i] * (1.0f - s));
-    float da = du[i] * g[i] * dsilu;
-    g[i] = du[i] * silu;
-    a[i] = da;
-  }
+  for (int64_t i = firstIndex(); i < n; i += gridStride())
+    math::swigluBackward(du[i], a[i], g[i]);
 }
 
 __global__ void causalSoftmaxKernel(float *s, float *lse, int64_t R, int64_t r0,
