@@ -320,6 +320,13 @@ constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 /// on a busy VM but 5-8x at 16-64 KiB, now and then, on a quiet one.
 constexpr size_t kLogRoundAllGatherBytes = size_t(1) << 20;
 constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
+/// Up to these many bytes of input, a key-order reduce-scatter runs on
+/// standing bound buffers (boundReduceScatter): one message per peer, sent
+/// at once, where Gloo's all-to-all's unbound buffers need a recv-ready
+/// notice to cross first. Each communicator keeps at most
+/// kBoundExchangeBudget bytes of them; past it, the all-to-all.
+constexpr size_t kBoundReduceScatterBytes = size_t(1) << 20;
+constexpr size_t kBoundExchangeBudget = size_t(16) << 20;
 /// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
 constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
 
@@ -416,6 +423,11 @@ public:
         algorithm.run();
       }));
       std::memcpy(out, work.data(), block);
+    } else if (block && !abortable() &&
+               block * size_t(n) <= kBoundReduceScatterBytes &&
+               exchangeFits(block)) {
+      MESHPLAN_TRY(
+          guarded([&] { boundReduceScatter(in, out, count, dtype, *fn); }));
     } else if (block) {
       scratch.resize(block * size_t(n));
       MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
@@ -660,6 +672,97 @@ private:
                              (why.empty() ? std::string() : ": " + why));
   }
 
+  /// A small reduce-scatter's standing buffers, one set per block size.
+  /// Gloo's bound buffers are registered with their pair once, so a send
+  /// lands in the peer's memory at once; an unbound buffer's send waits for
+  /// the receiver's recv-ready notice, a second message latency, which on
+  /// a machine with more processes than cores can cost a scheduler tick.
+  /// Two inboxes alternate between calls, so no notice is needed that a
+  /// peer may write again: a peer's data for call c + 2 follows its call
+  /// c + 1, which needed this member's data for c + 1, sent only after call
+  /// c's inbox was folded.
+  struct BoundExchange {
+    size_t block = 0;
+    uint64_t calls = 0;
+    /// n blocks: this member's blocks for the others, copied from the input.
+    std::vector<uint8_t> outbox;
+    /// n blocks each: the others' blocks for this member (and its own).
+    std::vector<uint8_t> inbox[2];
+    /// Per inbox and member key (none for this member).
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> sends[2], recvs[2];
+  };
+  /// Whether standing buffers for `block` exist or fit the budget (every
+  /// member decides alike: they see the same reduce-scatters in one order).
+  bool exchangeFits(size_t block) const {
+    for (const auto &x : exchanges)
+      if (x->block == block)
+        return true;
+    return exchangeBytes + 3 * size_t(size()) * block <= kBoundExchangeBudget;
+  }
+
+  /// The standing buffers for `block`, created on first use (every member
+  /// reaches it at the same collective, so their slots agree).
+  BoundExchange &boundExchange(size_t block) {
+    for (auto &x : exchanges)
+      if (x->block == block)
+        return *x;
+    size_t n = size_t(size());
+    size_t bytes = 3 * n * block;
+    auto x = std::make_unique<BoundExchange>();
+    x->block = block;
+    x->outbox.resize(n * block);
+    int slot = context->nextSlot(2);
+    for (int p = 0; p < 2; ++p) {
+      x->inbox[p].resize(n * block);
+      x->sends[p].resize(n);
+      x->recvs[p].resize(n);
+      for (size_t s = 0; s < n; ++s) {
+        if (int64_t(s) == key())
+          continue;
+        auto &pair = context->getPair(int(s));
+        x->recvs[p][s] = pair->createRecvBuffer(
+            slot + p, x->inbox[p].data() + s * block, block);
+        x->sends[p][s] = pair->createSendBuffer(
+            slot + p, x->outbox.data() + s * block, block);
+      }
+    }
+    exchangeBytes += bytes;
+    exchanges.push_back(std::move(x));
+    return *exchanges.back();
+  }
+
+  /// A reduce-scatter in one round of direct messages on the standing
+  /// buffers, then the fold in key order. Every send and receive of a call
+  /// completes within it: nothing is in flight between calls.
+  void boundReduceScatter(const void *in, void *out, int64_t count, DType dtype,
+                          const ReduceFn &fn) {
+    int64_t n = size(), me = key();
+    size_t block = size_t(count * plan::dtypeBytes(dtype));
+    BoundExchange &x = boundExchange(block);
+    int p = int(x.calls++ % 2);
+    const auto *input = static_cast<const uint8_t *>(in);
+    for (int64_t s = 0; s < n; ++s) {
+      if (s == me)
+        continue;
+      std::memcpy(x.outbox.data() + size_t(s) * block,
+                  input + size_t(s) * block, block);
+      x.sends[p][size_t(s)]->send();
+    }
+    // The own block joins the others in the inbox: `out` may overlap it.
+    uint8_t *inbox = x.inbox[p].data();
+    std::memcpy(inbox + size_t(me) * block, input + size_t(me) * block, block);
+    for (int64_t s = 0; s < n; ++s)
+      if (s != me)
+        x.recvs[p][size_t(s)]->waitRecv();
+    foldInKeyOrder(
+        fn, out, [&](int64_t s) { return inbox + size_t(s) * block; }, n, count,
+        dtype);
+    // The outbox is written again by the next call.
+    for (int64_t s = 0; s < n; ++s)
+      if (s != me)
+        x.sends[p][size_t(s)]->waitSend();
+  }
+
   /// ceil(log2 n): the rounds of the log-round algorithms on n members.
   static int logRounds(int64_t n) {
     int rounds = 0;
@@ -880,6 +983,10 @@ private:
   std::vector<uint8_t> scratch;
   /// The pipelined all-reduce's two inboxes.
   std::vector<uint8_t> packed;
+  /// boundReduceScatter's buffers. Declared after `context`, so destroyed
+  /// before it: a bound buffer unregisters from its pair.
+  std::vector<std::unique_ptr<BoundExchange>> exchanges;
+  size_t exchangeBytes = 0;
   bool keyOrder = true;
   /// abort(): the unbound buffers in use, under abortMutex.
   std::mutex abortMutex;
