@@ -20,6 +20,9 @@
 // alternate runtime and raw so that load from the machine hits both alike.
 //
 //   build/bin/bench-runtime-collectives [--reps N] [--reduction-order key|gloo]
+//                                       [--only
+//                                       all_gather|reduce_scatter|all_reduce]
+//                                       [--from-kib K]
 //
 //===----------------------------------------------------------------------===//
 
@@ -133,6 +136,9 @@ double median(std::vector<double> v) {
 
 /// Reductions in the members' key order (the default) or Gloo's orders.
 bool gKeyOrder = true;
+/// --only: one collective (by opName); --from-kib: the smallest size.
+std::string gOnly;
+int64_t gFromBytes = 4 << 10;
 
 int runRank(int rank, const std::string &dir, int reps) {
   SessionOptions o;
@@ -154,7 +160,11 @@ int runRank(int rank, const std::string &dir, int reps) {
   int jobs = 0;
   std::vector<std::unique_ptr<Session>> keep;
   for (Op op : {Op::AllGather, Op::ReduceScatter, Op::AllReduce}) {
+    if (!gOnly.empty() && gOnly != opName(op))
+      continue;
     for (int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) {
+      if (bytes < gFromBytes)
+        continue;
       int64_t n = bytes / 4;
       o.job = "s" + std::to_string(jobs++);
       auto s = Session::open(onePlan(op, n, rank), o);
@@ -288,9 +298,18 @@ int main(int argc, char **argv) {
              (std::string(argv[i + 1]) == "key" ||
               std::string(argv[i + 1]) == "gloo"))
       gKeyOrder = std::string(argv[++i]) == "key";
+    else if (a == "--only" && i + 1 < argc &&
+             (std::string(argv[i + 1]) == "all_gather" ||
+              std::string(argv[i + 1]) == "reduce_scatter" ||
+              std::string(argv[i + 1]) == "all_reduce"))
+      gOnly = argv[++i];
+    else if (a == "--from-kib" && i + 1 < argc && std::atoll(argv[i + 1]) > 0)
+      gFromBytes = std::atoll(argv[++i]) << 10;
     else {
       std::fprintf(stderr,
-                   "usage: %s [--reps N] [--reduction-order key|gloo]\n",
+                   "usage: %s [--reps N] [--reduction-order key|gloo] "
+                   "[--only all_gather|reduce_scatter|all_reduce] "
+                   "[--from-kib K]\n",
                    argv[0]);
       return 2;
     }

@@ -16,6 +16,9 @@
 //   path the backend picks by size (Gloo's all-to-all and the fold,
 //   gather-all, the pipelined all-reduce with several pieces and an uneven
 //   last region), and for avg the fold divided by n;
+// - small reduce-scatters on the standing bound buffers: many calls in a
+//   row (the two inboxes alternate), two sizes interleaved, bf16, and an
+//   output that is this member's block of the input;
 // - all-to-all and broadcast: exact.
 //
 // Random-looking inputs with mixed magnitudes make a sum in any other order
@@ -219,6 +222,56 @@ void runMember(Communicator &comm) {
       expectEqual(me, "all-to-all" + at, out.data(), want.data(), out.size());
     }
   }
+  // Small reduce-scatters back to back on their standing buffers: two sizes
+  // interleaved, fresh inputs each call, so that a block landing in the
+  // inbox still being folded, or read from the wrong one, changes a sum.
+  for (int call = 0; call < 7; ++call)
+    for (int64_t count : {int64_t(257), int64_t(4096)}) {
+      std::string name = "reduce-scatter call " + std::to_string(call) +
+                         " (n " + std::to_string(n) + ", count " +
+                         std::to_string(count) + ")";
+      int64_t salt = 1000 * call + count;
+      std::vector<float> in = inputs(me, salt, count * n);
+      std::vector<float> out(static_cast<size_t>(count)),
+          want(static_cast<size_t>(count));
+      check(me, name,
+            comm.reduceScatter(in.data(), out.data(), count, DType::Float32,
+                               ReduceOp::Sum));
+      std::vector<std::vector<float>> all;
+      for (int64_t s = 0; s < n; ++s)
+        all.push_back(inputs(s, salt, count * n));
+      for (int64_t i = 0; i < count; ++i) {
+        float acc = all[0][size_t(me * count + i)];
+        for (int64_t s = 1; s < n; ++s)
+          acc = acc + all[size_t(s)][size_t(me * count + i)];
+        want[size_t(i)] = acc;
+      }
+      expectEqual(me, name, out.data(), want.data(), out.size());
+    }
+  // bf16 (each addition rounds), written over this member's own block of
+  // the input.
+  {
+    int64_t count = 999;
+    std::vector<uint16_t> in = toBf16(inputs(me, 29, count * n));
+    std::vector<std::vector<uint16_t>> all;
+    for (int64_t s = 0; s < n; ++s)
+      all.push_back(toBf16(inputs(s, 29, count * n)));
+    std::vector<uint16_t> want(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      uint16_t acc = all[0][size_t(me * count + i)];
+      for (int64_t s = 1; s < n; ++s)
+        acc = kernels::floatToBf16(
+            kernels::bf16ToFloat(acc) +
+            kernels::bf16ToFloat(all[size_t(s)][size_t(me * count + i)]));
+      want[size_t(i)] = acc;
+    }
+    uint16_t *own = in.data() + me * count;
+    check(me, "reduce-scatter bf16 in place",
+          comm.reduceScatter(in.data(), own, count, DType::BFloat16,
+                             ReduceOp::Sum));
+    expectEqual(me, "reduce-scatter bf16 in place", own, want.data(),
+                size_t(count));
+  }
   // An empty collective is a no-op on every path.
   float none = 0;
   check(me, "empty all-gather",
@@ -261,6 +314,11 @@ int runGroup(int64_t n) {
         _exit(1);
       }
       runMember(**comm);
+      // As Session::close() does: a member that exits while a peer has not
+      // yet taken its last message from the socket ends that peer's wait
+      // with "connection closed" (Gloo fails every bound buffer of a closed
+      // pair, received or not).
+      check(rank, "closing barrier", (*comm)->barrier());
       std::fflush(stderr);
       _exit(failures ? 1 : 0);
     }
@@ -270,6 +328,9 @@ int runGroup(int64_t n) {
   for (pid_t pid : pids) {
     int status = 0;
     waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status))
+      std::fprintf(stderr, "a member of %lld was killed by signal %d\n",
+                   (long long)n, WTERMSIG(status));
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
       ++failed;
   }

@@ -239,6 +239,8 @@ void divideBy(void *data, int64_t count, DType dtype, int64_t n) {
 /// right (the members' key order), in pieces that stay in cache: each output
 /// element goes through memory once, not once per term as whole-block
 /// passes would take it. The sums are exactly those of whole-block passes.
+/// One term may be `out` itself (an all-reduce folding in place): each of
+/// its pieces is copied aside, in cache, before the fold overwrites it.
 template <typename Term>
 void foldInKeyOrder(const ReduceFn &fn, void *out, Term &&term, int64_t n,
                     int64_t count, DType dtype) {
@@ -246,16 +248,28 @@ void foldInKeyOrder(const ReduceFn &fn, void *out, Term &&term, int64_t n,
   constexpr size_t kPieceBytes = 16 << 10;
   size_t piece = std::max<size_t>(1, kPieceBytes / width);
   auto *dst = static_cast<uint8_t *>(out);
+  alignas(64) uint8_t aside[kPieceBytes];
+  int64_t self = -1;
+  for (int64_t s = 0; s < n; ++s)
+    if (term(s) == dst)
+      self = s;
   for (size_t first = 0; first < size_t(count); first += piece) {
     size_t length = std::min(piece, size_t(count) - first);
     size_t at = first * width;
     if (n == 1) {
-      std::memcpy(dst + at, term(0) + at, length * width);
+      if (term(0) != dst)
+        std::memcpy(dst + at, term(0) + at, length * width);
       continue;
     }
-    fn(dst + at, term(0) + at, term(1) + at, length);
+    // Term `self` of this piece, read before the fold writes over it.
+    if (self >= 0)
+      std::memcpy(aside, dst + at, length * width);
+    auto operand = [&](int64_t s) -> const uint8_t * {
+      return s == self ? aside : term(s) + at;
+    };
+    fn(dst + at, operand(0), operand(1), length);
     for (int64_t s = 2; s < n; ++s)
-      fn(dst + at, dst + at, term(s) + at, length);
+      fn(dst + at, dst + at, operand(s), length);
   }
 }
 
@@ -701,7 +715,8 @@ private:
   }
 
   /// The standing buffers for `block`, created on first use (every member
-  /// reaches it at the same collective, so their slots agree).
+  /// reaches it at the same collective, so their slots agree), then a
+  /// barrier.
   BoundExchange &boundExchange(size_t block) {
     for (auto &x : exchanges)
       if (x->block == block)
@@ -726,6 +741,13 @@ private:
             slot + p, x->outbox.data() + s * block, block);
       }
     }
+    // No member sends before every member has registered its inboxes: a
+    // message for a slot not yet registered makes Gloo's I/O thread poll
+    // for it without sleeping, and a peer that then closes its connection
+    // loses the message.
+    gloo::BarrierOptions opts(context);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
     exchangeBytes += bytes;
     exchanges.push_back(std::move(x));
     return *exchanges.back();
@@ -903,10 +925,13 @@ private:
         if (!inbox[c % 2]->waitRecv(timeout))
           throwAborted("all-reduce: a receive");
       if (bytes) {
+        // This member's own part is folded where it lies.
         uint8_t *box = packed.data() + (c % 2) * inboxBytes;
-        std::memcpy(box + size_t(me) * bytes, data + at, bytes);
         foldInKeyOrder(
-            sum, data + at, [&](int64_t s) { return box + size_t(s) * bytes; },
+            sum, data + at,
+            [&](int64_t s) {
+              return s == me ? data + at : box + size_t(s) * bytes;
+            },
             n, int64_t(bytes / width), dtype);
       }
       // The sum of piece c of this member's region, to every member; theirs
