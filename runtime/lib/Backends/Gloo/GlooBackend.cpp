@@ -334,12 +334,13 @@ constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
 /// on a busy VM but 5-8x at 16-64 KiB, now and then, on a quiet one.
 constexpr size_t kLogRoundAllGatherBytes = size_t(1) << 20;
 constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
-/// Up to these many bytes of input, a key-order reduce-scatter runs on
-/// standing bound buffers (boundReduceScatter): one message per peer, sent
-/// at once, where Gloo's all-to-all's unbound buffers need a recv-ready
+/// Up to these many bytes in all (a reduce-scatter's input, an all-gather's
+/// output, an all-reduce's tensor times the members), a collective runs on
+/// standing bound buffers (exchangeRound): one message per peer, sent at
+/// once, where an unbound buffer's send waits for the receiver's recv-ready
 /// notice to cross first. Each communicator keeps at most
-/// kBoundExchangeBudget bytes of them; past it, the all-to-all.
-constexpr size_t kBoundReduceScatterBytes = size_t(1) << 20;
+/// kBoundExchangeBudget bytes of them; past it, the algorithms below.
+constexpr size_t kBoundExchangeBytes = size_t(1) << 20;
 constexpr size_t kBoundExchangeBudget = size_t(16) << 20;
 /// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
 constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
@@ -392,6 +393,8 @@ public:
     }
     if (bytes == 0)
       return {};
+    if (standing(bytes))
+      return guarded([&] { boundAllGather(in, out, bytes); });
     if (bytes * size_t(size()) <= kLogRoundAllGatherBytes)
       return guarded([&] { logRoundAllGather(in, out, bytes); });
     return guarded([&] {
@@ -437,9 +440,7 @@ public:
         algorithm.run();
       }));
       std::memcpy(out, work.data(), block);
-    } else if (block && !abortable() &&
-               block * size_t(n) <= kBoundReduceScatterBytes &&
-               exchangeFits(block)) {
+    } else if (block && standing(block)) {
       MESHPLAN_TRY(
           guarded([&] { boundReduceScatter(in, out, count, dtype, *fn); }));
     } else if (block) {
@@ -464,23 +465,36 @@ public:
       return guarded([&] { throwAborted("all-reduce"); });
     bool own = orderMatters(dtype, op, size(), keyOrder) ||
                (abortable() && size() > 1);
+    size_t tensorBytes = size_t(count * plan::dtypeBytes(dtype));
     if (count > 0 && own &&
-        size_t(count * plan::dtypeBytes(dtype)) * size_t(size()) <=
-            kGatherAllReduceBytes) {
-      // Small: every member gathers every member's whole input (Bruck's
-      // all-gather, ceil(log2 n) messages) and folds them in key order; the
-      // same sums as the path below, in far fewer messages than a ring.
+        (standing(tensorBytes) ||
+         tensorBytes * size_t(size()) <= kGatherAllReduceBytes)) {
+      // Small: every member gathers every member's whole input (one round
+      // on the standing buffers, or the log-round all-gather) and folds them
+      // in key order; the same sums as the path below, in far fewer messages
+      // than a ring.
       int64_t n = size();
       size_t bytes = size_t(count * plan::dtypeBytes(dtype));
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       auto sum = reduceFunction(dtype, sumOp);
-      scratch.resize(bytes * size_t(n));
-      MESHPLAN_TRY(
-          guarded([&] { logRoundAllGather(data, scratch.data(), bytes); }));
+      const uint8_t *all = nullptr;
+      if (standing(bytes)) {
+        MESHPLAN_TRY(guarded([&] {
+          all = exchangeRound(
+              bytes, [&](int64_t) { return static_cast<uint8_t *>(data); });
+        }));
+      } else {
+        scratch.resize(bytes * size_t(n));
+        MESHPLAN_TRY(
+            guarded([&] { logRoundAllGather(data, scratch.data(), bytes); }));
+        all = scratch.data();
+      }
+      // This member's own input is folded where it lies.
+      const uint8_t *own = static_cast<uint8_t *>(data);
       foldInKeyOrder(
           *sum, data,
-          [&](int64_t s) { return scratch.data() + bytes * size_t(s); }, n,
-          count, dtype);
+          [&](int64_t s) { return s == key() ? own : all + bytes * size_t(s); },
+          n, count, dtype);
     } else if (count > 0 && own) {
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       auto sum = reduceFunction(dtype, sumOp);
@@ -686,28 +700,34 @@ private:
                              (why.empty() ? std::string() : ": " + why));
   }
 
-  /// A small reduce-scatter's standing buffers, one set per block size.
-  /// Gloo's bound buffers are registered with their pair once, so a send
-  /// lands in the peer's memory at once; an unbound buffer's send waits for
-  /// the receiver's recv-ready notice, a second message latency, which on
-  /// a machine with more processes than cores can cost a scheduler tick.
-  /// Two inboxes alternate between calls, so no notice is needed that a
-  /// peer may write again: a peer's data for call c + 2 follows its call
-  /// c + 1, which needed this member's data for c + 1, sent only after call
-  /// c's inbox was folded.
+  /// A small collective's standing buffers, one set per block size, shared
+  /// by the collectives that exchange blocks of that size. Gloo's bound
+  /// buffers are registered with their pair once, so a send lands in the
+  /// peer's memory at once; an unbound buffer's send waits for the
+  /// receiver's recv-ready notice, a second message latency, which on a
+  /// machine with more processes than cores can cost a scheduler tick. Two
+  /// inboxes alternate between rounds, so no notice is needed that a peer
+  /// may write again: a peer's data for round c + 2 follows its round c + 1,
+  /// which needed this member's data for c + 1, sent only after this member
+  /// was done with round c's inbox.
   struct BoundExchange {
     size_t block = 0;
-    uint64_t calls = 0;
-    /// n blocks: this member's blocks for the others, copied from the input.
+    uint64_t rounds = 0;
+    /// n blocks: this member's block for each peer.
     std::vector<uint8_t> outbox;
-    /// n blocks each: the others' blocks for this member (and its own).
+    /// n blocks each: each peer's block for this member.
     std::vector<uint8_t> inbox[2];
     /// Per inbox and member key (none for this member).
     std::vector<std::unique_ptr<gloo::transport::Buffer>> sends[2], recvs[2];
   };
-  /// Whether standing buffers for `block` exist or fit the budget (every
-  /// member decides alike: they see the same reduce-scatters in one order).
-  bool exchangeFits(size_t block) const {
+
+  /// Whether a collective exchanging blocks of `block` bytes runs on the
+  /// standing buffers: small enough, and its set exists or fits the budget.
+  /// Every member decides alike: they see the same collectives in one order.
+  /// (A fault-tolerant group keeps to unbound buffers, which abort() ends.)
+  bool standing(size_t block) const {
+    if (abortable() || block * size_t(size()) > kBoundExchangeBytes)
+      return false;
     for (const auto &x : exchanges)
       if (x->block == block)
         return true;
@@ -753,36 +773,59 @@ private:
     return *exchanges.back();
   }
 
-  /// A reduce-scatter in one round of direct messages on the standing
-  /// buffers, then the fold in key order. Every send and receive of a call
-  /// completes within it: nothing is in flight between calls.
-  void boundReduceScatter(const void *in, void *out, int64_t count, DType dtype,
-                          const ReduceFn &fn) {
+  /// One round on the standing buffers: `outgoing(s)` (block bytes) to each
+  /// peer s, at once; returns the inbox holding each peer's block for this
+  /// member at s * block (this member's own slot is left as it was). The
+  /// caller is done with the inbox before its next round. Every send and
+  /// receive of a round completes within it: nothing is in flight between
+  /// rounds.
+  template <typename Outgoing>
+  const uint8_t *exchangeRound(size_t block, Outgoing &&outgoing) {
     int64_t n = size(), me = key();
-    size_t block = size_t(count * plan::dtypeBytes(dtype));
     BoundExchange &x = boundExchange(block);
-    int p = int(x.calls++ % 2);
-    const auto *input = static_cast<const uint8_t *>(in);
+    int p = int(x.rounds++ % 2);
     for (int64_t s = 0; s < n; ++s) {
       if (s == me)
         continue;
-      std::memcpy(x.outbox.data() + size_t(s) * block,
-                  input + size_t(s) * block, block);
+      std::memcpy(x.outbox.data() + size_t(s) * block, outgoing(s), block);
       x.sends[p][size_t(s)]->send();
     }
-    // The own block joins the others in the inbox: `out` may overlap it.
-    uint8_t *inbox = x.inbox[p].data();
-    std::memcpy(inbox + size_t(me) * block, input + size_t(me) * block, block);
     for (int64_t s = 0; s < n; ++s)
       if (s != me)
         x.recvs[p][size_t(s)]->waitRecv();
-    foldInKeyOrder(
-        fn, out, [&](int64_t s) { return inbox + size_t(s) * block; }, n, count,
-        dtype);
-    // The outbox is written again by the next call.
+    // The outbox is written again by the next round.
     for (int64_t s = 0; s < n; ++s)
       if (s != me)
         x.sends[p][size_t(s)]->waitSend();
+    return x.inbox[p].data();
+  }
+
+  /// A reduce-scatter in one round of direct messages, then the fold in key
+  /// order (this member's block read from the input: `out` may be it, and
+  /// the fold reads each piece before writing over it).
+  void boundReduceScatter(const void *in, void *out, int64_t count, DType dtype,
+                          const ReduceFn &fn) {
+    size_t block = size_t(count * plan::dtypeBytes(dtype));
+    const auto *input = static_cast<const uint8_t *>(in);
+    const uint8_t *inbox = exchangeRound(
+        block, [&](int64_t s) { return input + size_t(s) * block; });
+    const uint8_t *own = input + size_t(key()) * block;
+    foldInKeyOrder(
+        fn, out,
+        [&](int64_t s) { return s == key() ? own : inbox + size_t(s) * block; },
+        size(), count, dtype);
+  }
+
+  /// An all-gather in one round of direct messages.
+  void boundAllGather(const void *in, void *out, size_t block) {
+    const auto *input = static_cast<const uint8_t *>(in);
+    const uint8_t *inbox = exchangeRound(block, [&](int64_t) { return input; });
+    auto *base = static_cast<uint8_t *>(out);
+    for (int64_t s = 0; s < size(); ++s) {
+      const uint8_t *from = s == key() ? input : inbox + size_t(s) * block;
+      if (base + size_t(s) * block != from)
+        std::memmove(base + size_t(s) * block, from, block);
+    }
   }
 
   /// ceil(log2 n): the rounds of the log-round algorithms on n members.
@@ -1008,8 +1051,8 @@ private:
   std::vector<uint8_t> scratch;
   /// The pipelined all-reduce's two inboxes.
   std::vector<uint8_t> packed;
-  /// boundReduceScatter's buffers. Declared after `context`, so destroyed
-  /// before it: a bound buffer unregisters from its pair.
+  /// The standing buffers (exchangeRound). Declared after `context`, so
+  /// destroyed before it: a bound buffer unregisters from its pair.
   std::vector<std::unique_ptr<BoundExchange>> exchanges;
   size_t exchangeBytes = 0;
   bool keyOrder = true;
