@@ -139,9 +139,9 @@ void runMember(Communicator &comm) {
       expectEqual(me, name, out.data(), want.data(), out.size());
     }
     // All-reduce, float32 and bf16 (bf16 sums round after each addition).
-    // The larger count gives every member's region of a float32 tensor two
-    // pipelined pieces of up to 4 MiB, the second of one element, and the
-    // last region fewer elements than the others.
+    // The larger count gives every member's region (about 4 MiB of float32)
+    // two pipelined pieces, the second a little shorter, and the last region
+    // fewer elements than the others.
     for (int64_t total : {count, count == 300000 ? 1048576 * n + 5 : 0}) {
       if (total == 0)
         continue;

@@ -922,7 +922,12 @@ private:
     int64_t n = size(), me = key();
     size_t width = size_t(plan::dtypeBytes(dtype));
     int64_t region = (count + n - 1) / n;
-    int64_t piece = std::max<int64_t>(1, int64_t(kAllReducePieceBytes / width));
+    // At least two pieces per region from 2 MiB, so that folding one
+    // overlaps moving the next (16 MiB on 4 members: 0.95-1.02 of the ring
+    // against 1.02-1.09 in one piece; 256 KiB pieces lost more to latency).
+    int64_t piece = std::clamp<int64_t>(
+        (region + 1) / 2, int64_t((size_t(1) << 20) / width),
+        std::max<int64_t>(1, int64_t(kAllReducePieceBytes / width)));
     int64_t pieces = (region + piece - 1) / piece;
     // Elements [first, last) of region s's piece c (empty past the end).
     auto span = [&](int64_t s, int64_t c) {
