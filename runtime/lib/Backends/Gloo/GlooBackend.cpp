@@ -409,9 +409,10 @@ public:
 
   Result<void> reduceScatter(const void *in, void *out, int64_t count,
                              DType dtype, ReduceOp op) override {
-    // An all-to-all, then a local reduction of the blocks in key order:
-    // each rank sends (n-1)/n of its input once, as a ring reduce-scatter
-    // does, and the sum is taken in key order (orderMatters).
+    // Every member's block for each member moved once ((n-1)/n of the
+    // input sent, as a ring reduce-scatter sends), then folded in key order
+    // (orderMatters): small, in one round on the standing buffers; larger,
+    // through Gloo's all-to-all.
     auto fn = reduceFunction(dtype, op);
     if (!fn)
       return fn.error();
@@ -420,12 +421,14 @@ public:
     if (n == 1) {
       if (block)
         std::memmove(out, in, block);
+    } else if (block && standing(block)) {
+      MESHPLAN_TRY(
+          guarded([&] { boundReduceScatter(in, out, count, dtype, *fn); }));
     } else if (block && dtype == DType::Float32 && !keyOrder &&
                block * size_t(n) <= kSmallReduceScatterBytes) {
-      // Gloo's orders (MESHPLAN_REDUCTION_ORDER=gloo), small: Gloo's
-      // halving-doubling. It reduces in place and leaves this rank's block
-      // at the front. (In key order an all-to-all serves every size: for
-      // two members it is the same single exchange.)
+      // Gloo's orders (MESHPLAN_REDUCTION_ORDER=gloo), small, past the
+      // standing buffers' budget: Gloo's halving-doubling. It reduces in
+      // place and leaves this rank's block at the front.
       std::vector<float> work(static_cast<const float *>(in),
                               static_cast<const float *>(in) + count * n);
       const gloo::ReductionFunction<float> *fn =
@@ -440,9 +443,6 @@ public:
         algorithm.run();
       }));
       std::memcpy(out, work.data(), block);
-    } else if (block && standing(block)) {
-      MESHPLAN_TRY(
-          guarded([&] { boundReduceScatter(in, out, count, dtype, *fn); }));
     } else if (block) {
       scratch.resize(block * size_t(n));
       MESHPLAN_TRY(allToAll(in, scratch.data(), count, dtype));
@@ -466,13 +466,14 @@ public:
     bool own = orderMatters(dtype, op, size(), keyOrder) ||
                (abortable() && size() > 1);
     size_t tensorBytes = size_t(count * plan::dtypeBytes(dtype));
-    if (count > 0 && own &&
+    if (count > 0 && size() > 1 &&
         (standing(tensorBytes) ||
-         tensorBytes * size_t(size()) <= kGatherAllReduceBytes)) {
+         (own && tensorBytes * size_t(size()) <= kGatherAllReduceBytes))) {
       // Small: every member gathers every member's whole input (one round
       // on the standing buffers, or the log-round all-gather) and folds them
       // in key order; the same sums as the path below, in far fewer messages
-      // than a ring.
+      // than a ring. (Key order is one of the orders Gloo's orders allow,
+      // and a ring's a + b is b + a on two members.)
       int64_t n = size();
       size_t bytes = size_t(count * plan::dtypeBytes(dtype));
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
@@ -490,10 +491,12 @@ public:
         all = scratch.data();
       }
       // This member's own input is folded where it lies.
-      const uint8_t *own = static_cast<uint8_t *>(data);
+      const uint8_t *mine = static_cast<uint8_t *>(data);
       foldInKeyOrder(
           *sum, data,
-          [&](int64_t s) { return s == key() ? own : all + bytes * size_t(s); },
+          [&](int64_t s) {
+            return s == key() ? mine : all + bytes * size_t(s);
+          },
           n, count, dtype);
     } else if (count > 0 && own) {
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
