@@ -319,29 +319,31 @@ Result<void> foldShares(DType dtype, ReduceOp op, void *out,
 /// (meshplan-train's reference does). Gloo's ring algorithm reduces in
 /// another order; it remains for all-reduces of two members (a + b is b + a
 /// in IEEE arithmetic) and for max and min, which do not depend on the order.
-/// In Gloo's orders, a float32 reduce-scatter below this many bytes in all
-/// runs Gloo's halving-doubling algorithm; above, an all-to-all and a local
-/// reduction (bench-runtime-collectives; docs/performance.md).
-constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
-
-/// Up to these many bytes in all (the gathered output; the all-reduce's
-/// tensor times the members) the backend's own log-round algorithms replace
-/// Gloo's: there the number of messages, not the bytes, sets the time.
-/// Above, an all-gather is Gloo's ring, the same bytes in more rounds, which
-/// measured no slower there (bench-runtime-collectives, docs/performance.md
-/// section D). A reduce-scatter is Gloo's all-to-all (one round) at every
-/// size: a log-round all-to-all measured 0.4-0.8 of Gloo's halving-doubling
-/// on a busy VM but 5-8x at 16-64 KiB, now and then, on a quiet one.
-constexpr size_t kLogRoundAllGatherBytes = size_t(1) << 20;
-constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
+///
 /// Up to these many bytes in all (a reduce-scatter's input, an all-gather's
 /// output, an all-reduce's tensor times the members), a collective runs on
 /// standing bound buffers (exchangeRound): one message per peer, sent at
-/// once, where an unbound buffer's send waits for the receiver's recv-ready
-/// notice to cross first. Each communicator keeps at most
-/// kBoundExchangeBudget bytes of them; past it, the algorithms below.
+/// once. An unbound buffer's send waits for the receiver's recv-ready notice
+/// to cross first, a second message latency, and with more processes than
+/// cores each latency can wait for a scheduler tick: this is what kept the
+/// log-round algorithms below at 2-3 ms per call at 4 KiB (0.4 ms on the
+/// standing buffers; docs/performance.md section D). Each communicator
+/// keeps at most kBoundExchangeBudget bytes of them; past it, the
+/// algorithms below. Larger ones measured no faster: a 4 MiB all-gather
+/// copies its inbox out, and moves the same bytes as Gloo's ring.
 constexpr size_t kBoundExchangeBytes = size_t(1) << 20;
 constexpr size_t kBoundExchangeBudget = size_t(16) << 20;
+/// Past the standing buffers' budget: in Gloo's orders, a float32
+/// reduce-scatter below this many bytes in all runs Gloo's halving-doubling
+/// algorithm; above, and in key order, an all-to-all and a local fold.
+constexpr size_t kSmallReduceScatterBytes = size_t(1) << 20;
+/// Past the standing buffers' budget, up to these many bytes in all (the
+/// gathered output; the all-reduce's tensor times the members), the
+/// backend's log-round algorithms replace Gloo's: there the number of
+/// messages, not the bytes, sets the time. Above, an all-gather is Gloo's
+/// ring, the same bytes in more rounds, which measured no slower there.
+constexpr size_t kLogRoundAllGatherBytes = size_t(1) << 20;
+constexpr size_t kGatherAllReduceBytes = size_t(256) << 10;
 /// The piece a larger key-order all-reduce pipelines (pipelinedAllReduce).
 constexpr size_t kAllReducePieceBytes = size_t(4) << 20;
 
