@@ -45,6 +45,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 using namespace meshplan;
 using namespace meshplan::trainer;
@@ -482,6 +483,20 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
 }
 
 /// Test hook (test/trainer/fault-tolerance.sh, docs/fault-tolerance.md):
+/// MESHPLAN_TEST_STEP_DELAY_MS=N makes every rank sleep N ms before each
+/// step (outside the step's timing), so that the survivors of a killed
+/// replica group cannot finish the job before a restarted group, slow to
+/// start on a loaded machine, has joined (runtime.ft.trainer). Not for
+/// production use.
+static void delayStepForTests() {
+  static const int64_t ms = [] {
+    const char *v = std::getenv("MESHPLAN_TEST_STEP_DELAY_MS");
+    return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(0);
+  }();
+  if (ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
 /// MESHPLAN_TEST_KILL="STEP:RANK[,RANK...][:WHEN]" makes the listed ranks
 /// kill themselves with SIGKILL in step STEP, in their group's first
 /// incarnation only: at the step's first forward (WHEN "forward", the
@@ -1494,6 +1509,7 @@ Result<void> RankTrainer::run() {
     lossSum = 0;
     lossCount = 0;
     tpSeconds = 0;
+    delayStepForTests();
     auto t = Clock::now();
     MESHPLAN_TRY(session->step());
     double wall = secondsSince(t);

@@ -87,11 +87,18 @@ cp -r "$src/docs" "$work/data"
 common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --log-every 1 --steps 20)
 extra=()
 
+# Every fault-tolerant rank sleeps this long before each step: a group
+# restarted at step 4 or 9 must start, plan and join before the survivors
+# finish step 20, which at 25 ms a step left under half a second, too little
+# under ctest -j2 on 2 cores (the survivors finished, and the joiner found no
+# quorum).
+delay=200
 # start JOB RANK INCARNATION [ENV...]: one rank in the background.
 start() {
   local job=$1 rank=$2 inc=$3
   shift 3
   env "$@" RANK="$rank" WORLD_SIZE=6 LOCAL_RANK="$rank" MESHPLAN_TIMEOUT=30 \
+    MESHPLAN_TEST_STEP_DELAY_MS=$delay \
     MESHPLAN_STORE="file:$work/$job.store" MESHPLAN_JOB="$job" \
     MESHPLAN_FT_STORE="redis://127.0.0.1:$port" MESHPLAN_FT_INCARNATION="$inc" \
     "$train" "${common[@]}" --save-params "$work/$job.params" "${extra[@]}" \
@@ -202,6 +209,7 @@ grep -q "replica groups 0, 1 of 3 live" "$work/s7.r2.log" || {
 
 echo "== 4. through the launcher: meshplan run --fault-tolerant restarts replica 1"
 "$bin/meshplan" run -n 6 --fault-tolerant --timeout 60 -- env MESHPLAN_TEST_KILL=4:2,3 \
+  MESHPLAN_TEST_STEP_DELAY_MS=$delay \
   "$train" "${common[@]}" --log-every 20 --save-params "$work/s4.params" >"$work/s4.log" 2>&1 || {
   echo "FAIL: the launcher's fault-tolerant run failed:" >&2; tail -n 20 "$work/s4.log" >&2; exit 1; }
 grep -E "^meshplan run: (rank 2 exited|epoch)" "$work/s4.log"
