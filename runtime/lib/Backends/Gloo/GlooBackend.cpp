@@ -317,8 +317,9 @@ Result<void> foldShares(DType dtype, ReduceOp op, void *out,
 /// group's size, the message timing or Gloo's schedule, and a single process
 /// summing the same values in the same order reproduces it bit for bit
 /// (meshplan-train's reference does). Gloo's ring algorithm reduces in
-/// another order; it remains for all-reduces of two members (a + b is b + a
-/// in IEEE arithmetic) and for max and min, which do not depend on the order.
+/// another order; it remains for larger all-reduces of two members (a + b is
+/// b + a in IEEE arithmetic) and of max and min, which do not depend on the
+/// order.
 ///
 /// Up to these many bytes in all (a reduce-scatter's input, an all-gather's
 /// output, an all-reduce's tensor times the members), a collective runs on
@@ -477,7 +478,7 @@ public:
       // than a ring. (Key order is one of the orders Gloo's orders allow,
       // and a ring's a + b is b + a on two members.)
       int64_t n = size();
-      size_t bytes = size_t(count * plan::dtypeBytes(dtype));
+      size_t bytes = tensorBytes;
       ReduceOp sumOp = op == ReduceOp::Avg ? ReduceOp::Sum : op;
       auto sum = reduceFunction(dtype, sumOp);
       const uint8_t *all = nullptr;
