@@ -19,7 +19,12 @@
 // - small reduce-scatters on the standing bound buffers: many calls in a
 //   row (the two inboxes alternate), two sizes interleaved, bf16, and an
 //   output that is this member's block of the input;
-// - all-to-all and broadcast: exact.
+// - all-to-all and broadcast: exact;
+// - afterwards, every TCP connection of the member has a send buffer of at
+//   least 2 MiB (or twice net.core.wmem_max): the standing buffers' first
+//   bound message sizes it (kSendBufferPrimeBytes in GlooBackend.cpp); a
+//   small first block used to leave it at 4.5 KiB, and every large
+//   transfer then stalled 40 ms at a time on the peer's delayed ACKs.
 //
 // Random-looking inputs with mixed magnitudes make a sum in any other order
 // differ in some element with near certainty, so the test fails if an
@@ -30,14 +35,18 @@
 #include "meshplan/Runtime/Backend.h"
 #include "meshplan/Runtime/Kernels.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -280,6 +289,39 @@ void runMember(Communicator &comm) {
         comm.allReduce(&none, 0, DType::Float32, ReduceOp::Sum));
 }
 
+/// Every connected TCP socket of this process (here: the communicator's
+/// pairs) has a send buffer of at least twice 1 MiB, within the kernel's
+/// cap net.core.wmem_max (setsockopt doubles the value it is given).
+void checkSendBuffers(int64_t key) {
+  long long cap = 0;
+  std::ifstream("/proc/sys/net/core/wmem_max") >> cap;
+  long long want = 2 * std::min<long long>(1 << 20, cap > 0 ? cap : 1 << 20);
+  int sockets = 0;
+  for (const auto &entry :
+       std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::atoi(entry.path().filename().c_str());
+    int type = 0;
+    socklen_t len = sizeof type;
+    sockaddr_storage peer{};
+    socklen_t peerLen = sizeof peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM ||
+        getpeername(fd, reinterpret_cast<sockaddr *>(&peer), &peerLen) != 0 ||
+        (peer.ss_family != AF_INET && peer.ss_family != AF_INET6))
+      continue;
+    int sndbuf = 0;
+    len = sizeof sndbuf;
+    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, &len);
+    ++sockets;
+    if (sndbuf < want)
+      fail(key, "TCP socket " + std::to_string(fd) + " has a send buffer of " +
+                    std::to_string(sndbuf) + " bytes, want at least " +
+                    std::to_string(want));
+  }
+  if (sockets == 0)
+    fail(key, "no connected TCP socket found in /proc/self/fd");
+}
+
 /// Forks n members; returns how many of them failed.
 int runGroup(int64_t n) {
   char tmpl[] = "/tmp/meshplan-gloo-backend-XXXXXX";
@@ -314,6 +356,7 @@ int runGroup(int64_t n) {
         _exit(1);
       }
       runMember(**comm);
+      checkSendBuffers(rank);
       // As Session::close() does: a member that exits while a peer has not
       // yet taken its last message from the socket ends that peer's wait
       // with "connection closed" (Gloo fails every bound buffer of a closed

@@ -334,6 +334,20 @@ Result<void> foldShares(DType dtype, ReduceOp op, void *out,
 /// copies its inbox out, and moves the same bytes as Gloo's ring.
 constexpr size_t kBoundExchangeBytes = size_t(1) << 20;
 constexpr size_t kBoundExchangeBudget = size_t(16) << 20;
+/// Gloo's TCP pair sizes its socket's send buffer from its first bound
+/// message (gloo/transport/tcp/pair.cc, Pair::send: SO_SNDBUF = that
+/// message's bytes), which also stops the kernel from tuning it, and only
+/// grows it for a larger bound message later. A first block of a few bytes
+/// left every later transfer on the pair, Gloo's unbound ones included, on
+/// a 4.5 KiB send buffer: a few KiB in flight, then a wait for the peer's
+/// delayed ACK, 40 ms (44 ms at HZ 250) each time the peer was not reading
+/// at that instant. A 1 MiB all-gather took 44-660 ms instead of 0.5 ms
+/// with 8 ranks on 2 cores (docs/runtime.md, "Standing buffers"). So the
+/// first bound message on every pair is this many bytes, at least any
+/// standing block, sent once when a communicator's first set is created:
+/// the send buffer is then fixed at twice this (the kernel doubles it,
+/// within net.core.wmem_max), about what tuning reaches on loopback.
+constexpr size_t kSendBufferPrimeBytes = kBoundExchangeBytes;
 /// Past the standing buffers' budget: in Gloo's orders, a float32
 /// reduce-scatter below this many bytes in all runs Gloo's halving-doubling
 /// algorithm; above, and in key order, an all-to-all and a local fold.
@@ -749,6 +763,26 @@ private:
         return *x;
     size_t n = size_t(size());
     size_t bytes = 3 * n * block;
+    // The communicator's first set: first one message of
+    // kSendBufferPrimeBytes on every pair, to size its socket's send buffer
+    // (see there). Every peer's lands in one scratch region, never read.
+    std::vector<uint8_t> primeOut, primeIn;
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> primeSends,
+        primeRecvs;
+    if (exchanges.empty()) {
+      primeOut.assign(kSendBufferPrimeBytes, 0);
+      primeIn.resize(kSendBufferPrimeBytes);
+      int primeSlot = context->nextSlot();
+      for (size_t s = 0; s < n; ++s) {
+        if (int64_t(s) == key())
+          continue;
+        auto &pair = context->getPair(int(s));
+        primeRecvs.push_back(pair->createRecvBuffer(primeSlot, primeIn.data(),
+                                                    kSendBufferPrimeBytes));
+        primeSends.push_back(pair->createSendBuffer(primeSlot, primeOut.data(),
+                                                    kSendBufferPrimeBytes));
+      }
+    }
     auto x = std::make_unique<BoundExchange>();
     x->block = block;
     x->outbox.resize(n * block);
@@ -774,6 +808,12 @@ private:
     gloo::BarrierOptions opts(context);
     opts.setTimeout(timeout);
     gloo::barrier(opts);
+    for (auto &send : primeSends)
+      send->send();
+    for (auto &recv : primeRecvs)
+      recv->waitRecv();
+    for (auto &send : primeSends)
+      send->waitSend();
     exchangeBytes += bytes;
     exchanges.push_back(std::move(x));
     return *exchanges.back();
