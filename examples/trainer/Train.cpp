@@ -364,8 +364,9 @@ private:
   /// time per step, and each instruction's duration per step.
   std::vector<double> idleOfStep, wallOfStep, busyOfStep;
   std::vector<std::vector<double>> secondsOfInstruction;
-  /// After exchangeBubble: per pp coordinate, the medians [idle, wall, busy]
-  /// and the median duration of each instruction of its plan.
+  /// After exchangeBubble: per pp coordinate, the medians [idle, wall, busy],
+  /// the median duration of each instruction of its plan, then each step's
+  /// duration of each instruction, step by step.
   std::vector<std::vector<double>> pipelineFigures;
 
   // This step's figures.
@@ -1232,18 +1233,30 @@ Result<void> RankTrainer::exchangeBubble() {
   std::vector<int64_t> ranks = pipelineRanks();
   int64_t P = int64_t(ranks.size()),
           mine = planned.pipelineRankOf(session->plan().rank);
+  // Every rank recorded the same steps (all but the first).
+  size_t steps = idleOfStep.size();
   std::vector<size_t> offset(size_t(P) + 1, 0);
   for (int64_t c = 0; c < P; ++c)
     offset[size_t(c) + 1] =
         offset[size_t(c)] + 3 +
-        planned.templateFor(ranks[size_t(c)]).get().program.size();
+        (1 + steps) *
+            planned.templateFor(ranks[size_t(c)]).get().program.size();
   std::vector<float> all(offset.back(), 0.0f);
   float *own = all.data() + offset[size_t(mine)];
+  size_t n = secondsOfInstruction.size();
+  if (3 + (1 + steps) * n != offset[size_t(mine) + 1] - offset[size_t(mine)])
+    return makeError("the step profiles do not match this rank's plan");
   own[0] = float(median(idleOfStep));
   own[1] = float(median(wallOfStep));
   own[2] = float(median(busyOfStep));
-  for (size_t i = 0; i < secondsOfInstruction.size(); ++i)
+  for (size_t i = 0; i < n; ++i) {
+    if (secondsOfInstruction[i].size() != steps)
+      return makeError("a step profile is missing instructions");
     own[3 + i] = float(std::max(0.0, median(secondsOfInstruction[i])));
+    for (size_t k = 0; k < steps; ++k)
+      own[3 + n * (1 + k) + i] =
+          float(std::max(0.0, secondsOfInstruction[i][k]));
+  }
   auto sweep = [&](int64_t c) -> Result<void> {
     if (mine != c && mine != c + 1)
       return {};
@@ -1277,6 +1290,9 @@ void RankTrainer::printBubble() {
     return;
   std::vector<plan::Plan> plans;
   std::vector<std::vector<double>> planFlops, measuredCosts;
+  // Per recorded step, per pp coordinate: the durations replayed.
+  size_t steps = idleOfStep.size();
+  std::vector<std::vector<std::vector<double>>> stepSeconds(steps);
   double totalFlops = 0, totalCompute = 0;
   const double rate = 1e12; // "flops" per measured second below
   for (size_t c = 0; c < P; ++c) {
@@ -1287,11 +1303,25 @@ void RankTrainer::printBubble() {
       return;
     }
     const std::vector<double> &f = pipelineFigures[c];
-    if (f.size() != 3 + one->program.size()) {
+    size_t n = one->program.size();
+    if (f.size() != 3 + (1 + steps) * n) {
       std::printf("pipeline bubble: the figures of pp coordinate %zu do not "
                   "match its plan\n",
                   c);
       return;
+    }
+    // Each step's durations: every instruction but the transfers (a recv's
+    // time is the wait the layout predicts; a send is the model's transfer,
+    // as its measured time is only the posting) and the no-ops.
+    for (size_t k = 0; k < steps; ++k) {
+      std::vector<double> sec(n, -1.0);
+      for (size_t i = 0; i < n; ++i) {
+        plan::OpKind op = one->program[i].op;
+        if (op != plan::OpKind::Send && op != plan::OpKind::Recv &&
+            op != plan::OpKind::Free && op != plan::OpKind::Wait)
+          sec[i] = f[3 + n * (1 + k) + i];
+      }
+      stepSeconds[k].push_back(std::move(sec));
     }
     std::vector<double> flops = t.flops(), measured(one->program.size(), 0);
     flops.resize(one->program.size(), 0);
@@ -1322,9 +1352,10 @@ void RankTrainer::printBubble() {
     std::string error;
   };
   auto layOut = [&](const std::vector<std::vector<double>> &costs,
-                    const plan::CostModel &m) {
+                    const plan::CostModel &m,
+                    const std::vector<std::vector<double>> &seconds = {}) {
     Layout out;
-    auto schedules = plan::simulateTogether(pointers, costs, m);
+    auto schedules = plan::simulateTogether(pointers, costs, m, seconds);
     if (!schedules) {
       out.error = schedules.error().message;
       return out;
@@ -1344,6 +1375,30 @@ void RankTrainer::printBubble() {
   plan::CostModel m = *machine;
   m.peakFlopsPerSecond = rate;
   Layout measuredLayout = layOut(measuredCosts, m);
+  // Each step laid out with its own measured durations, then the median
+  // over the steps per coordinate (as the measurement takes it): the
+  // pipeline's waits come from the layout alone. A median of the
+  // durations instead loses their spread, and a pipeline's step depends on
+  // it: a slow instruction on the critical path delays every stage behind.
+  Layout replayLayout;
+  {
+    std::vector<std::vector<double>> idle(P);
+    std::vector<double> stepOf;
+    for (size_t k = 0; k < steps && replayLayout.error.empty(); ++k) {
+      Layout one = layOut(measuredCosts, m, stepSeconds[k]);
+      replayLayout.error = one.error;
+      for (size_t c = 0; c < one.idle.size(); ++c)
+        idle[c].push_back(one.idle[c]);
+      stepOf.push_back(one.step);
+    }
+    if (replayLayout.error.empty() && !stepOf.empty()) {
+      for (size_t c = 0; c < P; ++c) {
+        replayLayout.idle.push_back(median(idle[c]));
+        replayLayout.mean += replayLayout.idle.back() / double(P);
+      }
+      replayLayout.step = median(stepOf);
+    }
+  }
   plan::CostModel f = *machine;
   f.peakFlopsPerSecond = totalFlops / std::max(totalCompute, 1e-9);
   Layout flopLayout = layOut(planFlops, f);
@@ -1377,16 +1432,28 @@ void RankTrainer::printBubble() {
       (long long)config.ranks, (long long)config.microbatches,
       (long long)config.stagesPerRank, idleOfStep.size(),
       percents(measuredIdle).c_str(), 100 * measuredMean, measuredWall * 1e3);
-  if (!measuredLayout.error.empty())
-    std::printf("  cost model: %s\n", measuredLayout.error.c_str());
-  else
-    std::printf("  cost model with the measured cost of every local "
-                "instruction (plan::simulateTogether): %s, mean %.1f%% (step "
+  auto ratio = [&](const Layout &l) {
+    return l.mean > 0 ? measuredMean / l.mean : 0.0;
+  };
+  if (!replayLayout.error.empty())
+    std::printf("  cost model: %s\n", replayLayout.error.c_str());
+  else if (!replayLayout.idle.empty())
+    std::printf("  cost model replaying each step (plan::simulateTogether; "
+                "every instruction but the transfers at its measured time "
+                "in that step, transfers at the measured latency and "
+                "bandwidth; median of %zu steps): %s, mean %.1f%% (step "
                 "%.1f ms); measured / model %.2f\n",
+                steps, percents(replayLayout.idle).c_str(),
+                100 * replayLayout.mean, replayLayout.step * 1e3,
+                ratio(replayLayout));
+  if (measuredLayout.error.empty())
+    std::printf("  cost model with the median cost of every local "
+                "instruction, collectives at the measured latency and "
+                "bandwidth: %s, mean %.1f%% (step %.1f ms); measured / model "
+                "%.2f\n",
                 percents(measuredLayout.idle).c_str(),
                 100 * measuredLayout.mean, measuredLayout.step * 1e3,
-                measuredLayout.mean > 0 ? measuredMean / measuredLayout.mean
-                                        : 0.0);
+                ratio(measuredLayout));
   if (flopLayout.error.empty())
     std::printf("  cost model with the plan's flops at the measured %.2f "
                 "GFLOP/s: %s, mean %.1f%% (step %.1f ms)\n",

@@ -77,12 +77,14 @@ struct TimingGraph {
   }
 };
 
-/// Checks `flops`, sizes `s` for `plan` and appends its nodes to `g`. With
-/// `recvWaitsForSend`, a recv costs nothing here: the caller adds an edge
-/// from the matching send, which carries the transfer's duration.
+/// Checks `flops` and `seconds`, sizes `s` for `plan` and appends its nodes
+/// to `g`. With `recvWaitsForSend`, a recv costs nothing here: the caller
+/// adds an edge from the matching send, which carries the transfer's
+/// duration. `seconds`: empty, or measured durations replacing the model's
+/// where >= 0 (simulateTogether).
 Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
                      const CostModel &model, bool recvWaitsForSend, Schedule &s,
-                     TimingGraph &g) {
+                     TimingGraph &g, const std::vector<double> &seconds = {}) {
   const size_t n = plan.program.size(), offset = g.duration.size();
   if (!flops.empty() && flops.size() != n)
     return makeError("flops has " + std::to_string(flops.size()) +
@@ -92,6 +94,14 @@ Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
     if (!std::isfinite(flops[i]) || flops[i] < 0)
       return makeError(where(plan, i) + ": flops " + std::to_string(flops[i]) +
                        " is not a finite number >= 0");
+  if (!seconds.empty() && seconds.size() != n)
+    return makeError("seconds has " + std::to_string(seconds.size()) +
+                     " entries but the program has " + std::to_string(n) +
+                     " instructions");
+  for (size_t i = 0; i < seconds.size(); ++i)
+    if (!std::isfinite(seconds[i]))
+      return makeError(where(plan, i) + ": seconds " +
+                       std::to_string(seconds[i]) + " is not a finite number");
 
   std::unordered_map<std::string_view, int> streams;
   for (size_t st = 0; st < plan.streams.size(); ++st)
@@ -150,6 +160,8 @@ Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
     }
     double d = durationSeconds(in, comm, flops.empty() ? 0 : flops[i], model,
                                isCollective(in.op) ? 0 : s.bytes[i]);
+    if (!seconds.empty() && seconds[i] >= 0)
+      d = seconds[i];
     if (recvWaitsForSend && in.op == OpKind::Recv)
       d = 0;
     g.duration[offset + i] = d;
@@ -266,12 +278,17 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
 Result<std::vector<Schedule>>
 simulateTogether(const std::vector<const Plan *> &plans,
                  const std::vector<std::vector<double>> &flops,
-                 const CostModel &model) {
+                 const CostModel &model,
+                 const std::vector<std::vector<double>> &seconds) {
   MESHPLAN_TRY(checkCostModel(model));
   if (flops.size() != plans.size())
     return makeError("flops lists " + std::to_string(flops.size()) +
                      " plans but there are " + std::to_string(plans.size()));
+  if (!seconds.empty() && seconds.size() != plans.size())
+    return makeError("seconds lists " + std::to_string(seconds.size()) +
+                     " plans but there are " + std::to_string(plans.size()));
   std::vector<Schedule> out(plans.size());
+  const std::vector<double> noSeconds;
   std::vector<size_t> offsets;
   TimingGraph g;
   std::unordered_map<int64_t, size_t> planOfRank;
@@ -280,7 +297,8 @@ simulateTogether(const std::vector<const Plan *> &plans,
     if (!planOfRank.emplace(plans[p]->rank, p).second)
       return makeError("two plans of rank " + std::to_string(plans[p]->rank));
     if (auto ok = addPlan(*plans[p], flops[p], model,
-                          /*recvWaitsForSend=*/true, out[p], g);
+                          /*recvWaitsForSend=*/true, out[p], g,
+                          seconds.empty() ? noSeconds : seconds[p]);
         !ok)
       return ok.error().within("rank " + std::to_string(plans[p]->rank));
   }

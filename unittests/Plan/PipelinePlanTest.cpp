@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -534,6 +535,69 @@ TEST(PipelinePlan, SimulateTogetherWaitsForTheSend) {
       << cyc.error().message;
   // Mismatched lists are refused.
   EXPECT_FALSE(simulateTogether(pointers, {}, model).ok());
+}
+
+// Measured durations replayed (the trainer's measured bubble): an entry >= 0
+// replaces the model's duration, a negative one keeps it, a recv's is
+// ignored (its wait is what the layout predicts), and bad lists are errors
+// that name the instruction.
+TEST(PipelinePlan, SimulateTogetherReplaysMeasuredSeconds) {
+  PipelineSchedule schedule = build(PipelineScheduleKind::OneFOneB, 2, 2, 1);
+  std::vector<Plan> plans = plansOf(schedule);
+  std::vector<const Plan *> pointers;
+  std::vector<std::vector<double>> flops, seconds;
+  for (const Plan &p : plans) {
+    pointers.push_back(&p);
+    std::vector<double> f, sec;
+    for (const Instruction &in : p.program) {
+      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
+      // Stage 1's forwards measured at 3 s; every recv "measured" at 100 s.
+      sec.push_back(in.op == OpKind::Recv ? 100
+                    : p.rank == 1 && in.op == OpKind::Compute &&
+                            in.phase == "forward"
+                        ? 3
+                        : -1);
+    }
+    flops.push_back(std::move(f));
+    seconds.push_back(std::move(sec));
+  }
+  CostModel model;
+  model.peakFlopsPerSecond = 1e12;
+  model.mfu = 1;
+  Result<std::vector<Schedule>> plain =
+      simulateTogether(pointers, flops, model);
+  Result<std::vector<Schedule>> replayed =
+      simulateTogether(pointers, flops, model, seconds);
+  ASSERT_TRUE(plain.ok() && replayed.ok());
+  size_t f0 = indexOf(plans[1], "1F0"), f1 = indexOf(plans[1], "1F1");
+  for (size_t i : {f0, f1}) {
+    EXPECT_NEAR((*plain)[1].end[i] - (*plain)[1].start[i], 1.0, 1e-6);
+    EXPECT_NEAR((*replayed)[1].end[i] - (*replayed)[1].start[i], 3.0, 1e-9);
+  }
+  // 1F1B, 2 stages, 2 microbatches, transfers nearly free: rank 0 runs
+  // 0F0 0F1 0B0 0B1, rank 1 1F0 1B0 1F1 1B1, every compute 1 s, steps of
+  // 6 s and 5 s. Both of stage 1's forwards are on the critical path, so 2 s
+  // more each add 4 s to both; the recvs' 100 s are not taken.
+  EXPECT_NEAR((*plain)[0].stepSeconds, 6.0, 1e-3);
+  EXPECT_NEAR((*plain)[1].stepSeconds, 5.0, 1e-3);
+  EXPECT_NEAR((*replayed)[0].stepSeconds, 10.0, 1e-3);
+  EXPECT_NEAR((*replayed)[1].stepSeconds, 9.0, 1e-3);
+  std::vector<std::vector<double>> shortList = seconds;
+  shortList[1].pop_back();
+  Result<std::vector<Schedule>> bad =
+      simulateTogether(pointers, flops, model, shortList);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("rank 1"), std::string::npos)
+      << bad.error().message;
+  EXPECT_NE(bad.error().message.find("seconds has"), std::string::npos)
+      << bad.error().message;
+  std::vector<std::vector<double>> notFinite = seconds;
+  notFinite[0][0] = std::numeric_limits<double>::quiet_NaN();
+  bad = simulateTogether(pointers, flops, model, notFinite);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("/program/0"), std::string::npos)
+      << bad.error().message;
+  EXPECT_FALSE(simulateTogether(pointers, flops, model, {seconds[0]}).ok());
 }
 
 } // namespace

@@ -61,10 +61,19 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
 /// under the cost model. `flops` is parallel to `plans`, each entry as in
 /// simulate(). Errors as simulate()'s, naming the rank; a wait cycle across
 /// plans names every rank and instruction on it.
+///
+/// `seconds` (optional) replays measured durations: empty, or parallel to
+/// `plans`, each entry empty or parallel to that plan's program. An entry
+/// >= 0 is the instruction's duration in seconds in place of the cost
+/// model's; a negative one keeps the model's. A recv's entry is ignored: it
+/// always ends where its send's transfer does (a measured recv time is the
+/// wait this function is there to predict). Errors: a list of the wrong
+/// length, a non-finite entry.
 Result<std::vector<Schedule>>
 simulateTogether(const std::vector<const Plan *> &plans,
                  const std::vector<std::vector<double>> &flops,
-                 const CostModel &model);
+                 const CostModel &model,
+                 const std::vector<std::vector<double>> &seconds = {});
 
 /// Chrome Trace Event Format JSON: {"traceEvents": [...], "displayTimeUnit":
 /// "ms", "otherData": {...}}. One "X" event per instruction (ts and dur in
