@@ -1226,7 +1226,8 @@ void RankTrainer::recordBubble(const StepProfile &prof) {
                                       prof.instructionStart[i]);
 }
 
-/// Every rank of the pipeline gets every coordinate's medians: a sweep of
+/// Every rank of the pipeline gets every coordinate's medians and per-step
+/// instruction times (1 + steps floats per instruction): a sweep of
 /// max-all-reduces down the pairs of neighbouring coordinates and back up
 /// (each rank's share is zero elsewhere). Collective over the pipeline.
 Result<void> RankTrainer::exchangeBubble() {
