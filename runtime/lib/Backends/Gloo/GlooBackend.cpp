@@ -342,7 +342,8 @@ constexpr size_t kBoundExchangeBudget = size_t(16) << 20;
 /// a 4.5 KiB send buffer: a few KiB in flight, then a wait for the peer's
 /// delayed ACK, 40 ms (44 ms at HZ 250) each time the peer was not reading
 /// at that instant. A 1 MiB all-gather took 44-660 ms instead of 0.5 ms
-/// with 8 ranks on 2 cores (docs/runtime.md, "Standing buffers"). So the
+/// with 8 ranks on 2 cores (docs/runtime.md, "The send buffer of a
+/// connection that carries bound messages"). So the
 /// first bound message on every pair is this many bytes, at least any
 /// standing block, sent once when a communicator's first set is created:
 /// the send buffer is then fixed at twice this (the kernel doubles it,
