@@ -1262,9 +1262,41 @@ PassOutcome
 Session::Impl::runPass(StepState &state,
                        const std::vector<std::vector<int>> &order, bool soft,
                        const std::function<Result<void>(Bound &)> &run) {
+  // One condition variable per stream, woken only when the instruction that
+  // stream waits for has become ready (or the pass failed): a finished
+  // instruction wakes no thread that would go straight back to sleep. On
+  // oversubscribed cores each needless wake-up can preempt the thread that
+  // finished, which then waits a scheduler slice before its next
+  // instruction (docs/runtime.md, "Waking only the stream that can run").
   std::mutex mutex;
-  std::condition_variable changed;
+  std::vector<std::condition_variable> wake(order.size());
+  // Per stream: the instruction it waits for, -1 while it runs or is done.
+  std::vector<int> waitingFor(order.size(), -1);
   PassOutcome out;
+  auto ready = [&](const Bound &b) {
+    if (out.failure)
+      return true;
+    for (int d : b.deps)
+      if (!state.done[size_t(d)])
+        return false;
+    return b.comm < 0 ||
+           commSequence[size_t(b.comm)][size_t(state.turn[size_t(b.comm)])] ==
+               &b - program.data();
+  };
+  // Under `mutex`: the streams other than `self` whose instruction is now
+  // ready (all of them after a failure). Notified after the lock is released.
+  auto readyStreams = [&](size_t self) {
+    std::vector<size_t> runnable;
+    for (size_t s = 0; s < waitingFor.size(); ++s)
+      if (s != self && waitingFor[s] >= 0 &&
+          ready(program[size_t(waitingFor[s])]))
+        runnable.push_back(s);
+    return runnable;
+  };
+  auto wakeAll = [&] {
+    for (std::condition_variable &cv : wake)
+      cv.notify_all();
+  };
   auto deadline = [&] { return Clock::now() + options.timeout; };
   auto faultTolerantComm = [&](const Bound &b) {
     return soft && b.comm >= 0 &&
@@ -1284,22 +1316,22 @@ Session::Impl::runPass(StepState &state,
     return "rank " + std::to_string(plan.rank) + ": " + where;
   };
 
-  auto worker = [&](const std::vector<int> &stream) {
-    for (int index : stream) {
+  auto worker = [&](size_t self) {
+    for (int index : order[self]) {
       Bound &b = program[size_t(index)];
       bool skip = false;
       {
         std::unique_lock<std::mutex> lock(mutex);
-        auto ready = [&] {
-          if (out.failure)
-            return true;
-          for (int d : b.deps)
-            if (!state.done[size_t(d)])
-              return false;
-          return b.comm < 0 || commSequence[size_t(b.comm)][size_t(
-                                   state.turn[size_t(b.comm)])] == index;
-        };
-        if (!changed.wait_until(lock, deadline(), ready)) {
+        waitingFor[self] = index;
+        bool first = true;
+        bool inTime = wake[self].wait_until(lock, deadline(), [&] {
+          bool now = ready(b);
+          state.needlessWakeups += !now && !first;
+          first = false;
+          return now;
+        });
+        waitingFor[self] = -1;
+        if (!inTime) {
           std::string waiting;
           for (int d : b.deps)
             if (!state.done[size_t(d)])
@@ -1311,7 +1343,8 @@ Session::Impl::runPass(StepState &state,
               (waiting.empty()
                    ? "its turn on communicator \"" + b.in->comm + "\""
                    : "its deps " + waiting));
-          changed.notify_all();
+          lock.unlock();
+          wakeAll();
           return;
         }
         if (out.failure)
@@ -1325,7 +1358,7 @@ Session::Impl::runPass(StepState &state,
       state.spans[size_t(index)].first = Clock::now();
       Result<void> ok = skip ? Result<void>() : run ? run(b) : execute(b);
       state.spans[size_t(index)].second = Clock::now();
-      std::lock_guard<std::mutex> lock(mutex);
+      std::unique_lock<std::mutex> lock(mutex);
       if (!ok) {
         if (faultTolerantComm(b)) {
           if (!out.faultTolerantFailure)
@@ -1333,22 +1366,26 @@ Session::Impl::runPass(StepState &state,
         } else {
           if (!out.failure)
             out.failure = ok.error().within(whereOf(b));
-          changed.notify_all();
+          lock.unlock();
+          wakeAll();
           return;
         }
       }
       state.done[size_t(index)] = 1;
       if (b.comm >= 0)
         ++state.turn[size_t(b.comm)];
-      changed.notify_all();
+      std::vector<size_t> runnable = readyStreams(self);
+      lock.unlock();
+      for (size_t s : runnable)
+        wake[s].notify_one();
     }
   };
 
   std::vector<std::thread> threads;
   for (size_t s = 1; s < order.size(); ++s)
-    threads.emplace_back(worker, std::cref(order[s]));
+    threads.emplace_back(worker, s);
   if (!order.empty())
-    worker(order[0]);
+    worker(0);
   for (std::thread &t : threads)
     t.join();
   return out;
@@ -1384,6 +1421,7 @@ Result<void> Session::step() {
   }
   ++m.steps;
   m.profile = profileOf(m.program, state.spans, stepStart, Clock::now());
+  m.profile.needlessWakeups = state.needlessWakeups;
   return {};
 }
 
@@ -2045,6 +2083,7 @@ Result<void> Session::Impl::faultTolerantStep() {
       return fail(*after.failure);
     ++steps;
     profile = profileOf(program, state.spans, start, Clock::now());
+    profile.needlessWakeups = state.needlessWakeups;
     return {};
   }
 }

@@ -117,6 +117,9 @@ struct StepState {
   std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
   std::vector<char> done;
   std::vector<int> turn;
+  /// Times a stream thread woke and found its instruction not ready
+  /// (StepProfile::needlessWakeups).
+  int64_t needlessWakeups = 0;
 };
 
 /// What a pass over (part of) the program came to.

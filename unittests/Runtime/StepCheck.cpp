@@ -518,6 +518,17 @@ int main(int argc, char **argv) {
     auto ok = s.step();
     if (!ok)
       fail(ok.error().message);
+    // The executor wakes a stream's thread only once its instruction can
+    // run (docs/runtime.md, "Waking only the stream that can run"); waking
+    // every stream on every completion would count about one per
+    // instruction and waiting stream. Allow a few spurious wake-ups.
+    if (int64_t woke = s.lastStepProfile().needlessWakeups,
+        allowed = 2 + int64_t(p.program.size()) / 20;
+        woke > allowed)
+      fail("rank " + std::to_string(p.rank) + " step " + std::to_string(step) +
+           ": " + std::to_string(woke) +
+           " needless wake-ups of stream threads (at most " +
+           std::to_string(allowed) + ")");
 
     // Compare every persistent shard.
     auto compare = [&](const TensorView &device,

@@ -201,6 +201,12 @@ struct StepProfile {
   /// run). The trainer's pipeline bubble reads the compute stream's spans
   /// from them (docs/pipeline.md, "Measured bubble").
   std::vector<double> instructionStart, instructionEnd;
+  /// Times a stream's thread woke and found its next instruction still
+  /// waiting. The executor wakes a stream only once its instruction can run,
+  /// so this stays at (nearly) zero; each needless wake-up costs a context
+  /// switch, and on oversubscribed cores a scheduler slice of the thread it
+  /// preempted (docs/runtime.md, "Waking only the stream that can run").
+  int64_t needlessWakeups = 0;
 };
 
 class Session {
