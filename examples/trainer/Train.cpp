@@ -361,12 +361,15 @@ private:
   std::optional<plan::CostModel> machine;
   /// --cost-model under a pipeline, from every step but the first: this
   /// rank's compute-stream idle fraction, step wall and compute-stream busy
-  /// time per step, and each instruction's duration per step.
-  std::vector<double> idleOfStep, wallOfStep, busyOfStep;
+  /// time per step, the total dispatch latency of its instructions but the
+  /// recvs per step (start - ready, StepProfile::instructionReady), and
+  /// each instruction's duration per step.
+  std::vector<double> idleOfStep, wallOfStep, busyOfStep, dispatchOfStep;
   std::vector<std::vector<double>> secondsOfInstruction;
   /// After exchangeBubble: per pp coordinate, the medians [idle, wall, busy],
-  /// the median duration of each instruction of its plan, then each step's
-  /// duration of each instruction, step by step.
+  /// each step's total dispatch latency, the median duration of each
+  /// instruction of its plan, then each step's duration of each
+  /// instruction, step by step (bubbleFigureOffset).
   std::vector<std::vector<double>> pipelineFigures;
 
   // This step's figures.
@@ -1197,7 +1200,8 @@ Result<Communicator *> RankTrainer::pairWith(int64_t peer) {
 void RankTrainer::recordBubble(const StepProfile &prof) {
   const plan::Plan &p = session->plan();
   size_t n = p.program.size();
-  if (prof.instructionStart.size() != n || prof.instructionEnd.size() != n)
+  if (prof.instructionStart.size() != n || prof.instructionEnd.size() != n ||
+      prof.instructionReady.size() != n)
     return;
   // The union of the compute stream's spans (as the cost model's busy time
   // sums that stream's instructions, which never overlap there).
@@ -1220,14 +1224,37 @@ void RankTrainer::recordBubble(const StepProfile &prof) {
                                      : 0.0);
   wallOfStep.push_back(prof.wall);
   busyOfStep.push_back(busy);
+  // The executor's hand-offs, which the cost model lays out as its dispatch
+  // latency (a recv's is left out, as the model leaves it out: a recv ends
+  // where its send's transfer does).
+  double dispatch = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (p.program[i].op != plan::OpKind::Recv)
+      dispatch +=
+          std::max(0.0, prof.instructionStart[i] - prof.instructionReady[i]);
+  dispatchOfStep.push_back(dispatch);
   secondsOfInstruction.resize(n);
   for (size_t i = 0; i < n; ++i)
     secondsOfInstruction[i].push_back(prof.instructionEnd[i] -
                                       prof.instructionStart[i]);
 }
 
-/// Every rank of the pipeline gets every coordinate's medians and per-step
-/// instruction times (1 + steps floats per instruction): a sweep of
+/// Where each figure of one pp coordinate sits in exchangeBubble's floats:
+/// [idle, wall, busy] medians, each step's total dispatch latency, each
+/// instruction's median duration, then each step's duration of each
+/// instruction, step by step.
+struct BubbleFigures {
+  size_t steps, n; // recorded steps, instructions of the coordinate's plan
+  size_t dispatch(size_t k) const { return 3 + k; }
+  size_t median(size_t i) const { return 3 + steps + i; }
+  size_t seconds(size_t k, size_t i) const {
+    return 3 + steps + n * (1 + k) + i;
+  }
+  size_t size() const { return 3 + steps + (1 + steps) * n; }
+};
+
+/// Every rank of the pipeline gets every coordinate's figures
+/// (BubbleFigures): a sweep of
 /// max-all-reduces down the pairs of neighbouring coordinates and back up
 /// (each rank's share is zero elsewhere). Collective over the pipeline.
 Result<void> RankTrainer::exchangeBubble() {
@@ -1239,24 +1266,27 @@ Result<void> RankTrainer::exchangeBubble() {
   std::vector<size_t> offset(size_t(P) + 1, 0);
   for (int64_t c = 0; c < P; ++c)
     offset[size_t(c) + 1] =
-        offset[size_t(c)] + 3 +
-        (1 + steps) *
-            planned.templateFor(ranks[size_t(c)]).get().program.size();
+        offset[size_t(c)] +
+        BubbleFigures{
+            steps, planned.templateFor(ranks[size_t(c)]).get().program.size()}
+            .size();
   std::vector<float> all(offset.back(), 0.0f);
   float *own = all.data() + offset[size_t(mine)];
-  size_t n = secondsOfInstruction.size();
-  if (3 + (1 + steps) * n != offset[size_t(mine) + 1] - offset[size_t(mine)])
+  BubbleFigures at{steps, secondsOfInstruction.size()};
+  if (at.size() != offset[size_t(mine) + 1] - offset[size_t(mine)] ||
+      dispatchOfStep.size() != steps)
     return makeError("the step profiles do not match this rank's plan");
   own[0] = float(median(idleOfStep));
   own[1] = float(median(wallOfStep));
   own[2] = float(median(busyOfStep));
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t k = 0; k < steps; ++k)
+    own[at.dispatch(k)] = float(dispatchOfStep[k]);
+  for (size_t i = 0; i < at.n; ++i) {
     if (secondsOfInstruction[i].size() != steps)
       return makeError("a step profile is missing instructions");
-    own[3 + i] = float(std::max(0.0, median(secondsOfInstruction[i])));
+    own[at.median(i)] = float(std::max(0.0, median(secondsOfInstruction[i])));
     for (size_t k = 0; k < steps; ++k)
-      own[3 + n * (1 + k) + i] =
-          float(std::max(0.0, secondsOfInstruction[i][k]));
+      own[at.seconds(k, i)] = float(std::max(0.0, secondsOfInstruction[i][k]));
   }
   auto sweep = [&](int64_t c) -> Result<void> {
     if (mine != c && mine != c + 1)
@@ -1294,6 +1324,10 @@ void RankTrainer::printBubble() {
   // Per recorded step, per pp coordinate: the durations replayed.
   size_t steps = idleOfStep.size();
   std::vector<std::vector<std::vector<double>>> stepSeconds(steps);
+  // Per recorded step: the dispatch latency of the pipeline's instructions
+  // but the recvs, summed, and how many there are.
+  std::vector<double> dispatchTotal(steps, 0.0);
+  size_t dispatched = 0;
   double totalFlops = 0, totalCompute = 0;
   const double rate = 1e12; // "flops" per measured second below
   for (size_t c = 0; c < P; ++c) {
@@ -1305,7 +1339,8 @@ void RankTrainer::printBubble() {
     }
     const std::vector<double> &f = pipelineFigures[c];
     size_t n = one->program.size();
-    if (f.size() != 3 + (1 + steps) * n) {
+    BubbleFigures at{steps, n};
+    if (f.size() != at.size()) {
       std::printf("pipeline bubble: the figures of pp coordinate %zu do not "
                   "match its plan\n",
                   c);
@@ -1320,10 +1355,13 @@ void RankTrainer::printBubble() {
         plan::OpKind op = one->program[i].op;
         if (op != plan::OpKind::Send && op != plan::OpKind::Recv &&
             op != plan::OpKind::Free && op != plan::OpKind::Wait)
-          sec[i] = f[3 + n * (1 + k) + i];
+          sec[i] = f[at.seconds(k, i)];
       }
       stepSeconds[k].push_back(std::move(sec));
+      dispatchTotal[k] += f[at.dispatch(k)];
     }
+    for (const plan::Instruction &in : one->program)
+      dispatched += in.op != plan::OpKind::Recv;
     std::vector<double> flops = t.flops(), measured(one->program.size(), 0);
     flops.resize(one->program.size(), 0);
     for (size_t i = 0; i < one->program.size(); ++i) {
@@ -1331,10 +1369,10 @@ void RankTrainer::printBubble() {
       if (plan::isCollective(op) || op == plan::OpKind::Free ||
           op == plan::OpKind::Wait)
         continue;
-      measured[i] = double(f[3 + i]) * rate;
+      measured[i] = double(f[at.median(i)]) * rate;
       if (op == plan::OpKind::Compute) {
         totalFlops += flops[i];
-        totalCompute += double(f[3 + i]);
+        totalCompute += double(f[at.median(i)]);
       }
     }
     plans.push_back(std::move(*one));
@@ -1373,33 +1411,46 @@ void RankTrainer::printBubble() {
     }
     return out;
   };
+  // The executor's mean hand-off per instruction, step by step: the cost
+  // model's dispatch latency (every instruction starts that long after it
+  // is ready; CostModel::dispatchSeconds).
+  std::vector<double> dispatchOf(steps, 0.0);
+  for (size_t k = 0; k < steps; ++k)
+    dispatchOf[k] = dispatchTotal[k] / double(std::max<size_t>(dispatched, 1));
+  double dispatchMedian = steps ? median(dispatchOf) : 0.0;
   plan::CostModel m = *machine;
   m.peakFlopsPerSecond = rate;
+  m.dispatchSeconds = dispatchMedian;
   Layout measuredLayout = layOut(measuredCosts, m);
-  // Each step laid out with its own measured durations, then the median
-  // over the steps per coordinate (as the measurement takes it): the
-  // pipeline's waits come from the layout alone. A median of the
-  // durations instead loses their spread, and a pipeline's step depends on
-  // it: a slow instruction on the critical path delays every stage behind.
-  Layout replayLayout;
-  {
+  // Each step laid out with its own measured durations (and, withDispatch,
+  // its own dispatch latency), then the median over the steps per
+  // coordinate (as the measurement takes it): the pipeline's waits come
+  // from the layout alone. A median of the durations instead loses their
+  // spread, and a pipeline's step depends on it: a slow instruction on the
+  // critical path delays every stage behind.
+  auto replay = [&](bool withDispatch) {
+    Layout out;
     std::vector<std::vector<double>> idle(P);
     std::vector<double> stepOf;
-    for (size_t k = 0; k < steps && replayLayout.error.empty(); ++k) {
-      Layout one = layOut(measuredCosts, m, stepSeconds[k]);
-      replayLayout.error = one.error;
+    for (size_t k = 0; k < steps && out.error.empty(); ++k) {
+      plan::CostModel mk = m;
+      mk.dispatchSeconds = withDispatch ? dispatchOf[k] : 0.0;
+      Layout one = layOut(measuredCosts, mk, stepSeconds[k]);
+      out.error = one.error;
       for (size_t c = 0; c < one.idle.size(); ++c)
         idle[c].push_back(one.idle[c]);
       stepOf.push_back(one.step);
     }
-    if (replayLayout.error.empty() && !stepOf.empty()) {
+    if (out.error.empty() && !stepOf.empty()) {
       for (size_t c = 0; c < P; ++c) {
-        replayLayout.idle.push_back(median(idle[c]));
-        replayLayout.mean += replayLayout.idle.back() / double(P);
+        out.idle.push_back(median(idle[c]));
+        out.mean += out.idle.back() / double(P);
       }
-      replayLayout.step = median(stepOf);
+      out.step = median(stepOf);
     }
-  }
+    return out;
+  };
+  Layout replayLayout = replay(true), undispatchedLayout = replay(false);
   plan::CostModel f = *machine;
   f.peakFlopsPerSecond = totalFlops / std::max(totalCompute, 1e-9);
   Layout flopLayout = layOut(planFlops, f);
@@ -1442,16 +1493,21 @@ void RankTrainer::printBubble() {
     std::printf("  cost model replaying each step (plan::simulateTogether; "
                 "every instruction but the transfers at its measured time "
                 "in that step, transfers at the measured latency and "
-                "bandwidth; median of %zu steps): %s, mean %.1f%% (step "
-                "%.1f ms); measured / model %.2f\n",
-                steps, percents(replayLayout.idle).c_str(),
-                100 * replayLayout.mean, replayLayout.step * 1e3,
-                ratio(replayLayout));
+                "bandwidth, each instruction started that step's measured "
+                "dispatch latency after it is ready, median %.3f ms; median "
+                "of %zu steps): %s, mean %.1f%% (step %.1f ms); measured / "
+                "model %.2f; without the dispatch latency: mean %.1f%% (step "
+                "%.1f ms), measured / model %.2f\n",
+                dispatchMedian * 1e3, steps,
+                percents(replayLayout.idle).c_str(), 100 * replayLayout.mean,
+                replayLayout.step * 1e3, ratio(replayLayout),
+                100 * undispatchedLayout.mean, undispatchedLayout.step * 1e3,
+                ratio(undispatchedLayout));
   if (measuredLayout.error.empty())
     std::printf("  cost model with the median cost of every local "
                 "instruction, collectives at the measured latency and "
-                "bandwidth: %s, mean %.1f%% (step %.1f ms); measured / model "
-                "%.2f\n",
+                "bandwidth, the median dispatch latency: %s, mean %.1f%% "
+                "(step %.1f ms); measured / model %.2f\n",
                 percents(measuredLayout.idle).c_str(),
                 100 * measuredLayout.mean, measuredLayout.step * 1e3,
                 ratio(measuredLayout));

@@ -221,6 +221,9 @@ Result<void> checkCostModel(const CostModel &m) {
                        "finite number > 0");
   if (m.mfu > 1)
     return makeError("cost model: MFU must be at most 1");
+  if (!std::isfinite(m.dispatchSeconds) || m.dispatchSeconds < 0)
+    return makeError("cost model: dispatch latency must be a finite number "
+                     ">= 0");
   if (m.ranksPerNode < 1)
     return makeError("cost model: ranks per node must be >= 1");
   if (m.deviceMemoryBytes < 1)

@@ -68,7 +68,9 @@ namespace {
 /// The instructions of one plan as nodes [offset, offset + n) of a timing
 /// graph: durations, and edges for stream order and deps.
 struct TimingGraph {
-  std::vector<double> duration;
+  /// Per node: the wait between ready and start (the cost model's
+  /// dispatchSeconds; idle, not busy), then the instruction's duration.
+  std::vector<double> delay, duration;
   std::vector<std::vector<size_t>> preds, succs;
 
   void edge(size_t from, size_t to) {
@@ -132,6 +134,7 @@ Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
   else if (!plan.streams.empty())
     s.computeStream = 0;
 
+  g.delay.resize(offset + n, 0);
   g.duration.resize(offset + n, 0);
   g.preds.resize(offset + n);
   g.succs.resize(offset + n);
@@ -162,8 +165,9 @@ Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
                                isCollective(in.op) ? 0 : s.bytes[i]);
     if (!seconds.empty() && seconds[i] >= 0)
       d = seconds[i];
+    g.delay[offset + i] = model.dispatchSeconds;
     if (recvWaitsForSend && in.op == OpKind::Recv)
-      d = 0;
+      d = g.delay[offset + i] = 0;
     g.duration[offset + i] = d;
     s.streamBusySeconds[st->second] += d;
     if (size_t prev = lastOnStream[st->second]; prev != n)
@@ -198,6 +202,7 @@ std::vector<size_t> longestPaths(const TimingGraph &g,
     size_t u = ready.back();
     ready.pop_back();
     ++done;
+    start[u] += g.delay[u];
     end[u] = start[u] + g.duration[u];
     for (size_t v : g.succs[u]) {
       start[v] = std::max(start[v], end[u]);
@@ -422,6 +427,7 @@ std::string chromeTrace(const Plan &plan, const Schedule &schedule) {
   other["intra_node_latency_seconds"] = finite(m.intraNodeLatencySeconds);
   other["inter_node_latency_seconds"] = finite(m.interNodeLatencySeconds);
   other["hbm_bytes_per_second"] = finite(m.hbmBytesPerSecond);
+  other["dispatch_seconds"] = finite(m.dispatchSeconds);
   other["ranks_per_node"] = m.ranksPerNode;
   Json doc = Json::object();
   doc["traceEvents"] = std::move(events);

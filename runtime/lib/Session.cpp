@@ -1218,9 +1218,13 @@ double unionSeconds(std::vector<Span> &spans) {
   return total;
 }
 
-/// Where a step's time went, from each instruction's span.
+/// Where a step's time went, from each instruction's span. `streams` and
+/// `commSequence` give the orders an instruction waits on besides its deps
+/// (StepProfile::instructionReady).
 StepProfile profileOf(const std::vector<Bound> &program,
                       const std::vector<Span> &spans,
+                      const std::vector<std::vector<int>> &streams,
+                      const std::vector<std::vector<int>> &commSequence,
                       SpanClock::time_point start, SpanClock::time_point end) {
   StepProfile p;
   p.wall = std::chrono::duration<double>(end - start).count();
@@ -1253,6 +1257,28 @@ StepProfile profileOf(const std::vector<Bound> &program,
         std::chrono::duration<double>(s.first - start).count();
     p.instructionEnd[i] =
         std::chrono::duration<double>(s.second - start).count();
+  }
+  // Ready: the latest end of what the executor made it wait for.
+  std::vector<int> before(program.size(), -1); // previous on its stream
+  for (const std::vector<int> &stream : streams)
+    for (size_t k = 1; k < stream.size(); ++k)
+      before[size_t(stream[k])] = stream[k - 1];
+  p.instructionReady.assign(program.size(), 0.0);
+  for (size_t i = 0; i < program.size() && i < spans.size(); ++i) {
+    const Bound &b = program[i];
+    if (p.instructionEnd[i] == 0 && p.instructionStart[i] == 0)
+      continue;
+    double ready = 0;
+    auto after = [&](int j) {
+      if (j >= 0 && size_t(j) < program.size())
+        ready = std::max(ready, p.instructionEnd[size_t(j)]);
+    };
+    after(before[i]);
+    for (int d : b.deps)
+      after(d);
+    if (b.comm >= 0 && b.sequence > 0)
+      after(commSequence[size_t(b.comm)][size_t(b.sequence - 1)]);
+    p.instructionReady[i] = std::min(ready, p.instructionStart[i]);
   }
   return p;
 }
@@ -1420,7 +1446,8 @@ Result<void> Session::step() {
     return *out.failure;
   }
   ++m.steps;
-  m.profile = profileOf(m.program, state.spans, stepStart, Clock::now());
+  m.profile = profileOf(m.program, state.spans, m.streams, m.commSequence,
+                        stepStart, Clock::now());
   m.profile.needlessWakeups = state.needlessWakeups;
   return {};
 }
@@ -2082,7 +2109,8 @@ Result<void> Session::Impl::faultTolerantStep() {
     if (after.failure)
       return fail(*after.failure);
     ++steps;
-    profile = profileOf(program, state.spans, start, Clock::now());
+    profile = profileOf(program, state.spans, streams, commSequence, start,
+                        Clock::now());
     profile.needlessWakeups = state.needlessWakeups;
     return {};
   }

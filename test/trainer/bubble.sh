@@ -5,8 +5,10 @@
 # and the textbook formula, with a measured / model ratio that is a positive
 # number (docs/pipeline.md, "Measured bubble"). The figures themselves
 # depend on the machine; their shape and their sanity do not: every bubble
-# is a percentage in [0, 100), and the replayed model's step lies within a
-# factor of 2 of the measured one.
+# is a percentage in [0, 100), the replayed model's step lies within a
+# factor of 2 of the measured one, and the measured dispatch latency is a
+# number of milliseconds >= 0 that lengthens the replayed step (the model
+# without it is printed beside it).
 #
 #   bubble.sh BIN_DIR SOURCE_DIR
 set -euo pipefail
@@ -40,6 +42,13 @@ for v in "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}" "${BASH_REMATCH[3]}"; do
   awk -v v="$v" 'BEGIN { exit !(v >= 0 && v < 100) }' || fail "model bubble $v%"
 done
 awk -v r="$ratio" 'BEGIN { exit !(r > 0) }' || fail "ratio $ratio"
+[[ $replay =~ dispatch\ latency\ after\ it\ is\ ready,\ median\ ([0-9]+\.[0-9]+)\ ms ]] ||
+  fail "no dispatch latency in the replay line: $replay"
+dispatch=${BASH_REMATCH[1]}
+[[ $replay =~ without\ the\ dispatch\ latency:\ mean\ ([0-9]+\.[0-9])%\ \(step\ ([0-9.]+)\ ms\) ]] ||
+  fail "no replay without the dispatch latency: $replay"
+awk -v a="${BASH_REMATCH[2]}" -v b="$r_step" 'BEGIN { exit !(a <= b) }' ||
+  fail "the dispatch latency shortened the replayed step (${BASH_REMATCH[2]} ms without, $r_step ms with)"
 awk -v a="$m_step" -v b="$r_step" 'BEGIN { exit !(b > a / 2 && b < a * 2) }' ||
   fail "replayed step $r_step ms against measured $m_step ms"
-echo "ok: measured / model $ratio (steps: measured $m_step ms, model $r_step ms)"
+echo "ok: measured / model $ratio (steps: measured $m_step ms, model $r_step ms; dispatch $dispatch ms)"

@@ -600,4 +600,67 @@ TEST(PipelinePlan, SimulateTogetherReplaysMeasuredSeconds) {
   EXPECT_FALSE(simulateTogether(pointers, flops, model, {seconds[0]}).ok());
 }
 
+// CostModel::dispatchSeconds: every instruction starts that long after its
+// stream's previous instruction and its deps have ended, except a recv laid
+// out together with its send (it ends where the send's transfer does). The
+// stream's busy time does not include it.
+TEST(PipelinePlan, SimulateTogetherAddsDispatchLatency) {
+  PipelineSchedule schedule = build(PipelineScheduleKind::OneFOneB, 2, 4, 1);
+  std::vector<Plan> plans = plansOf(schedule);
+  std::vector<const Plan *> pointers;
+  std::vector<std::vector<double>> flops;
+  for (const Plan &p : plans) {
+    pointers.push_back(&p);
+    std::vector<double> f;
+    for (const Instruction &in : p.program)
+      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
+    flops.push_back(std::move(f));
+  }
+  CostModel model;
+  model.peakFlopsPerSecond = 1e12;
+  model.mfu = 1;
+  Result<std::vector<Schedule>> plain =
+      simulateTogether(pointers, flops, model);
+  model.dispatchSeconds = 0.25;
+  Result<std::vector<Schedule>> dispatched =
+      simulateTogether(pointers, flops, model);
+  ASSERT_TRUE(plain.ok() && dispatched.ok());
+  std::map<std::string, double> sendEnd; // by tag (unique in a pipeline)
+  for (size_t p = 0; p < plans.size(); ++p)
+    for (size_t i = 0; i < plans[p].program.size(); ++i)
+      if (plans[p].program[i].op == OpKind::Send)
+        sendEnd[plans[p].program[i].tag] = (*dispatched)[p].end[i];
+  for (size_t p = 0; p < plans.size(); ++p) {
+    const Plan &plan = plans[p];
+    const Schedule &s = (*dispatched)[p];
+    std::map<std::string, size_t> index;
+    std::map<std::string, double> lastEnd; // per stream
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      const Instruction &in = plan.program[i];
+      index[in.id] = i;
+      double ready = lastEnd.count(in.stream) ? lastEnd[in.stream] : 0.0;
+      for (const std::string &d : in.deps)
+        ready = std::max(ready, s.end[index.at(d)]);
+      if (in.op == OpKind::Recv)
+        EXPECT_NEAR(s.start[i], std::max(ready, sendEnd.at(in.tag)), 1e-9)
+            << in.id;
+      else
+        EXPECT_NEAR(s.start[i], ready + 0.25, 1e-9) << in.id;
+      lastEnd[in.stream] = s.end[i];
+    }
+    EXPECT_EQ(s.streamBusySeconds, (*plain)[p].streamBusySeconds);
+    EXPECT_GT(s.stepSeconds, (*plain)[p].stepSeconds + 0.25);
+  }
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity(),
+                     std::numeric_limits<double>::quiet_NaN()}) {
+    model.dispatchSeconds = bad;
+    Result<std::vector<Schedule>> refused =
+        simulateTogether(pointers, flops, model);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("dispatch latency"),
+              std::string::npos)
+        << refused.error().message;
+  }
+}
+
 } // namespace

@@ -529,6 +529,28 @@ int main(int argc, char **argv) {
            ": " + std::to_string(woke) +
            " needless wake-ups of stream threads (at most " +
            std::to_string(allowed) + ")");
+    // Each instruction became ready when everything it waited for had
+    // ended (StepProfile::instructionReady), and started after that.
+    {
+      const StepProfile &prof = s.lastStepProfile();
+      std::map<std::string, size_t> index;
+      std::map<std::string, double> lastEnd; // per stream
+      for (size_t i = 0; i < p.program.size(); ++i) {
+        const plan::Instruction &in = p.program[i];
+        index[in.id] = i;
+        double ready = prof.instructionReady.at(i), waited = lastEnd[in.stream];
+        for (const std::string &d : in.deps)
+          waited = std::max(waited, prof.instructionEnd.at(index.at(d)));
+        if (ready < waited || ready > prof.instructionStart.at(i))
+          fail("rank " + std::to_string(p.rank) + " step " +
+               std::to_string(step) + ": instruction \"" + in.id +
+               "\" ready at " + std::to_string(ready) + " s, but what it " +
+               "waits for ended at " + std::to_string(waited) +
+               " s and it started at " +
+               std::to_string(prof.instructionStart.at(i)) + " s");
+        lastEnd[in.stream] = prof.instructionEnd.at(i);
+      }
+    }
 
     // Compare every persistent shard.
     auto compare = [&](const TensorView &device,

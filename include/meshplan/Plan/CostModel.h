@@ -11,6 +11,9 @@
 //                element-wise local op)
 //   free, wait   0
 //
+// and every instruction starts dispatchSeconds after it is ready (0 unless
+// measured: the executor's hand-off, which the timeline counts as idle).
+//
 // and the device's memory, against which `meshplan plan` and `explain`
 // compare a plan's estimated peak (docs/memory.md). The activations that
 // peak includes are the trainer's, estimated analytically per transformer
@@ -62,6 +65,14 @@ struct CostModel {
   /// HBM3 bandwidth of an H100 SXM5: 3.35 TB/s; optimizer updates and FP8
   /// casts / amax are memory bound.
   double hbmBytesPerSecond = 3.35e12;
+  /// Time from an instruction becoming ready (its stream's previous
+  /// instruction and its deps have ended) to its start: the executor's
+  /// hand-off, idle time of the instruction's stream. 0 by default, as no
+  /// preset states one; meshplan-train measures it on the machine it runs
+  /// on (StepProfile::instructionReady; docs/pipeline.md, "Measured
+  /// bubble"), where a thread wake-up on oversubscribed cores can take a
+  /// scheduler slice.
+  double dispatchSeconds = 0;
   /// GPUs per node; node of a rank = rank / ranksPerNode.
   int64_t ranksPerNode = 8;
   /// Device memory as CUDA reports it (nvidia-smi memory.total): an H100
@@ -86,7 +97,8 @@ struct CostModel {
 };
 
 /// Error unless every parameter is finite and > 0 (mfu in (0, 1]; the
-/// reserve >= 0 and below the device memory).
+/// reserve >= 0 and below the device memory; dispatchSeconds finite and
+/// >= 0).
 Result<void> checkCostModel(const CostModel &model);
 
 /// A device `--device` names: its canonical name, short aliases, and the

@@ -5,10 +5,11 @@
 // Format, which ui.perfetto.dev and chrome://tracing open.
 //
 // Model: each stream runs its instructions in program order; an instruction
-// starts when the previous instruction on its stream and all of its deps
-// have ended. Collectives do not wait for peers: every rank runs the same
-// program on symmetric groups, so all members reach a collective at the same
-// time in the model (a real run adds skew and stragglers).
+// starts CostModel::dispatchSeconds (0 by default) after the previous
+// instruction on its stream and all of its deps have ended. Collectives do not
+// wait for peers: every rank runs the same program on symmetric groups, so all
+// members reach a collective at the same time in the model (a real run adds
+// skew and stragglers).
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_PLAN_TRACE_H
@@ -66,8 +67,9 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
 /// `plans`, each entry empty or parallel to that plan's program. An entry
 /// >= 0 is the instruction's duration in seconds in place of the cost
 /// model's; a negative one keeps the model's. A recv's entry is ignored: it
-/// always ends where its send's transfer does (a measured recv time is the
-/// wait this function is there to predict). Errors: a list of the wrong
+/// always ends where its send's transfer does, with no dispatch latency
+/// before it (a measured recv time is the wait this function is there to
+/// predict). Errors: a list of the wrong
 /// length, a non-finite entry.
 Result<std::vector<Schedule>>
 simulateTogether(const std::vector<const Plan *> &plans,

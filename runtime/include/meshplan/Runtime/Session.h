@@ -201,6 +201,13 @@ struct StepProfile {
   /// run). The trainer's pipeline bubble reads the compute stream's spans
   /// from them (docs/pipeline.md, "Measured bubble").
   std::vector<double> instructionStart, instructionEnd;
+  /// Parallel to the plan's program: when the instruction became ready, in
+  /// seconds from the step's start: the latest end among its stream's
+  /// previous instruction, its deps and its communicator's previous
+  /// collective (0 when it has none, or did not run). start - ready is the
+  /// executor's hand-off, which the trainer gives the cost model as its
+  /// dispatch latency (CostModel::dispatchSeconds).
+  std::vector<double> instructionReady;
   /// Times a stream's thread woke and found its next instruction still
   /// waiting. The executor wakes a stream only once its instruction can run,
   /// so this stays at (nearly) zero; each needless wake-up costs a context
