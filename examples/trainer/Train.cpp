@@ -369,7 +369,7 @@ private:
   /// After exchangeBubble: per pp coordinate, the medians [idle, wall, busy],
   /// each step's total dispatch latency, the median duration of each
   /// instruction of its plan, then each step's duration of each
-  /// instruction, step by step (bubbleFigureOffset).
+  /// instruction, step by step (BubbleFigures).
   std::vector<std::vector<double>> pipelineFigures;
 
   // This step's figures.
@@ -1254,9 +1254,9 @@ struct BubbleFigures {
 };
 
 /// Every rank of the pipeline gets every coordinate's figures
-/// (BubbleFigures): a sweep of
-/// max-all-reduces down the pairs of neighbouring coordinates and back up
-/// (each rank's share is zero elsewhere). Collective over the pipeline.
+/// (BubbleFigures): a sweep of max-all-reduces down the pairs of
+/// neighbouring coordinates and back up (each rank's share is zero
+/// elsewhere). Collective over the pipeline.
 Result<void> RankTrainer::exchangeBubble() {
   std::vector<int64_t> ranks = pipelineRanks();
   int64_t P = int64_t(ranks.size()),
