@@ -403,19 +403,46 @@ TEST(PipelinePlan, ReaderErrors) {
       << stray;
 }
 
+/// Pointers to `plans`, as simulateTogether takes them.
+std::vector<const Plan *> pointersTo(const std::vector<Plan> &plans) {
+  std::vector<const Plan *> pointers;
+  for (const Plan &p : plans)
+    pointers.push_back(&p);
+  return pointers;
+}
+
+/// Per plan, per instruction: 1e12 flops for a compute, 0 otherwise (1 s
+/// per compute under teraflopModel()).
+std::vector<std::vector<double>>
+teraflopPerCompute(const std::vector<Plan> &plans) {
+  std::vector<std::vector<double>> flops;
+  for (const Plan &p : plans) {
+    std::vector<double> f;
+    for (const Instruction &in : p.program)
+      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
+    flops.push_back(std::move(f));
+  }
+  return flops;
+}
+
+/// The default cost model at 1e12 FLOP/s, fully used.
+CostModel teraflopModel() {
+  CostModel model;
+  model.peakFlopsPerSecond = 1e12;
+  model.mfu = 1;
+  return model;
+}
+
 /// The bubble of a plan set laid out together (simulateTogether): the
 /// compute stream's idle time over the pipeline's step, averaged over the
 /// ranks, with forwards of 1 s, backwards of 2 s and free transfers.
 double bubbleOf(const std::vector<Plan> &plans) {
-  CostModel model;
-  model.peakFlopsPerSecond = 1e12;
-  model.mfu = 1;
+  CostModel model = teraflopModel();
   model.intraNodeLatencySeconds = model.interNodeLatencySeconds = 1e-15;
   model.intraNodeBytesPerSecond = model.interNodeBytesPerSecond = 1e30;
-  std::vector<const Plan *> pointers;
+  std::vector<const Plan *> pointers = pointersTo(plans);
   std::vector<std::vector<double>> flops;
   for (const Plan &p : plans) {
-    pointers.push_back(&p);
     std::vector<double> f;
     for (const Instruction &in : p.program)
       f.push_back(in.op != OpKind::Compute ? 0
@@ -484,19 +511,9 @@ TEST(PipelinePlan, PlansLaidOutTogetherTakeTheTextbookBubble) {
 TEST(PipelinePlan, SimulateTogetherWaitsForTheSend) {
   PipelineSchedule schedule = build(PipelineScheduleKind::OneFOneB, 4, 8, 1);
   std::vector<Plan> plans = plansOf(schedule);
-  std::vector<const Plan *> pointers;
-  for (const Plan &p : plans)
-    pointers.push_back(&p);
-  std::vector<std::vector<double>> flops;
-  for (const Plan &p : plans) {
-    std::vector<double> f;
-    for (const Instruction &in : p.program)
-      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
-    flops.push_back(std::move(f));
-  }
-  CostModel model;
-  model.peakFlopsPerSecond = 1e12;
-  model.mfu = 1;
+  std::vector<const Plan *> pointers = pointersTo(plans);
+  std::vector<std::vector<double>> flops = teraflopPerCompute(plans);
+  CostModel model = teraflopModel();
   Result<std::vector<Schedule>> s = simulateTogether(pointers, flops, model);
   ASSERT_TRUE(s.ok()) << s.error().message;
   size_t first = indexOf(plans[3], "3F0");
@@ -521,9 +538,7 @@ TEST(PipelinePlan, SimulateTogetherWaitsForTheSend) {
   Instruction moved = *recv;
   program.erase(recv);
   program.insert(at(OpKind::Send, "F s2 mb0"), moved);
-  pointers.clear();
-  for (const Plan &p : broken)
-    pointers.push_back(&p);
+  pointers = pointersTo(broken);
   Result<std::vector<Schedule>> cyc = simulateTogether(pointers, flops, model);
   ASSERT_FALSE(cyc.ok());
   EXPECT_NE(cyc.error().message.find("wait cycle across the plans"),
@@ -544,13 +559,11 @@ TEST(PipelinePlan, SimulateTogetherWaitsForTheSend) {
 TEST(PipelinePlan, SimulateTogetherReplaysMeasuredSeconds) {
   PipelineSchedule schedule = build(PipelineScheduleKind::OneFOneB, 2, 2, 1);
   std::vector<Plan> plans = plansOf(schedule);
-  std::vector<const Plan *> pointers;
-  std::vector<std::vector<double>> flops, seconds;
+  std::vector<const Plan *> pointers = pointersTo(plans);
+  std::vector<std::vector<double>> flops = teraflopPerCompute(plans), seconds;
   for (const Plan &p : plans) {
-    pointers.push_back(&p);
-    std::vector<double> f, sec;
+    std::vector<double> sec;
     for (const Instruction &in : p.program) {
-      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
       // Stage 1's forwards measured at 3 s; every recv "measured" at 100 s.
       sec.push_back(in.op == OpKind::Recv ? 100
                     : p.rank == 1 && in.op == OpKind::Compute &&
@@ -558,12 +571,9 @@ TEST(PipelinePlan, SimulateTogetherReplaysMeasuredSeconds) {
                         ? 3
                         : -1);
     }
-    flops.push_back(std::move(f));
     seconds.push_back(std::move(sec));
   }
-  CostModel model;
-  model.peakFlopsPerSecond = 1e12;
-  model.mfu = 1;
+  CostModel model = teraflopModel();
   Result<std::vector<Schedule>> plain =
       simulateTogether(pointers, flops, model);
   Result<std::vector<Schedule>> replayed =
@@ -607,18 +617,9 @@ TEST(PipelinePlan, SimulateTogetherReplaysMeasuredSeconds) {
 TEST(PipelinePlan, SimulateTogetherAddsDispatchLatency) {
   PipelineSchedule schedule = build(PipelineScheduleKind::OneFOneB, 2, 4, 1);
   std::vector<Plan> plans = plansOf(schedule);
-  std::vector<const Plan *> pointers;
-  std::vector<std::vector<double>> flops;
-  for (const Plan &p : plans) {
-    pointers.push_back(&p);
-    std::vector<double> f;
-    for (const Instruction &in : p.program)
-      f.push_back(in.op == OpKind::Compute ? 1e12 : 0);
-    flops.push_back(std::move(f));
-  }
-  CostModel model;
-  model.peakFlopsPerSecond = 1e12;
-  model.mfu = 1;
+  std::vector<const Plan *> pointers = pointersTo(plans);
+  std::vector<std::vector<double>> flops = teraflopPerCompute(plans);
+  CostModel model = teraflopModel();
   Result<std::vector<Schedule>> plain =
       simulateTogether(pointers, flops, model);
   model.dispatchSeconds = 0.25;
