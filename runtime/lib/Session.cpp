@@ -1307,7 +1307,7 @@ Session::Impl::runPass(StepState &state,
         return false;
     return b.comm < 0 ||
            commSequence[size_t(b.comm)][size_t(state.turn[size_t(b.comm)])] ==
-               &b - program.data();
+               b.index;
   };
   // Under `mutex`: the streams other than `self` whose instruction is now
   // ready (all of them after a failure). Notified after the lock is released.

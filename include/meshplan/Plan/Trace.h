@@ -69,8 +69,7 @@ Result<Schedule> simulate(const Plan &plan, const std::vector<double> &flops,
 /// model's; a negative one keeps the model's. A recv's entry is ignored: it
 /// always ends where its send's transfer does, with no dispatch latency
 /// before it (a measured recv time is the wait this function is there to
-/// predict). Errors: a list of the wrong
-/// length, a non-finite entry.
+/// predict). Errors: a list of the wrong length, a non-finite entry.
 Result<std::vector<Schedule>>
 simulateTogether(const std::vector<const Plan *> &plans,
                  const std::vector<std::vector<double>> &flops,
