@@ -2,10 +2,14 @@
 # Packs what the GPU tests need into one folder that travels to a GPU machine
 # (the `device` tool's `carry`; docs/cuda.md, "Running the GPU tests"): the
 # GPU test programs and benchmark built here (the CUDA parts compile on
-# machines without a GPU), the shared libraries they load that a CUDA image
-# lacks (Gloo, hiredis, ibverbs, Google Benchmark, cudart), the planned
-# example specs, and run.sh, which runs everything there with no build and
-# no MLIR, and writes the results to $OUT/gpu-results.txt.
+# machines without a GPU), `meshplan` and `meshplan-train` relinked against
+# MLIR's and LLVM's static archives (the shared libMLIR and libLLVM are
+# 250 MB, four times what the tool carries; linked statically with
+# --gc-sections each program keeps the 10 MB it uses), the shared libraries
+# they load that a CUDA image lacks (Gloo, hiredis, ibverbs, OpenBLAS,
+# cudart), the planned example specs, and run.sh, which runs everything
+# there with no build and no MLIR install, and writes the results to
+# $OUT/gpu-results.txt.
 #
 #   scripts/gpu-bundle.sh BUILD_DIR BUNDLE_DIR
 #
@@ -25,16 +29,33 @@ targets=$(cmake --build "$build" --target help)
   exit 2
 }
 programs=(RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest TrainerLlamaCudaTest
-          runtime-step-check
-          bench-cuda-kernels bench-runtime-collectives meshplan)
+          runtime-step-check bench-cuda-kernels meshplan meshplan-train)
 cmake --build "$build" -j2 --target "${programs[@]}"
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/plans"
+bundle=$(cd "$bundle" && pwd)
 for p in RuntimeCudaHostTest RuntimeCudaKernelsTest RuntimeCudaNcclTest TrainerLlamaCudaTest; do
   cp "$build/unittests/$p" "$bundle/bin/"
 done
-cp "$build/bin/runtime-step-check" "$build/bin/bench-cuda-kernels" \
-  "$build/bin/bench-runtime-collectives" "$bundle/bin/"
+cp "$build/bin/runtime-step-check" "$build/bin/bench-cuda-kernels" "$bundle/bin/"
+# The MLIR programs: the build's own link command with the shared libMLIR and
+# libLLVM replaced by every static archive of the same release (lld takes
+# from them only what is referenced).
+llvm_lib=$(sed -n 's/^MLIR_DIR:[A-Z]*=\(.*\)\/cmake\/mlir$/\1/p' "$build/CMakeCache.txt")
+llvm_lib=$(cd "${llvm_lib:-/usr/lib/llvm-22/lib}" && pwd -P)
+static="-Wl,--start-group $(ls "$llvm_lib"/libMLIR*.a "$llvm_lib"/libLLVM*.a |
+  grep -v ExecutionEngineShared | tr '\n' ' ') -Wl,--end-group"
+for p in meshplan meshplan-train; do
+  cmd=$(ninja -C "$build" -t commands "$p" | tail -n 1)
+  [[ $cmd == *" -o bin/$p "* ]] || { echo "gpu-bundle: no link command for $p" >&2; exit 1; }
+  cmd=$(sed -E -e "s# [^ ]*/libMLIR\.so[^ ]*# $static#" -e 's# [^ ]*/libLLVM[-.0-9a-z]*\.so[^ ]*##g' \
+    -e "s# -o bin/$p # -o $bundle/bin/$p -Wl,--gc-sections #" <<<"$cmd")
+  (cd "$build" && bash -c "$cmd")
+  if ldd "$bundle/bin/$p" | grep -q -e libMLIR -e libLLVM; then
+    echo "gpu-bundle: $p still loads libMLIR or libLLVM" >&2
+    exit 1
+  fi
+done
 # Libraries outside the C/C++ runtime and the driver; NCCL and cuBLAS stay
 # behind.
 for f in "$bundle"/bin/*; do
@@ -64,9 +85,11 @@ for c in "${cases[@]}"; do
   echo "$name|$n|$flags" >>"$bundle/cases.txt"
 done
 cp "$src/scripts/gpu-run.sh" "$bundle/run.sh"
-# The libraries compress well (OpenBLAS, for the model test's CPU side, is
-# 36 MB of the 64 MiB the device tool carries): run.sh unpacks them.
+# Programs and libraries compress well (OpenBLAS, for the CPU side of the
+# model test and the trainer's reference, is 36 MB of the 64 MiB the device
+# tool carries): run.sh unpacks them.
 strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
 tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
-rm -rf "$bundle/lib"
+tar -C "$bundle" -cJf "$bundle/bin.tar.xz" bin
+rm -rf "$bundle/lib" "$bundle/bin"
 du -sh "$bundle"

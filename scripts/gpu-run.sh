@@ -1,67 +1,112 @@
 #!/usr/bin/env bash
-# Runs the GPU tests and the kernel benchmark from a bundle made by
-# scripts/gpu-bundle.sh (copied into the bundle as run.sh). Needs no build:
+# Runs the GPU tests, the kernel benchmark and the trainer on a GPU from a
+# bundle made by scripts/gpu-bundle.sh (copied into the bundle as run.sh),
+# from the repository root (the trainer's specs and test/trainer/cuda.sh
+# come from the checkout). Needs no build and no MLIR install:
 #
-#   bash BUNDLE/run.sh              (results also in $OUT/gpu-results.txt)
+#   bash BUNDLE/run.sh [STEP...]    (results also in $OUT/gpu-results.txt)
 #
-# Order: the host-side CUDA tests, the kernels bit for bit against the CPU
-# kernels, NCCL on the device, every planned example through the device
-# executor on the host device (a check of the bundle) and on the GPU (every
-# rank of a job on the one device, Gloo staged through pinned memory), then
-# bench-cuda-kernels and bench-runtime-collectives (issue 8, on more cores). A step that fails is reported and the rest still run;
-# the exit status is the number of failed steps (skips count as passes, and
-# say so).
+# With STEP arguments only the steps whose names start with one of them run
+# (a rerun of what failed: `run.sh runtime.cuda.step trainer.cuda`).
+#
+# Order, most wanted first, each step under its own time limit so that one
+# hang cannot eat a device lease: the host-side CUDA tests, the kernels bit
+# for bit against the CPU kernels, NCCL on the device, the model's CUDA ops
+# against its CPU ops, bench-cuda-kernels, one trainer run on one GPU over
+# NCCL with --device-timing (step time; the executor's host time per
+# instruction against the device time it launched), trainer.cuda.equivalence
+# (test/trainer/cuda.sh), then every planned example with all of its ranks on
+# the one GPU (Gloo staged through pinned memory: runtime.cuda.step.*). A
+# step that fails is reported and the rest still run; the exit status is the
+# number of failed steps (skips count as passes, and say so).
 set -uo pipefail
 bundle=$(cd "$(dirname "$0")" && pwd)
+src=$(pwd)
 out=${OUT:-$bundle/out}
 mkdir -p "$out"
 log=$out/gpu-results.txt
+filters=("$@")
 # The bundle's libraries travel compressed (gpu-bundle.sh).
 libs=$bundle/lib
 if [[ -e $bundle/lib.tar.xz ]]; then
   libs=$(mktemp -d)/lib
   tar -C "$(dirname "$libs")" -xJf "$bundle/lib.tar.xz"
 fi
+bin=$bundle/bin
+if [[ -e $bundle/bin.tar.xz ]]; then
+  bin=$(mktemp -d)/bin
+  tar -C "$(dirname "$bin")" -xJf "$bundle/bin.tar.xz"
+fi
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
 
-# The image's NCCL: the toolkit's, or the one PyTorch's wheels bring.
-nccl=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
-  "$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null)"; do
-  [[ -n $d && -e $d/libnccl.so.2 ]] && { nccl=$d; break; }
-done
-# cuBLAS for the model's test: the toolkit's, or PyTorch's nvidia-cublas.
-cublas=""
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
-  "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)"; do
-  [[ -n $d && -e $d/libcublas.so.13 ]] && { cublas=$d; break; }
-done
+# The image's NCCL and cuBLAS: the toolkit's, or the ones PyTorch's wheels
+# bring (nvidia-nccl-cu13, nvidia-cublas).
+wheel_lib() { # MODULE: the lib folder of an nvidia.* wheel, if installed
+  python3 -c "import $1, os; print(os.path.join(list($1.__path__)[0], 'lib'))" 2>/dev/null
+}
+find_lib() { # SONAME MODULE
+  local d
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu \
+    "$(wheel_lib "$2")" "$(wheel_lib nvidia.cu13)"; do
+    [[ -n $d && -e $d/$1 ]] && { echo "$d"; return; }
+  done
+}
+nccl=$(find_lib libnccl.so.2 nvidia.nccl)
+cublas=$(find_lib libcublas.so.13 nvidia.cublas)
 export LD_LIBRARY_PATH=$libs${nccl:+:$nccl}${cublas:+:$cublas}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 say "== machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$log"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 |
+  tee -a "$log"
 say "nccl: ${nccl:-not found}; cublas 13: ${cublas:-not found}; nproc $(nproc)"
+for f in "$bin"/*; do
+  ldd "$f" | grep "not found" | sed "s|^|$(basename "$f") needs |" | tee -a "$log"
+done
 
+wanted() { # NAME: whether the filters select it
+  [[ ${#filters[@]} == 0 ]] && return 0
+  local f
+  for f in "${filters[@]}"; do [[ $1 == "$f"* ]] && return 0; done
+  return 1
+}
+# GPU_RUN_BUDGET_S (seconds, 0: none): a step that would start after it is
+# reported as not run, and none runs past it, so that a device lease ends
+# with the summary written.
+budget=${GPU_RUN_BUDGET_S:-0}
 failed=0
-step() { # step NAME COMMAND...
-  local name=$1
-  shift
+notrun=0
+step() { # step NAME LIMIT_S COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  wanted "$name" || return 0
+  if ((budget > 0)); then
+    if ((SECONDS + 5 >= budget)); then
+      say "-- $name: NOT RUN (the ${budget} s budget is spent)"
+      notrun=$((notrun + 1))
+      return 0
+    fi
+    ((limit > budget - SECONDS)) && limit=$((budget - SECONDS))
+  fi
   say "== $name"
   local start=$SECONDS
-  "$@" >>"$log" 2>&1
+  # Through bash, so that the shell functions below (exported) run too.
+  timeout -k 10 "$limit" bash -c '"$@"' step "$@" >>"$log" 2>&1
   local rc=$?
   if [[ $rc == 0 ]]; then
     say "-- $name: passed ($((SECONDS - start)) s)"
   elif [[ $rc == 77 ]]; then
     say "-- $name: SKIPPED (see above)"
+  elif [[ $rc == 124 || $rc == 137 ]]; then
+    say "-- $name: FAILED (over its $limit s limit)"
+    failed=$((failed + 1))
   else
-    say "-- $name: FAILED (exit $rc)"
+    say "-- $name: FAILED (exit $rc, $((SECONDS - start)) s)"
     failed=$((failed + 1))
   fi
 }
 
 # N ranks of runtime-step-check with torchrun's variables, as `meshplan run`
-# sets them (the launcher needs MLIR, which the bundle leaves out).
+# sets them, every rank on GPU 0 (LOCAL_RANK modulo the visible devices).
 launch() { # launch N PLANS DEVICE FLAGS...
   local n=$1 plans=$2 device=$3
   shift 3
@@ -70,7 +115,7 @@ launch() { # launch N PLANS DEVICE FLAGS...
   local pids=() rc=0
   for ((r = 0; r < n; ++r)); do
     RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MESHPLAN_STORE=file:$store \
-      MESHPLAN_TIMEOUT=60 "$bundle/bin/runtime-step-check" --plans "$plans" --steps 3 \
+      MESHPLAN_TIMEOUT=30 "$bin/runtime-step-check" --plans "$plans" --steps 3 \
       --device "$device" "$@" &
     pids+=($!)
   done
@@ -81,31 +126,45 @@ launch() { # launch N PLANS DEVICE FLAGS...
   return $rc
 }
 
-step "runtime.cuda.host" "$bundle/bin/RuntimeCudaHostTest"
-step "runtime.cuda.kernels" "$bundle/bin/RuntimeCudaKernelsTest"
-step "runtime.cuda.nccl" "$bundle/bin/RuntimeCudaNcclTest"
-step "trainer.cuda.model" "$bundle/bin/TrainerLlamaCudaTest"
+# One trainer run on one GPU (issue 36): 20 steps, the plan over NCCL, the
+# model on cuBLAS, every instruction also timed on the device.
+train_one_gpu() {
+  "$bin/meshplan" run --timeout 120 -n 1 -- "$bin/meshplan-train" \
+    --spec "$src/test/trainer/specs/one-gpu-bf16.json" --device cuda --steps 20 \
+    --device-timing
+}
+
+export bin src bundle
+export -f launch train_one_gpu
+
+step "runtime.cuda.host" 120 "$bin/RuntimeCudaHostTest"
+step "runtime.cuda.kernels" 120 "$bin/RuntimeCudaKernelsTest"
+step "runtime.cuda.nccl" 90 "$bin/RuntimeCudaNcclTest"
+step "trainer.cuda.model" 90 "$bin/TrainerLlamaCudaTest"
+step "bench-cuda-kernels" 90 "$bin/bench-cuda-kernels"
+step "trainer.one-gpu" 90 train_one_gpu
+step "trainer.cuda.equivalence" 200 bash "$src/test/trainer/cuda.sh" "$bin" "$src"
 probe_store=$(mktemp -d)
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \
-  "$bundle/bin/runtime-step-check" --device cuda --probe >>"$log" 2>&1
+  "$bin/runtime-step-check" --device cuda --probe >>"$log" 2>&1
 gpu=$?
 rm -rf "$probe_store"
 while IFS='|' read -r name n flags; do
-  # shellcheck disable=SC2086
-  step "runtime.device.$name ($n ranks)" launch "$n" "$bundle/plans/$name" host $flags
   if [[ $gpu == 0 ]]; then
     # shellcheck disable=SC2086
-    step "runtime.cuda.step.$name ($n ranks on one GPU)" \
+    step "runtime.cuda.step.$name ($n ranks on one GPU)" 75 \
       launch "$n" "$bundle/plans/$name" cuda $flags
-  else
+  elif wanted "runtime.cuda.step.$name"; then
     say "-- runtime.cuda.step.$name: SKIPPED (no usable CUDA device)"
   fi
 done <"$bundle/cases.txt"
-step "bench-cuda-kernels" "$bundle/bin/bench-cuda-kernels"
-# Issue 8's collectives against raw Gloo, 4 processes, on this machine's
-# spare cores (the 2-core development VMs time-share them).
-step "bench-runtime-collectives (key order)" "$bundle/bin/bench-runtime-collectives" --reps 9
-step "bench-runtime-collectives (gloo order)" "$bundle/bin/bench-runtime-collectives" --reps 9 \
-  --reduction-order gloo
-say "== $failed failed step(s)"
-exit "$failed"
+# Without a GPU (a check of the bundle on a development machine): the same
+# plans through the device executor on the host device.
+if [[ $gpu != 0 ]]; then
+  while IFS='|' read -r name n flags; do
+    # shellcheck disable=SC2086
+    step "runtime.device.$name ($n ranks)" 300 launch "$n" "$bundle/plans/$name" host $flags
+  done <"$bundle/cases.txt"
+fi
+say "== $failed failed step(s), $notrun not run, in $SECONDS s"
+exit "$((failed + notrun))"

@@ -68,6 +68,7 @@ const char *kUsage =
     "                      [--synthetic-grads] [--log-every N] [--cost-model]\n"
     "                      [--reference | --plain-reference]\n"
     "                      [--device cpu|cuda | --host-device]\n"
+    "                      [--device-timing]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -385,6 +386,7 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   o.job += jobSuffix;
   if (flags.hostDevice)
     o.device = createHostDevice();
+  o.deviceTiming = flags.deviceTiming;
   auto s = Session::openTemplate(planned.templateFor(options.rank), o);
   if (!s)
     return s.error();
@@ -1065,6 +1067,74 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+/// --device-timing: the executor's host time per instruction (enqueueing
+/// it, StepProfile::instructionStart/End) against the device time of the
+/// work it enqueued (deviceStart/End), over the steps after the first. The
+/// plan's own instructions (collectives, casts, float8, optimizer) are kept
+/// apart from the compute callbacks, whose host side is the model itself.
+struct DeviceTimes {
+  std::vector<double> hostPerInstruction, devicePerInstruction;
+  std::vector<double> hostPerStep, devicePerStep, deviceBusy, callbacks;
+  int64_t instructions = 0;
+
+  void add(const plan::Plan &p, const StepProfile &prof) {
+    if (prof.deviceStart.size() != p.program.size())
+      return;
+    double host = 0, device = 0, compute = 0;
+    int64_t n = 0;
+    std::vector<std::pair<double, double>> spans;
+    for (size_t i = 0; i < p.program.size(); ++i) {
+      plan::OpKind op = p.program[i].op;
+      if (op == plan::OpKind::Free || op == plan::OpKind::Wait)
+        continue;
+      spans.push_back({prof.deviceStart[i], prof.deviceEnd[i]});
+      if (op == plan::OpKind::Compute) {
+        compute += prof.instructionEnd[i] - prof.instructionStart[i];
+        continue;
+      }
+      host += prof.instructionEnd[i] - prof.instructionStart[i];
+      device += prof.deviceEnd[i] - prof.deviceStart[i];
+      ++n;
+    }
+    std::sort(spans.begin(), spans.end());
+    double busy = 0, end = 0;
+    for (auto [a, b] : spans) {
+      a = std::max(a, end);
+      if (b > a)
+        busy += b - a;
+      end = std::max(end, b);
+    }
+    instructions = n;
+    hostPerStep.push_back(host);
+    devicePerStep.push_back(device);
+    if (n) {
+      hostPerInstruction.push_back(host / double(n));
+      devicePerInstruction.push_back(device / double(n));
+    }
+    deviceBusy.push_back(busy);
+    callbacks.push_back(compute);
+  }
+
+  void print(double stepSeconds) const {
+    if (hostPerStep.empty()) {
+      std::printf("device timing: no step after the first to report\n");
+      return;
+    }
+    std::printf(
+        "device timing (median of %zu steps after the first): %lld plan "
+        "instructions per step besides compute callbacks: host %.1f us per "
+        "instruction to enqueue (%.2f ms per step), device %.1f us per "
+        "instruction to run (%.2f ms per step), host/device %.2f; device busy "
+        "%.2f ms of the %.2f ms step; compute callbacks %.2f ms on the host\n",
+        hostPerStep.size(), (long long)instructions,
+        median(hostPerInstruction) * 1e6, median(hostPerStep) * 1e3,
+        median(devicePerInstruction) * 1e6, median(devicePerStep) * 1e3,
+        median(devicePerStep) > 0 ? median(hostPerStep) / median(devicePerStep)
+                                  : 0.0,
+        median(deviceBusy) * 1e3, stepSeconds * 1e3, median(callbacks) * 1e3);
+  }
+};
+
 /// Measures the collective latency and bandwidth the cost model assumes
 /// (alpha, beta) on this machine: all-gathers of 4 bytes and of 1 MiB per
 /// member on the trainer's copy of a data-parallel communicator, and a
@@ -1601,6 +1671,7 @@ Result<void> RankTrainer::run() {
   }
   std::vector<double> losses, walls, computes, comms, exposeds, overheads,
       callbackComputes, planExposed;
+  DeviceTimes deviceTimes;
   for (int64_t step = first; step <= flags.steps; ++step) {
     if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
       // Keep every persistent shard in memory, end this session, and go on
@@ -1675,6 +1746,8 @@ Result<void> RankTrainer::run() {
     overheads.push_back(prof.overhead);
     callbackComputes.push_back(prof.callbacks - tpSeconds);
     planExposed.push_back(prof.exposedCollectives);
+    if (flags.deviceTiming && step > first)
+      deviceTimes.add(session->plan(), prof);
     if (machine && planned.spec.pipeline &&
         (step > first || step == flags.steps))
       recordBubble(prof);
@@ -1718,6 +1791,8 @@ Result<void> RankTrainer::run() {
         median(comms) * 1e3, median(exposeds) * 1e3, median(overheads) * 1e3,
         100.0 * median(overheads) / w,
         matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
+    if (flags.deviceTiming)
+      deviceTimes.print(w);
     if (machine)
       printCostModel(median(callbackComputes), w, median(planExposed));
     if (bubble)
@@ -1791,6 +1866,8 @@ int main(int argc, char **argv) {
       flags.cuda = device == "cuda";
     } else if (a == "--host-device") {
       flags.hostDevice = true;
+    } else if (a == "--device-timing") {
+      flags.deviceTiming = true;
     } else if (a == "--rtol") {
       std::string t = next();
       char *end = nullptr;
@@ -1807,6 +1884,9 @@ int main(int argc, char **argv) {
   if (flags.cuda && flags.hostDevice)
     usageError("--device cuda and --host-device exclude each other (the "
                "host device runs the device executor on the CPU)");
+  if (flags.deviceTiming && !flags.cuda && !flags.hostDevice)
+    usageError("--device-timing needs a device: --device cuda or "
+               "--host-device");
   if (flags.cuda && flags.reference)
     usageError("--device cuda: the single-process --reference runs on the "
                "CPU; compare a GPU run's --save-params with it");

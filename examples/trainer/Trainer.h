@@ -66,6 +66,11 @@ struct TrainFlags {
   /// --device cuda: the plan and the model on this rank's GPU (docs/cuda.md,
   /// "The trainer on a GPU").
   bool cuda = false;
+  /// On a device (--device cuda, --host-device): time every instruction on
+  /// the device as well (SessionOptions::deviceTiming) and print the
+  /// executor's host time per instruction beside the device time it
+  /// launched.
+  bool deviceTiming = false;
 };
 
 /// The mesh axes by their role in the spec.

@@ -70,6 +70,10 @@ DeviceState::~DeviceState() {
     }
   for (DeviceEvent e : events)
     device->destroyEvent(e);
+  for (DeviceEvent e : timingBefore)
+    device->destroyEvent(e);
+  for (DeviceEvent e : timingAfter)
+    device->destroyEvent(e);
   for (void *p : allocations)
     device->release(p);
 }
@@ -139,6 +143,15 @@ Result<void> Session::Impl::setUpDevice() {
       return e.error().within("device " + device.name());
     state->events.push_back(*e);
   }
+
+  if (options.deviceTiming)
+    for (size_t i = 0; i < program.size(); ++i)
+      for (auto *into : {&state->timingBefore, &state->timingAfter}) {
+        auto e = device.createTimingEvent();
+        if (!e)
+          return e.error().within("device " + device.name());
+        into->push_back(*e);
+      }
 
   // Packing blocks per stream, and a scale slot per (instruction, buffer).
   std::vector<size_t> sendBytes(plan.streams.size(), 0),
@@ -593,7 +606,12 @@ PassOutcome Session::Impl::runDevicePass(StepState &state) {
     // runPass waited for.
     for (int e : g.waits)
       MESHPLAN_TRY(device.wait(s, dev->events[size_t(e)]));
+    bool timed = !dev->timingBefore.empty();
+    if (timed)
+      MESHPLAN_TRY(device.record(dev->timingBefore[size_t(b.index)], s));
     MESHPLAN_TRY(executeOnDevice(b, s));
+    if (timed)
+      MESHPLAN_TRY(device.record(dev->timingAfter[size_t(b.index)], s));
     if (g.record >= 0)
       MESHPLAN_TRY(device.record(dev->events[size_t(g.record)], s));
     return Result<void>();
@@ -619,6 +637,36 @@ Result<void> Session::Impl::synchronizeDevice() {
                                 dev->device->name());
   if (first)
     return *first;
+  return {};
+}
+
+Result<void> Session::Impl::readDeviceTiming(StepProfile &p) {
+  p.deviceStart.clear();
+  p.deviceEnd.clear();
+  if (dev->timingBefore.empty() || program.empty())
+    return {};
+  // Every event completed (synchronizeDevice); times from instruction 0's
+  // start, then shifted so that the earliest start is 0.
+  Device &device = *dev->device;
+  DeviceEvent origin = dev->timingBefore[0];
+  p.deviceStart.resize(program.size());
+  p.deviceEnd.resize(program.size());
+  double earliest = 0;
+  for (size_t i = 0; i < program.size(); ++i) {
+    auto a = device.elapsedSeconds(origin, dev->timingBefore[i]);
+    if (!a)
+      return a.error().within("timing instruction " + std::to_string(i));
+    auto b = device.elapsedSeconds(origin, dev->timingAfter[i]);
+    if (!b)
+      return b.error().within("timing instruction " + std::to_string(i));
+    p.deviceStart[i] = *a;
+    p.deviceEnd[i] = *b;
+    earliest = std::min(earliest, *a);
+  }
+  for (size_t i = 0; i < program.size(); ++i) {
+    p.deviceStart[i] -= earliest;
+    p.deviceEnd[i] -= earliest;
+  }
   return {};
 }
 

@@ -20,6 +20,7 @@
 #include "BoxCopy.h"
 #include "meshplan/Runtime/Kernels.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -109,6 +110,10 @@ struct HostEvent {
   std::mutex mutex;
   HostStream *stream = nullptr; ///< of the last record; null: never recorded
   uint64_t position = 0;
+  /// A timing event: its last record enqueues a task that notes the time
+  /// the stream's worker reached it.
+  bool timing = false;
+  std::optional<std::chrono::steady_clock::time_point> reached;
 };
 
 HostStream *streamOf(DeviceStream s) {
@@ -150,10 +155,37 @@ public:
   void destroyEvent(DeviceEvent e) override {
     delete static_cast<HostEvent *>(e.handle);
   }
+  Result<DeviceEvent> createTimingEvent() override {
+    auto *event = new HostEvent();
+    event->timing = true;
+    return DeviceEvent{event};
+  }
+  Result<double> elapsedSeconds(DeviceEvent from, DeviceEvent to) override {
+    auto reached = [](DeviceEvent e)
+        -> std::optional<std::chrono::steady_clock::time_point> {
+      auto *event = static_cast<HostEvent *>(e.handle);
+      std::lock_guard<std::mutex> lock(event->mutex);
+      return event->timing ? event->reached : std::nullopt;
+    };
+    auto a = reached(from), b = reached(to);
+    if (!a || !b)
+      return makeError("host device: elapsedSeconds of an event that is not "
+                       "a completed timing event");
+    return std::chrono::duration<double>(*b - *a).count();
+  }
   Result<void> record(DeviceEvent e, DeviceStream s) override {
     auto *event = static_cast<HostEvent *>(e.handle);
     std::lock_guard<std::mutex> lock(event->mutex);
     event->stream = streamOf(s);
+    if (event->timing) {
+      event->reached.reset();
+      event->position = streamOf(s)->enqueue([event]() -> Result<void> {
+        std::lock_guard<std::mutex> lock(event->mutex);
+        event->reached = std::chrono::steady_clock::now();
+        return {};
+      });
+      return {};
+    }
     event->position = streamOf(s)->position();
     return {};
   }

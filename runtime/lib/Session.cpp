@@ -1449,6 +1449,12 @@ Result<void> Session::step() {
   m.profile = profileOf(m.program, state.spans, m.streams, m.commSequence,
                         stepStart, Clock::now());
   m.profile.needlessWakeups = state.needlessWakeups;
+  if (m.dev)
+    if (auto timed = m.readDeviceTiming(m.profile); !timed) {
+      m.broken = true;
+      return timed.error().within("rank " + std::to_string(m.plan.rank) +
+                                  ": step " + std::to_string(m.steps));
+    }
   return {};
 }
 

@@ -154,6 +154,9 @@ struct DeviceState {
   StreamGraph graph;
   std::vector<DeviceStream> streams; ///< per plan stream
   std::vector<DeviceEvent> events;   ///< per graph event
+  /// SessionOptions::deviceTiming: timing events recorded before and after
+  /// each instruction's work, per program index.
+  std::vector<DeviceEvent> timingBefore, timingAfter;
   /// Per plan stream: its collectives' packing blocks, in device memory
   /// (stream order serializes their uses).
   std::vector<std::byte *> sendScratch, recvScratch;
@@ -253,6 +256,8 @@ struct Session::Impl {
   Result<void> ensureOnDevice(int buffer, DeviceStream s);
   /// Waits for every stream (and device communicator) of the session.
   Result<void> synchronizeDevice();
+  /// The device's own spans of the last step (deviceTiming), into profile.
+  Result<void> readDeviceTiming(StepProfile &profile);
   /// Session::initParameters on a device: each shard filled in host memory
   /// by `init`, then copied; optimizer state zeroed.
   Result<void>

@@ -89,6 +89,18 @@ public:
   /// first error of that work, if any.
   virtual Result<void> synchronize(DeviceStream stream) = 0;
 
+  //===--- Timing -------------------------------------------------------===//
+  // SessionOptions::deviceTiming: when the device itself ran each
+  // instruction, as opposed to when the host enqueued it.
+
+  /// An event that also notes when the device reached it; record, wait and
+  /// destroyEvent take it like any other.
+  virtual Result<DeviceEvent> createTimingEvent() = 0;
+  /// Seconds from when the device reached `from` to when it reached `to`,
+  /// both recorded by timing events and completed (synchronize); negative
+  /// when `to` came first.
+  virtual Result<double> elapsedSeconds(DeviceEvent from, DeviceEvent to) = 0;
+
   //===--- Copies (enqueued) --------------------------------------------===//
   /// Device to device.
   virtual Result<void> copy(void *dst, const void *src, size_t bytes,

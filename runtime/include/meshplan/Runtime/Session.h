@@ -149,6 +149,10 @@ struct SessionOptions {
   /// (Gloo's) collectives are staged through host memory; a device
   /// backend's (NCCL's) run on the device buffers. Unset: host buffers.
   std::shared_ptr<Device> device;
+  /// On a device: time every instruction on the device as well (two timing
+  /// events around it), into StepProfile::deviceStart/deviceEnd. Costs two
+  /// event records per instruction; off by default.
+  bool deviceTiming = false;
   /// Creates the backend named by `backend` when it lives outside this
   /// library: the NCCL backend is in MeshplanRuntimeNccl
   /// (cudaSessionOptions in meshplan/Runtime/CudaDevice.h sets it). Unset:
@@ -214,6 +218,12 @@ struct StepProfile {
   /// switch, and on oversubscribed cores a scheduler slice of the thread it
   /// preempted (docs/runtime.md, "Waking only the stream that can run").
   int64_t needlessWakeups = 0;
+  /// On a device with SessionOptions::deviceTiming, parallel to the plan's
+  /// program: when the device started and finished the work each
+  /// instruction enqueued, in seconds from the earliest such start (device
+  /// clocks: comparable with each other, not with instructionStart, which is
+  /// when the host enqueued). Empty otherwise.
+  std::vector<double> deviceStart, deviceEnd;
 };
 
 class Session {

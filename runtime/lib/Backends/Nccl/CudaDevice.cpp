@@ -95,6 +95,22 @@ public:
       return fail("cudaEventCreate", r);
     return DeviceEvent{e};
   }
+  Result<DeviceEvent> createTimingEvent() override {
+    MESHPLAN_TRY(current());
+    cudaEvent_t e = nullptr;
+    if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDefault))
+      return fail("cudaEventCreate", r);
+    return DeviceEvent{e};
+  }
+  Result<double> elapsedSeconds(DeviceEvent from, DeviceEvent to) override {
+    MESHPLAN_TRY(current());
+    float ms = 0;
+    if (cudaError_t r =
+            cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from.handle),
+                                 static_cast<cudaEvent_t>(to.handle)))
+      return fail("cudaEventElapsedTime", r);
+    return double(ms) * 1e-3;
+  }
   void destroyEvent(DeviceEvent e) override {
     if (current())
       cudaEventDestroy(static_cast<cudaEvent_t>(e.handle));
