@@ -139,13 +139,24 @@ void run(benchmark::State &state, std::string kernel, double bytesPerElement) {
     return;
   }
   for (auto _ : state) {
-    cudaEventRecord(b.start, b.stream);
-    for (int i = 0; i < kLaunchesPerBatch; ++i)
-      launch(kernel, b, step++);
-    cudaEventRecord(b.stop, b.stream);
-    cudaEventSynchronize(b.stop);
+    // Any failure ends the benchmark: a failed launch or event would time
+    // nothing, and a zero time makes Google Benchmark run ever more
+    // iterations.
+    cudaError_t e = cudaEventRecord(b.start, b.stream);
+    for (int i = 0; i < kLaunchesPerBatch && e == cudaSuccess; ++i)
+      e = launch(kernel, b, step++);
+    if (e == cudaSuccess)
+      e = cudaEventRecord(b.stop, b.stream);
+    if (e == cudaSuccess)
+      e = cudaEventSynchronize(b.stop);
     float ms = 0;
-    cudaEventElapsedTime(&ms, b.start, b.stop);
+    if (e == cudaSuccess)
+      e = cudaEventElapsedTime(&ms, b.start, b.stop);
+    if (e != cudaSuccess || !(ms > 0)) {
+      state.SkipWithError(e != cudaSuccess ? cudaGetErrorString(e)
+                                           : "the events timed nothing");
+      break;
+    }
     state.SetIterationTime(double(ms) / 1000.0 / kLaunchesPerBatch);
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess)
@@ -225,6 +236,9 @@ int main(int argc, char **argv) {
                 e ? cudaGetErrorString(e) : "none visible");
     return 77;
   }
+  // Line by line, so that a run stopped by a time limit still shows what
+  // it measured.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("device 0: %s, %d SMs\n", prop.name, prop.multiProcessorCount);

@@ -88,7 +88,14 @@ cp "$src/scripts/gpu-run.sh" "$bundle/run.sh"
 # Programs and libraries compress well (OpenBLAS, for the CPU side of the
 # model test and the trainer's reference, is 36 MB of the 64 MiB the device
 # tool carries): run.sh unpacks them.
-strip --strip-unneeded "$bundle"/bin/* "$bundle"/lib/* 2>/dev/null || true
+# The trainer and the model test keep their symbols, for run.sh's
+# backtraces.
+for f in "$bundle"/bin/* "$bundle"/lib/*; do
+  case $(basename "$f") in
+  meshplan-train | TrainerLlamaCudaTest) ;;
+  *) strip --strip-unneeded "$f" 2>/dev/null || true ;;
+  esac
+done
 tar -C "$bundle" -cJf "$bundle/lib.tar.xz" lib
 tar -C "$bundle" -cJf "$bundle/bin.tar.xz" bin
 rm -rf "$bundle/lib" "$bundle/bin"

@@ -59,6 +59,8 @@ say "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 |
   tee -a "$log"
 say "nccl: ${nccl:-not found}; cublas 13: ${cublas:-not found}; nproc $(nproc)"
+say "$(ls "$nccl"/libnccl.so.2* 2>/dev/null | tr '\n' ' ')"
+say "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
 for f in "$bin"/*; do
   ldd "$f" | grep "not found" | sed "s|^|$(basename "$f") needs |" | tee -a "$log"
 done
@@ -99,10 +101,30 @@ step() { # step NAME LIMIT_S COMMAND...
   elif [[ $rc == 124 || $rc == 137 ]]; then
     say "-- $name: FAILED (over its $limit s limit)"
     failed=$((failed + 1))
+    failed_names+=("$name")
   else
     say "-- $name: FAILED (exit $rc, $((SECONDS - start)) s)"
     failed=$((failed + 1))
+    failed_names+=("$name")
   fi
+}
+failed_names=()
+failed_step() { # NAME: whether that step failed in this run
+  local f
+  for f in "${failed_names[@]}"; do [[ $f == "$1" ]] && return 0; done
+  return 1
+}
+# A crash's stack, from cuda-gdb (the image has no gdb; cuda-gdb also
+# debugs host code). The bundle keeps the symbols of the programs below.
+backtrace() { # COMMAND...
+  cuda-gdb -q -batch -ex run -ex bt -ex 'info threads' --args "$@" 2>&1 | tail -n 80
+}
+trainer_backtrace() {
+  local store
+  store=$(mktemp -d)
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MESHPLAN_STORE=file:$store \
+    backtrace "$bin/meshplan-train" --spec "$src/test/trainer/specs/one-gpu-bf16.json" \
+    --device cuda --steps 3
 }
 
 # N ranks of runtime-step-check with torchrun's variables, as `meshplan run`
@@ -135,14 +157,22 @@ train_one_gpu() {
 }
 
 export bin src bundle
-export -f launch train_one_gpu
+export -f launch train_one_gpu backtrace trainer_backtrace
 
 step "runtime.cuda.host" 120 "$bin/RuntimeCudaHostTest"
 step "runtime.cuda.kernels" 120 "$bin/RuntimeCudaKernelsTest"
 step "runtime.cuda.nccl" 90 "$bin/RuntimeCudaNcclTest"
 step "trainer.cuda.model" 90 "$bin/TrainerLlamaCudaTest"
-step "bench-cuda-kernels" 90 "$bin/bench-cuda-kernels"
+if failed_step trainer.cuda.model; then
+  step "trainer.cuda.model (diagnosis: OPENBLAS_CORETYPE=Haswell)" 90 \
+    env OPENBLAS_CORETYPE=Haswell "$bin/TrainerLlamaCudaTest"
+  step "trainer.cuda.model (diagnosis: cuda-gdb)" 120 backtrace "$bin/TrainerLlamaCudaTest"
+fi
+step "bench-cuda-kernels" 150 "$bin/bench-cuda-kernels"
 step "trainer.one-gpu" 90 train_one_gpu
+if failed_step trainer.one-gpu; then
+  step "trainer.one-gpu (diagnosis: cuda-gdb)" 120 trainer_backtrace
+fi
 step "trainer.cuda.equivalence" 200 bash "$src/test/trainer/cuda.sh" "$bin" "$src"
 probe_store=$(mktemp -d)
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \

@@ -729,6 +729,11 @@ Result<void> Session::computeOnHost(ComputeCall &call,
   host.reserve(views);
   ComputeCall onHost = call;
   size_t at = 0;
+  // Wait (polling, within the session's timeout) for what the views wait
+  // for first: a copy into pageable memory blocks the host until the
+  // stream reaches it, with no timeout, so a stalled collective before it
+  // would hang this thread instead of failing.
+  MESHPLAN_TRY(device->synchronize(call.stream));
   auto mirror = [&](TensorView &v) -> Result<void> {
     host.emplace_back(v.bytes.size());
     if (!v.bytes.empty())

@@ -424,11 +424,29 @@ struct Microbatch::Impl {
   // Sequence-parallel collectives
   //===--------------------------------------------------------------------===//
 
+  /// The TP group's all-gather and reduce-scatter, except that a group of
+  /// one copies on the ops (its buffers may be device memory, which the
+  /// group cannot touch).
+  Result<void> tpAllGather(const float *in, float *out, int64_t count) {
+    if (tp.size() != 1)
+      return tp.allGather(in, out, count);
+    if (in != out)
+      ops.copy(out, in, sizeof(float) * static_cast<size_t>(count));
+    return {};
+  }
+  Result<void> tpReduceScatter(const float *in, float *out, int64_t count) {
+    if (tp.size() != 1)
+      return tp.reduceScatter(in, out, count);
+    if (in != out)
+      ops.copy(out, in, sizeof(float) * static_cast<size_t>(count));
+    return {};
+  }
+
   /// [B, S, D] shard -> [B, T, D] full sequences on every rank.
   Result<void> gatherSeq(const float *shardIn, float *fullOut) {
     if (P == 1 || B == 1) // block order is sequence order
-      return tp.allGather(shardIn, fullOut, Ns * D);
-    MESHPLAN_TRY(tp.allGather(shardIn, staging.data(), Ns * D));
+      return tpAllGather(shardIn, fullOut, Ns * D);
+    MESHPLAN_TRY(tpAllGather(shardIn, staging.data(), Ns * D));
     // Block (p, b) of S * D floats goes to sequence b, positions p * S...
     for (int64_t p = 0; p < P; ++p)
       ops.copyRows(fullOut + p * S * D, T * D, staging.data() + p * B * S * D,
@@ -439,11 +457,11 @@ struct Microbatch::Impl {
   /// [B, T, D] partial sums -> this rank's [B, S, D] shard of their sum.
   Result<void> scatterSeq(const float *fullIn, float *shardOut) {
     if (P == 1 || B == 1)
-      return tp.reduceScatter(fullIn, shardOut, Ns * D);
+      return tpReduceScatter(fullIn, shardOut, Ns * D);
     for (int64_t p = 0; p < P; ++p)
       ops.copyRows(staging.data() + p * B * S * D, S * D, fullIn + p * S * D,
                    T * D, S * D, B);
-    return tp.reduceScatter(staging.data(), shardOut, Ns * D);
+    return tpReduceScatter(staging.data(), shardOut, Ns * D);
   }
 
   //===--------------------------------------------------------------------===//
@@ -530,7 +548,7 @@ struct Microbatch::Impl {
     // contributions and hands each its sequence shard.
     float *blocks = (P == 1 || B == 1) ? full.data() : staging.data();
     ops.embeddingRows(rowToken.data(), N, emb, V, D, blocks);
-    return tp.reduceScatter(blocks, h.data(), Ns * D);
+    return tpReduceScatter(blocks, h.data(), Ns * D);
   }
 
   Result<void> forwardBlock(int64_t li, const BlockWeights &w) {
@@ -701,7 +719,7 @@ struct Microbatch::Impl {
     // gradients in block order, then add each token's rows to its embedding
     // row where this rank owns it.
     float *blocks = (P == 1 || B == 1) ? full.data() : staging.data();
-    MESHPLAN_TRY(tp.allGather(h.data(), blocks, Ns * D));
+    MESHPLAN_TRY(tpAllGather(h.data(), blocks, Ns * D));
     ops.embeddingBackward(embTokens.data(), embOffsets.data(), embRows.data(),
                           embTokenCount, blocks, D, dEmb);
     return {};

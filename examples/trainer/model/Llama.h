@@ -77,7 +77,9 @@ public:
   virtual Result<void> allReduceMax(float *data, int64_t count) = 0;
 };
 
-/// A group of one: every collective copies or does nothing.
+/// A group of one: every collective copies (in host memory) or does nothing.
+/// Microbatch does not call its copies: it copies on its ModelOps, whose
+/// buffers may be device memory.
 class SoloTpGroup final : public TpGroup {
 public:
   int64_t size() const override { return 1; }

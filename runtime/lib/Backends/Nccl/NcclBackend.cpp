@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <mutex>
@@ -95,17 +96,18 @@ ncclRedOp_t ncclOpOf(ReduceOp op) {
 struct Handle {
   ncclComm_t comm = nullptr;
   std::string name; ///< kept alive for ncclConfig_t::commName
-  bool aborted = false;
+  /// Set by Registry::abortAll: ncclCommAbort freed the communicator (in
+  /// non-blocking mode asynchronously), so nothing may touch it again.
+  std::atomic<bool> aborted{false};
 
   ~Handle() {
-    if (!comm)
+    if (!comm || aborted)
       return;
     // A healthy communicator is finalized (flushing what is in flight) and
     // destroyed; a broken one can only be aborted. Finalize is non-blocking
     // here; destroy after it completes, and abort if it does not in time.
     ncclResult_t state = ncclSuccess;
-    bool healthy = !aborted &&
-                   ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
+    bool healthy = ncclCommGetAsyncError(comm, &state) == ncclSuccess &&
                    state == ncclSuccess;
     ncclResult_t finalize =
         healthy ? ncclCommFinalize(comm) : ncclInternalError;
@@ -211,6 +213,9 @@ Result<void> waitForStream(Registry &registry, Handle &h, cudaStream_t stream,
       return {};
     if (e != cudaErrorNotReady)
       return makeError(what + ": " + cudaText(e));
+    if (h.aborted)
+      return makeError(what + ": the communicator was aborted after an "
+                              "earlier failure");
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(h.comm, &state);
     if (state != ncclSuccess && state != ncclInProgress) {
@@ -554,13 +559,17 @@ public:
     auto order = nccl::splitSchedule(declared, done, group);
     if (!order)
       return order.error();
-    if (order->empty())
+    // The requested group may have been split already, on the way to a
+    // later one (its split waits here until someone asks for it).
+    size_t at = 0;
+    while (!nccl::sameGroup(declared[at], group))
+      ++at;
+    if (handedOut.count(at))
       return makeError("communicator \"" + group.id + "\" (color " +
                        std::to_string(group.color) + ") was created already");
     MESHPLAN_TRY(ensureWorld());
     for (size_t i : *order)
       MESHPLAN_TRY(split(i));
-    size_t at = order->back();
     handedOut.insert(at);
     return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
         declared[at], std::move(splits[at]), registry,
@@ -630,8 +639,12 @@ private:
     cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (e == cudaSuccess)
       e = cudaMalloc(&device, sizeof values);
+    // On the all-reduce's stream: a plain cudaMemcpy from pageable memory
+    // may return before its bytes land, and runs on the legacy stream,
+    // which the non-blocking stream does not wait for.
     if (e == cudaSuccess)
-      e = cudaMemcpy(device, values, sizeof values, cudaMemcpyHostToDevice);
+      e = cudaMemcpyAsync(device, values, sizeof values, cudaMemcpyHostToDevice,
+                          stream);
     if (e != cudaSuccess) {
       cleanup();
       return makeError(what + ": " + cudaText(e));
@@ -642,8 +655,11 @@ private:
                             what);
     if (ok)
       ok = waitForStream(*registry, *world, stream, what);
-    if (ok && (e = cudaMemcpy(values, device, sizeof values,
-                              cudaMemcpyDeviceToHost)) != cudaSuccess)
+    if (ok && (e = cudaMemcpyAsync(values, device, sizeof values,
+                                   cudaMemcpyDeviceToHost, stream)) ==
+                  cudaSuccess)
+      e = cudaStreamSynchronize(stream);
+    if (ok && e != cudaSuccess)
       ok = makeError(what + ": " + cudaText(e));
     cleanup();
     MESHPLAN_TRY(ok);
@@ -675,10 +691,27 @@ private:
     ncclResult_t r =
         ncclCommSplit(world->comm, args->color, args->key, &h->comm, &config);
     // The split is an operation of the world communicator: its progress and
-    // errors show there, then on the new one.
+    // errors show there, then on the new one. In non-blocking mode NCCL
+    // (2.28 and later) may return ncclSuccess while the split still runs on
+    // a thread of its own, and writes the new communicator into h->comm only
+    // when it is complete: wait for both (seen on the first GPU run,
+    // docs/cuda.md).
     MESHPLAN_TRY(check(*registry, *world, r, what));
-    if (!h->comm)
-      return makeError(what + ": NCCL returned no communicator");
+    MESHPLAN_TRY(settle(*registry, *world, what));
+    auto deadline = Clock::now() + registry->timeout;
+    while (!__atomic_load_n(&h->comm, __ATOMIC_ACQUIRE)) {
+      if (Clock::now() > deadline) {
+        registry->abortAll();
+        // NCCL may still write into h->comm: keep it alive.
+        new std::shared_ptr<Handle>(h);
+        return makeError(what + ": NCCL made no communicator within the "
+                                "timeout of " +
+                         std::to_string(registry->timeout.count() / 1000.0) +
+                         " s (a member missing or stalled?); every "
+                         "communicator of this rank was aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     registry->add(h);
     MESHPLAN_TRY(settle(*registry, *h, what));
     int count = 0, rank = -1;
