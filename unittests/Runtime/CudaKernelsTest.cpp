@@ -227,6 +227,49 @@ TEST_F(CudaKernels, Fp8CastManyPatternsScaleOne) {
   }
 }
 
+// The fp32 cast and amax take 16-byte loads when the pointers allow
+// (Float8.cu, Amax.cu): every alignment and every length around a multiple
+// of 4 gives the scalar kernels' results.
+TEST_F(CudaKernels, VectorPathsAtEveryAlignmentAndLength) {
+  std::vector<float> all = sampledFloats(4096 + 8);
+  DeviceVector<float> din(all);
+  DeviceVector<uint8_t> dout(all.size());
+  DeviceVector<float> dscale(1), dresult(1);
+  float scale = 3.5f;
+  ASSERT_EQ(cudaMemcpy(dscale.get(), &scale, 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  for (size_t offset : {0, 1, 2, 3, 4})
+    for (size_t n : {1, 3, 4, 5, 7, 8, 1023, 1024, 1025, 4096}) {
+      std::span<const float> in(all.data() + offset, n);
+      for (size_t outOffset : {size_t(0), size_t(1)}) {
+        // A fresh output each time: stale bytes must not pass for results.
+        ASSERT_EQ(cudaMemset(dout.get(), 0xAB, all.size()), cudaSuccess);
+        for (Fp8Format f : {Fp8Format::E4M3FN, Fp8Format::E5M2}) {
+          ASSERT_EQ(cu::castToFp8(din.get() + offset, dscale.get(),
+                                  dout.get() + outOffset, int64_t(n), f,
+                                  nullptr),
+                    cudaSuccess);
+          std::vector<uint8_t> want(n);
+          k::castToFp8(in, scale, want, f);
+          std::vector<uint8_t> got = dout.read();
+          std::vector<uint8_t> mine(got.begin() + ptrdiff_t(outOffset),
+                                    got.begin() + ptrdiff_t(outOffset + n));
+          ASSERT_EQ(mine, want) << "offset " << offset << ", output offset "
+                                << outOffset << ", " << n << " elements";
+          if (outOffset + n < got.size()) {
+            ASSERT_EQ(got[outOffset + n], 0xAB) << "wrote past the end";
+          }
+        }
+      }
+      ASSERT_EQ(
+          cu::amax(din.get() + offset, int64_t(n), dresult.get(), nullptr),
+          cudaSuccess);
+      EXPECT_EQ(std::bit_cast<uint32_t>(dresult.read()[0]),
+                std::bit_cast<uint32_t>(k::amax(in)))
+          << "offset " << offset << ", " << n << " elements";
+    }
+}
+
 TEST_F(CudaKernels, Fp8CastFromEveryBf16) {
   std::vector<uint16_t> in(65536);
   for (size_t i = 0; i < in.size(); ++i)
@@ -361,7 +404,11 @@ std::vector<Box> shardBoxes() {
           {{96, 130}, {48, 0}, {48, 130}},     // a row shard: one run
           {{7, 9, 33}, {2, 3, 0}, {4, 5, 33}}, // two outer dims
           {{5, 6, 7, 8}, {1, 0, 2, 3}, {3, 6, 4, 5}},
-          {{64}, {10}, {0}}};
+          {{64}, {10}, {0}},
+          // Contiguous shards (one run, AdamW's per-counter kernel) that
+          // start and end inside a superblock of 64.
+          {{200}, {63}, {1}},
+          {{1 << 16}, {4097}, {60000}}};
 }
 
 TEST_F(CudaKernels, StochasticBf16CastMatchesCpuOnShards) {

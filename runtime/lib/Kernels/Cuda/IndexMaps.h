@@ -48,6 +48,10 @@ std::optional<ShardIndex> shardIndexOf(std::span<const int64_t> globalShape,
 ShardIndex contiguousShardIndex(int64_t globalStart);
 
 MESHPLAN_HD int64_t globalIndexOf(const ShardIndex &s, int64_t i) {
+  // One run (a contiguous shard): no division, which is a slow software
+  // routine for 64-bit operands on the GPU.
+  if (s.outerRank == 0)
+    return s.base + i;
   int64_t run = i / s.runLength;
   int64_t global = s.base + (i - run * s.runLength);
   for (int d = s.outerRank - 1; d >= 0; --d) {
