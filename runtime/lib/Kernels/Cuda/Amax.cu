@@ -11,6 +11,7 @@
 
 #include "CudaSupport.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -66,6 +67,7 @@ __global__ void amaxKernel4(const float4 *__restrict__ in, int64_t n4,
                             const float *__restrict__ tail, int64_t tailCount,
                             int32_t *result) {
   int32_t m = 0;
+#pragma unroll 4
   for (int64_t i = firstIndex(); i < n4; i += gridStride()) {
     float4 x = in[i];
     int32_t a = max(max(absBits(x.x), absBits(x.y)),
@@ -84,6 +86,8 @@ __global__ void canonicalNaN(int32_t *result) {
     *result = 0x7FC00000;
 }
 
+constexpr unsigned kAmaxBlocks = 1024;
+
 template <typename In>
 cudaError_t amaxAny(const In *in, int64_t n, float *result,
                     cudaStream_t stream) {
@@ -93,14 +97,19 @@ cudaError_t amaxAny(const In *in, int64_t n, float *result,
   if constexpr (std::is_same_v<In, float>) {
     if (n >= 4 && reinterpret_cast<uintptr_t>(in) % 16 == 0) {
       int64_t n4 = n / 4;
-      amaxKernel4<<<blocksFor(n4), kBlock, 0, stream>>>(
+      // At most kAmaxBlocks blocks: each block ends in one atomicMax on the
+      // same word, and 8192 of them cost more than reading 2^24 floats
+      // (0.65 of a device copy's bandwidth on an H200; docs/cuda.md).
+      unsigned blocks = std::min(blocksFor(n4), kAmaxBlocks);
+      amaxKernel4<<<blocks, kBlock, 0, stream>>>(
           reinterpret_cast<const float4 *>(in), n4, in + 4 * n4, n % 4, bits);
       canonicalNaN<<<1, 1, 0, stream>>>(bits);
       return launched();
     }
   }
   if (n > 0)
-    amaxKernel<<<blocksFor(n), kBlock, 0, stream>>>(in, n, bits);
+    amaxKernel<<<std::min(blocksFor(n), kAmaxBlocks), kBlock, 0, stream>>>(
+        in, n, bits);
   canonicalNaN<<<1, 1, 0, stream>>>(bits);
   return launched();
 }
