@@ -37,6 +37,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -1069,11 +1070,16 @@ double median(std::vector<double> v) {
 
 /// --device-timing: the executor's host time per instruction (enqueueing
 /// it, StepProfile::instructionStart/End) against the device time of the
-/// work it enqueued (deviceStart/End), over the steps after the first. The
-/// plan's own instructions (collectives, casts, float8, optimizer) are kept
-/// apart from the compute callbacks, whose host side is the model itself.
+/// work it enqueued (deviceStart/End), over the steps after the first, in
+/// all and per kind of instruction. The plan's own instructions
+/// (collectives, casts, float8, optimizer) are kept apart from the compute
+/// callbacks, whose host side is the model itself.
 struct DeviceTimes {
-  std::vector<double> hostPerInstruction, devicePerInstruction;
+  struct Kind {
+    std::vector<double> host, device; ///< per instruction, one per step
+    int64_t count = 0;                ///< per step
+  };
+  std::map<std::string, Kind> kinds;
   std::vector<double> hostPerStep, devicePerStep, deviceBusy, callbacks;
   int64_t instructions = 0;
 
@@ -1082,19 +1088,26 @@ struct DeviceTimes {
       return;
     double host = 0, device = 0, compute = 0;
     int64_t n = 0;
+    std::map<std::string, std::array<double, 3>> step; // host, device, count
     std::vector<std::pair<double, double>> spans;
     for (size_t i = 0; i < p.program.size(); ++i) {
       plan::OpKind op = p.program[i].op;
       if (op == plan::OpKind::Free || op == plan::OpKind::Wait)
         continue;
       spans.push_back({prof.deviceStart[i], prof.deviceEnd[i]});
+      double h = prof.instructionEnd[i] - prof.instructionStart[i];
       if (op == plan::OpKind::Compute) {
-        compute += prof.instructionEnd[i] - prof.instructionStart[i];
+        compute += h;
         continue;
       }
-      host += prof.instructionEnd[i] - prof.instructionStart[i];
-      device += prof.deviceEnd[i] - prof.deviceStart[i];
+      double d = prof.deviceEnd[i] - prof.deviceStart[i];
+      host += h;
+      device += d;
       ++n;
+      auto &k = step[std::string(plan::opKindName(op))];
+      k[0] += h;
+      k[1] += d;
+      k[2] += 1;
     }
     std::sort(spans.begin(), spans.end());
     double busy = 0, end = 0;
@@ -1107,12 +1120,14 @@ struct DeviceTimes {
     instructions = n;
     hostPerStep.push_back(host);
     devicePerStep.push_back(device);
-    if (n) {
-      hostPerInstruction.push_back(host / double(n));
-      devicePerInstruction.push_back(device / double(n));
-    }
     deviceBusy.push_back(busy);
     callbacks.push_back(compute);
+    for (auto &[name, k] : step) {
+      Kind &kind = kinds[name];
+      kind.host.push_back(k[0] / k[2]);
+      kind.device.push_back(k[1] / k[2]);
+      kind.count = int64_t(k[2]);
+    }
   }
 
   void print(double stepSeconds) const {
@@ -1120,18 +1135,21 @@ struct DeviceTimes {
       std::printf("device timing: no step after the first to report\n");
       return;
     }
+    double host = median(hostPerStep), device = median(devicePerStep);
     std::printf(
         "device timing (median of %zu steps after the first): %lld plan "
-        "instructions per step besides compute callbacks: host %.1f us per "
-        "instruction to enqueue (%.2f ms per step), device %.1f us per "
-        "instruction to run (%.2f ms per step), host/device %.2f; device busy "
-        "%.2f ms of the %.2f ms step; compute callbacks %.2f ms on the host\n",
-        hostPerStep.size(), (long long)instructions,
-        median(hostPerInstruction) * 1e6, median(hostPerStep) * 1e3,
-        median(devicePerInstruction) * 1e6, median(devicePerStep) * 1e3,
-        median(devicePerStep) > 0 ? median(hostPerStep) / median(devicePerStep)
-                                  : 0.0,
-        median(deviceBusy) * 1e3, stepSeconds * 1e3, median(callbacks) * 1e3);
+        "instructions per step besides compute callbacks: host %.2f ms per "
+        "step to enqueue them, device %.2f ms to run them (host/device "
+        "%.2f); device busy %.2f ms of the %.2f ms step; compute callbacks "
+        "%.2f ms\n",
+        hostPerStep.size(), (long long)instructions, host * 1e3, device * 1e3,
+        device > 0 ? host / device : 0.0, median(deviceBusy) * 1e3,
+        stepSeconds * 1e3, median(callbacks) * 1e3);
+    for (const auto &[name, k] : kinds)
+      std::printf("  %-16s %3lld per step: host %8.1f us, device %8.1f us "
+                  "per instruction\n",
+                  name.c_str(), (long long)k.count, median(k.host) * 1e6,
+                  median(k.device) * 1e6);
   }
 };
 

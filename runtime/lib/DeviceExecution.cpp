@@ -607,11 +607,25 @@ PassOutcome Session::Impl::runDevicePass(StepState &state) {
     for (int e : g.waits)
       MESHPLAN_TRY(device.wait(s, dev->events[size_t(e)]));
     bool timed = !dev->timingBefore.empty();
-    if (timed)
-      MESHPLAN_TRY(device.record(dev->timingBefore[size_t(b.index)], s));
-    MESHPLAN_TRY(executeOnDevice(b, s));
-    if (timed)
-      MESHPLAN_TRY(device.record(dev->timingAfter[size_t(b.index)], s));
+    if (!timed) {
+      MESHPLAN_TRY(executeOnDevice(b, s));
+    } else {
+      // Held until enqueued, where enqueueing never waits for the stream,
+      // so that the events time the device's work (Device::hold).
+      bool held = holdsForTiming(b);
+      if (held)
+        MESHPLAN_TRY(device.hold(s));
+      Result<void> done =
+          device.record(dev->timingBefore[size_t(b.index)], s);
+      if (done)
+        done = executeOnDevice(b, s);
+      if (done)
+        done = device.record(dev->timingAfter[size_t(b.index)], s);
+      if (held)
+        if (auto let = device.release(s); !let && done)
+          done = let;
+      MESHPLAN_TRY(done);
+    }
     if (g.record >= 0)
       MESHPLAN_TRY(device.record(dev->events[size_t(g.record)], s));
     return Result<void>();
@@ -638,6 +652,29 @@ Result<void> Session::Impl::synchronizeDevice() {
   if (first)
     return *first;
   return {};
+}
+
+bool Session::Impl::holdsForTiming(const Bound &b) const {
+  switch (b.in->op) {
+  case OpKind::Cast:
+  case OpKind::Fp8Cast:
+  case OpKind::Sum:
+  case OpKind::Accumulate:
+  case OpKind::Fp8Amax:
+  case OpKind::OptimizerUpdate:
+  case OpKind::Free:
+  case OpKind::Wait:
+    return true;
+  case OpKind::Compute:
+    // The callback may wait for its stream (computeOnHost does).
+    return false;
+  default:
+    break;
+  }
+  // A device backend's (NCCL's) collectives enqueue; a host backend's
+  // (Gloo's, staged: StagedCommunicator) wait for the stream before they can
+  // send.
+  return b.comm >= 0 && backend->memoryKind() == MemoryKind::Device;
 }
 
 Result<void> Session::Impl::readDeviceTiming(StepProfile &p) {

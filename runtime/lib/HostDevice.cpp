@@ -63,6 +63,27 @@ public:
     std::lock_guard<std::mutex> lock(mutex);
     return enqueued;
   }
+  /// Device::hold: the stream's worker stops at a task until release().
+  void hold() {
+    uint64_t mine;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      mine = ++held;
+    }
+    enqueue([this, mine]() -> Result<void> {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [&] { return released >= mine; });
+      return {};
+    });
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      released = held;
+    }
+    changed.notify_all();
+  }
+
   /// Blocks until the task at `position` (and all before it) completed.
   void waitFor(uint64_t position) {
     std::unique_lock<std::mutex> lock(mutex);
@@ -101,6 +122,7 @@ private:
   std::condition_variable changed;
   std::deque<Task> queue;
   uint64_t enqueued = 0, completed = 0;
+  uint64_t held = 0, released = 0; ///< hold() / release() counts
   std::optional<Error> error;
   bool stopping = false;
   std::thread worker; // last: starts after the members above exist
@@ -172,6 +194,14 @@ public:
       return makeError("host device: elapsedSeconds of an event that is not "
                        "a completed timing event");
     return std::chrono::duration<double>(*b - *a).count();
+  }
+  Result<void> hold(DeviceStream s) override {
+    streamOf(s)->hold();
+    return {};
+  }
+  Result<void> release(DeviceStream s) override {
+    streamOf(s)->release();
+    return {};
   }
   Result<void> record(DeviceEvent e, DeviceStream s) override {
     auto *event = static_cast<HostEvent *>(e.handle);

@@ -258,6 +258,9 @@ struct Session::Impl {
   Result<void> synchronizeDevice();
   /// The device's own spans of the last step (deviceTiming), into profile.
   Result<void> readDeviceTiming(StepProfile &profile);
+  /// Whether deviceTiming holds the stream around this instruction: only
+  /// where enqueueing it never waits for the stream.
+  bool holdsForTiming(const Bound &b) const;
   /// Session::initParameters on a device: each shard filled in host memory
   /// by `init`, then copied; optimizer state zeroed.
   Result<void>

@@ -53,4 +53,24 @@ echo "== 3. resuming from shards kept in memory"
 run -n 6 -- "$train" --spec "$spec" "${common[@]}" --steps 8 --host-device --resume-after 3 \
   --save-params "$work/d" | grep resumed
 "$train" --compare "$work/a" "$work/d" --rtol 0
+echo "== 4. --device-timing: held streams and timing events change no bit"
+spec=$src/examples/specs/fsdp-fp8-3d.json
+run -n 8 -- "$train" --spec "$spec" --model tiny "${common[@]}" --steps 4 --host-device \
+  --device-timing --save-params "$work/e" >"$work/timing.log"
+"$train" --spec "$spec" --model tiny "${common[@]}" --steps 4 --reference \
+  --save-params "$work/f" | tail -n 1
+"$train" --compare "$work/e" "$work/f" --rtol 0
+grep 'device timing' "$work/timing.log"
+# Every kind of the plan's instructions reported, with a device time.
+for kind in all_gather reduce_scatter fp8_cast optimizer_update; do
+  line=$(grep -E "^\[rank 0\]   $kind +[0-9]+ per step" "$work/timing.log") || {
+    echo "FAIL: no device timing line for $kind" >&2
+    exit 1
+  }
+  echo "$line"
+  awk '{ if (!($(NF - 3) > 0)) exit 1 }' <<<"$line" || {
+    echo "FAIL: $kind has no device time" >&2
+    exit 1
+  }
+done
 echo "trainer on the device executor: all cases passed"

@@ -35,6 +35,8 @@ expect 2 "--spec is required" -- "$train" --steps 3
 expect 2 'unknown flag "--stpes"' -- "$train" --spec "$spec" --stpes 3
 expect 2 "--steps: expected an integer" -- "$train" --spec "$spec" --steps 0
 expect 2 "--batch: expected an integer" -- "$train" --spec "$spec" --batch x
+expect 2 "--device-timing needs a device: --device cuda or --host-device" -- \
+  "$train" --spec "$spec" --steps 3 --device-timing
 expect 2 "--checkpoint-every needs --save-checkpoint DIR" -- \
   "$train" --spec "$spec" --steps 3 --checkpoint-every 2
 expect 2 "--checkpoint-every: expected an integer" -- \

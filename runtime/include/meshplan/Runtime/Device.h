@@ -100,6 +100,13 @@ public:
   /// both recorded by timing events and completed (synchronize); negative
   /// when `to` came first.
   virtual Result<double> elapsedSeconds(DeviceEvent from, DeviceEvent to) = 0;
+  /// Holds `stream` at this point of its work until release(stream): what is
+  /// enqueued in between then runs back to back, and timing events around it
+  /// measure the device's work rather than the host's enqueueing. Only
+  /// around work whose enqueueing never waits for the stream itself (it
+  /// would wait for ever); holds do not nest.
+  virtual Result<void> hold(DeviceStream stream) = 0;
+  virtual Result<void> release(DeviceStream stream) = 0;
 
   //===--- Copies (enqueued) --------------------------------------------===//
   /// Device to device.

@@ -150,8 +150,13 @@ struct SessionOptions {
   /// backend's (NCCL's) run on the device buffers. Unset: host buffers.
   std::shared_ptr<Device> device;
   /// On a device: time every instruction on the device as well (two timing
-  /// events around it), into StepProfile::deviceStart/deviceEnd. Costs two
-  /// event records per instruction; off by default.
+  /// events around it), into StepProfile::deviceStart/deviceEnd. Where
+  /// enqueueing an instruction never waits for its stream (kernels, device
+  /// collectives), the stream is held until the instruction is enqueued
+  /// (Device::hold), so that its span is the device's work alone; a compute
+  /// callback's or a staged collective's span includes the host's part.
+  /// Serializes host and device per instruction: for measuring, not for
+  /// speed; off by default.
   bool deviceTiming = false;
   /// Creates the backend named by `backend` when it lives outside this
   /// library: the NCCL backend is in MeshplanRuntimeNccl

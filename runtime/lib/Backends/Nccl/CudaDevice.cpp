@@ -15,6 +15,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace meshplan::runtime {
@@ -85,8 +87,14 @@ public:
     return DeviceStream{s};
   }
   void destroyStream(DeviceStream s) override {
-    if (current())
+    if (current()) {
       cudaStreamDestroy(streamOf(s));
+      std::lock_guard<std::mutex> lock(gatesMutex);
+      if (auto it = gates.find(streamOf(s)); it != gates.end()) {
+        cudaFreeHost(it->second.host);
+        gates.erase(it);
+      }
+    }
   }
   Result<DeviceEvent> createEvent() override {
     MESHPLAN_TRY(current());
@@ -101,6 +109,25 @@ public:
     if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDefault))
       return fail("cudaEventCreate", r);
     return DeviceEvent{e};
+  }
+  Result<void> hold(DeviceStream s) override {
+    MESHPLAN_TRY(current());
+    auto gate = gateOf(s);
+    if (!gate)
+      return gate.error();
+    Gate &g = **gate;
+    MESHPLAN_TRY(check("holding the stream (timing)",
+                       cuda::spinUntil(g.device, g.held + 1, streamOf(s))));
+    ++g.held;
+    return {};
+  }
+  Result<void> release(DeviceStream s) override {
+    auto gate = gateOf(s);
+    if (!gate)
+      return gate.error();
+    Gate &g = **gate;
+    __atomic_store_n(g.host, g.held, __ATOMIC_RELEASE);
+    return {};
   }
   Result<double> elapsedSeconds(DeviceEvent from, DeviceEvent to) override {
     MESHPLAN_TRY(current());
@@ -268,8 +295,37 @@ private:
         what, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streamOf(s)));
   }
 
+  /// A stream's hold counter: mapped pinned memory the spin kernel reads.
+  struct Gate {
+    uint32_t *host = nullptr, *device = nullptr;
+    uint32_t held = 0; ///< holds enqueued
+  };
+  Result<Gate *> gateOf(DeviceStream s) {
+    std::lock_guard<std::mutex> lock(gatesMutex);
+    auto [it, fresh] = gates.try_emplace(streamOf(s));
+    if (!fresh)
+      return &it->second;
+    Gate &g = it->second;
+    void *host = nullptr, *device = nullptr;
+    cudaError_t e = cudaHostAlloc(&host, sizeof(uint32_t), cudaHostAllocMapped);
+    if (e == cudaSuccess)
+      e = cudaHostGetDevicePointer(&device, host, 0);
+    if (e != cudaSuccess) {
+      if (host)
+        cudaFreeHost(host);
+      gates.erase(it);
+      return fail("allocating a stream's hold counter", e);
+    }
+    g.host = static_cast<uint32_t *>(host);
+    g.device = static_cast<uint32_t *>(device);
+    *g.host = 0;
+    return &g;
+  }
+
   int index;
   std::chrono::milliseconds timeout;
+  std::mutex gatesMutex;
+  std::map<cudaStream_t, Gate> gates;
 };
 
 } // namespace

@@ -159,8 +159,20 @@ std::string ncclText(ncclResult_t r, ncclComm_t comm) {
 
 /// Waits until `h`'s pending operation (an init, a split, an enqueue that
 /// returned ncclInProgress) settles. `what` starts the error.
+/// Between two polls of NCCL's state: yield for the first ones, then
+/// sleep. Non-blocking NCCL completes an enqueue within microseconds, and a
+/// fixed 50 us sleep made every collective cost at least that on the host
+/// (the first GPU run, docs/cuda.md).
+void pause(int &polls) {
+  if (++polls < 2000)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
 Result<void> settle(Registry &registry, Handle &h, const std::string &what) {
   auto deadline = Clock::now() + registry.timeout;
+  int polls = 0;
   while (true) {
     if (h.aborted)
       return makeError(what + ": the communicator was aborted after an "
@@ -184,7 +196,7 @@ Result<void> settle(Registry &registry, Handle &h, const std::string &what) {
                        " s (a member missing or stalled?); every "
                        "communicator of this rank was aborted");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    pause(polls);
   }
 }
 
@@ -207,6 +219,7 @@ Result<void> check(Registry &registry, Handle &h, ncclResult_t r,
 Result<void> waitForStream(Registry &registry, Handle &h, cudaStream_t stream,
                            const std::string &what) {
   auto deadline = Clock::now() + registry.timeout;
+  int polls = 0;
   while (true) {
     cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess)
@@ -231,7 +244,7 @@ Result<void> waitForStream(Registry &registry, Handle &h, cudaStream_t stream,
                        " s (a member missing or stalled?); every "
                        "communicator of this rank was aborted");
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    pause(polls);
   }
 }
 

@@ -138,6 +138,15 @@ cudaError_t adamwBf16StochasticRounding(
     int64_t n, const AdamWParams &params, int64_t step, uint64_t seed,
     uint64_t tensorId, const ShardIndex &index, cudaStream_t stream);
 
+//===----------------------------------------------------------------------===//
+// Timing
+//===----------------------------------------------------------------------===//
+
+/// Holds `stream` until *counter (mapped pinned host memory, read through
+/// its device pointer) reaches `value` (Gate.cu; Device::hold).
+cudaError_t spinUntil(const uint32_t *counter, uint32_t value,
+                      cudaStream_t stream);
+
 } // namespace meshplan::runtime::cuda
 
 #endif // MESHPLAN_RUNTIME_KERNELS_CUDA_CUDAKERNELS_H
