@@ -149,11 +149,12 @@ launch() { # launch N PLANS DEVICE FLAGS...
 }
 
 # One trainer run on one GPU (issue 36): 20 steps, the plan over NCCL, the
-# model on cuBLAS, every instruction also timed on the device.
+# model on cuBLAS; then the same with every instruction also timed on the
+# device (--device-timing: the executor's host time per instruction against
+# the device time it launched).
 train_one_gpu() {
   "$bin/meshplan" run --timeout 120 -n 1 -- "$bin/meshplan-train" \
-    --spec "$src/test/trainer/specs/one-gpu-bf16.json" --device cuda --steps 20 \
-    --device-timing
+    --spec "$src/test/trainer/specs/one-gpu-bf16.json" --device cuda --steps 20 "$@"
 }
 
 export bin src bundle
@@ -173,6 +174,7 @@ step "trainer.one-gpu" 90 train_one_gpu
 if failed_step trainer.one-gpu; then
   step "trainer.one-gpu (diagnosis: cuda-gdb)" 120 trainer_backtrace
 fi
+step "trainer.one-gpu.device-timing" 60 train_one_gpu --device-timing
 step "trainer.cuda.equivalence" 200 bash "$src/test/trainer/cuda.sh" "$bin" "$src"
 probe_store=$(mktemp -d)
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \

@@ -144,6 +144,15 @@ Result<void> Session::Impl::setUpDevice() {
     state->events.push_back(*e);
   }
 
+  if (options.deviceTiming) {
+    // Each stream's hold state now, not at its first hold: setting it up
+    // allocates pinned memory, which may wait for the whole device, held
+    // streams included.
+    for (DeviceStream s : state->streams) {
+      MESHPLAN_TRY(device.hold(s));
+      MESHPLAN_TRY(device.release(s));
+    }
+  }
   if (options.deviceTiming)
     for (size_t i = 0; i < program.size(); ++i)
       for (auto *into : {&state->timingBefore, &state->timingAfter}) {
@@ -654,7 +663,12 @@ Result<void> Session::Impl::synchronizeDevice() {
   return {};
 }
 
-bool Session::Impl::holdsForTiming(const Bound &b) const {
+bool Session::Impl::holdsForTiming(const Bound &b) {
+  // The runtime's own kernels: enqueueing them calls nothing but the
+  // device's kernels and copies. Not a compute callback (computeOnHost waits
+  // for its stream), nor a collective: a host backend's (Gloo's, staged)
+  // waits for the stream before it can send, and NCCL's enqueue hung held
+  // on the first GPU run (it may wait for the device inside; docs/cuda.md).
   switch (b.in->op) {
   case OpKind::Cast:
   case OpKind::Fp8Cast:
@@ -662,19 +676,10 @@ bool Session::Impl::holdsForTiming(const Bound &b) const {
   case OpKind::Accumulate:
   case OpKind::Fp8Amax:
   case OpKind::OptimizerUpdate:
-  case OpKind::Free:
-  case OpKind::Wait:
     return true;
-  case OpKind::Compute:
-    // The callback may wait for its stream (computeOnHost does).
-    return false;
   default:
-    break;
+    return false;
   }
-  // A device backend's (NCCL's) collectives enqueue; a host backend's
-  // (Gloo's, staged: StagedCommunicator) wait for the stream before they can
-  // send.
-  return b.comm >= 0 && backend->memoryKind() == MemoryKind::Device;
 }
 
 Result<void> Session::Impl::readDeviceTiming(StepProfile &p) {

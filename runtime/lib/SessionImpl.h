@@ -258,9 +258,9 @@ struct Session::Impl {
   Result<void> synchronizeDevice();
   /// The device's own spans of the last step (deviceTiming), into profile.
   Result<void> readDeviceTiming(StepProfile &profile);
-  /// Whether deviceTiming holds the stream around this instruction: only
-  /// where enqueueing it never waits for the stream.
-  bool holdsForTiming(const Bound &b) const;
+  /// Whether deviceTiming holds the stream around this instruction: the
+  /// runtime's own kernels, whose enqueueing never waits for the device.
+  static bool holdsForTiming(const Bound &b);
   /// Session::initParameters on a device: each shard filled in host memory
   /// by `init`, then copied; optimizer state zeroed.
   Result<void>

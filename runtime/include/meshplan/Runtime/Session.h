@@ -150,11 +150,11 @@ struct SessionOptions {
   /// backend's (NCCL's) run on the device buffers. Unset: host buffers.
   std::shared_ptr<Device> device;
   /// On a device: time every instruction on the device as well (two timing
-  /// events around it), into StepProfile::deviceStart/deviceEnd. Where
-  /// enqueueing an instruction never waits for its stream (kernels, device
-  /// collectives), the stream is held until the instruction is enqueued
-  /// (Device::hold), so that its span is the device's work alone; a compute
-  /// callback's or a staged collective's span includes the host's part.
+  /// events around it), into StepProfile::deviceStart/deviceEnd. Around
+  /// the runtime's own kernels (casts, float8, sums, the optimizer) the
+  /// stream is held until the instruction is enqueued (Device::hold), so
+  /// that their spans are the device's work alone; a collective's or a
+  /// compute callback's span also includes waiting for the host to enqueue.
   /// Serializes host and device per instruction: for measuring, not for
   /// speed; off by default.
   bool deviceTiming = false;

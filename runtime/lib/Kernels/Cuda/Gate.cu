@@ -15,10 +15,25 @@ namespace meshplan::runtime::cuda {
 
 namespace {
 
+__device__ __forceinline__ uint64_t nanoseconds() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+/// A hold lasts at most this long: a host thread that waits for the device
+/// while its stream is held (something that synchronizes the whole device,
+/// as cudaFree does) would otherwise wait for ever. The first GPU run hung
+/// with NCCL collectives held (docs/cuda.md); only the runtime's own
+/// kernels are held now, and this bound is the safety net.
+constexpr uint64_t kMaxHoldNanoseconds = 1000000000;
+
 __global__ void spinUntilKernel(const volatile uint32_t *counter,
                                 uint32_t value) {
+  uint64_t start = nanoseconds();
   // Compared as a difference, so that the counter may wrap around.
-  while (int32_t(*counter - value) < 0)
+  while (int32_t(*counter - value) < 0 &&
+         nanoseconds() - start < kMaxHoldNanoseconds)
     __nanosleep(256);
 }
 
