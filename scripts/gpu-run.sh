@@ -117,6 +117,7 @@ failed_step() { # NAME: whether that step failed in this run
 # A crash's stack, from cuda-gdb (the image has no gdb; cuda-gdb also
 # debugs host code). The bundle keeps the symbols of the programs below.
 backtrace() { # COMMAND...
+  command -v cuda-gdb >/dev/null || { echo "no cuda-gdb on this machine"; return 77; }
   cuda-gdb -q -batch -ex run -ex bt -ex 'info threads' --args "$@" 2>&1 | tail -n 80
 }
 trainer_backtrace() {
@@ -153,11 +154,19 @@ launch() { # launch N PLANS DEVICE FLAGS...
 # device (--device-timing: the executor's host time per instruction against
 # the device time it launched).
 train_one_gpu() {
+  [[ $gpu == 0 ]] || { echo "no usable CUDA device"; return 77; }
   "$bin/meshplan" run --timeout 120 -n 1 -- "$bin/meshplan-train" \
     --spec "$src/test/trainer/specs/one-gpu-bf16.json" --device cuda --steps 20 "$@"
 }
 
-export bin src bundle
+# Whether this machine has a usable CUDA device (exit 77: it has none).
+probe_store=$(mktemp -d)
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \
+  "$bin/runtime-step-check" --device cuda --probe >>"$log" 2>&1
+gpu=$?
+rm -rf "$probe_store"
+
+export bin src bundle gpu
 export -f launch train_one_gpu backtrace trainer_backtrace
 
 step "runtime.cuda.host" 120 "$bin/RuntimeCudaHostTest"
@@ -176,11 +185,6 @@ if failed_step trainer.one-gpu; then
 fi
 step "trainer.one-gpu.device-timing" 60 train_one_gpu --device-timing
 step "trainer.cuda.equivalence" 200 bash "$src/test/trainer/cuda.sh" "$bin" "$src"
-probe_store=$(mktemp -d)
-RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MESHPLAN_STORE=file:$probe_store \
-  "$bin/runtime-step-check" --device cuda --probe >>"$log" 2>&1
-gpu=$?
-rm -rf "$probe_store"
 while IFS='|' read -r name n flags; do
   if [[ $gpu == 0 ]]; then
     # shellcheck disable=SC2086
