@@ -258,8 +258,10 @@ int main(int argc, char **argv) {
         });
     // 0.2 s of GPU time per repetition: 10 benchmarks x 5 repetitions stay
     // near 10 s of GPU time.
-    b->ArgName("n")->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(
-        0.2);
+    b->ArgName("n")
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime()
+        ->MinTime(0.2);
     for (int64_t n : kSizes)
       b->Arg(n);
   }

@@ -624,8 +624,7 @@ PassOutcome Session::Impl::runDevicePass(StepState &state) {
       bool held = holdsForTiming(b);
       if (held)
         MESHPLAN_TRY(device.hold(s));
-      Result<void> done =
-          device.record(dev->timingBefore[size_t(b.index)], s);
+      Result<void> done = device.record(dev->timingBefore[size_t(b.index)], s);
       if (done)
         done = executeOnDevice(b, s);
       if (done)

@@ -668,9 +668,9 @@ private:
                             what);
     if (ok)
       ok = waitForStream(*registry, *world, stream, what);
-    if (ok && (e = cudaMemcpyAsync(values, device, sizeof values,
-                                   cudaMemcpyDeviceToHost, stream)) ==
-                  cudaSuccess)
+    if (ok &&
+        (e = cudaMemcpyAsync(values, device, sizeof values,
+                             cudaMemcpyDeviceToHost, stream)) == cudaSuccess)
       e = cudaStreamSynchronize(stream);
     if (ok && e != cudaSuccess)
       ok = makeError(what + ": " + cudaText(e));
@@ -717,8 +717,9 @@ private:
         registry->abortAll();
         // NCCL may still write into h->comm: keep it alive.
         new std::shared_ptr<Handle>(h);
-        return makeError(what + ": NCCL made no communicator within the "
-                                "timeout of " +
+        return makeError(what +
+                         ": NCCL made no communicator within the "
+                         "timeout of " +
                          std::to_string(registry->timeout.count() / 1000.0) +
                          " s (a member missing or stalled?); every "
                          "communicator of this rank was aborted");

@@ -53,12 +53,11 @@ __global__ void bf16Kernel(uint16_t *p, const float *g, float *m, float *v,
 /// bandwidth on an H200, and one thread per counter (8 elements 8 apart) at
 /// 0.62 (docs/cuda.md).
 template <bool SmallWeight>
-__global__ void bf16ContiguousKernel(uint16_t *__restrict__ p,
-                                     const float *__restrict__ g,
-                                     float *__restrict__ m,
-                                     float *__restrict__ v, int64_t n,
-                                     AdamWScalars s, PhiloxSchedule schedule,
-                                     uint64_t step, uint64_t base) {
+__global__ void
+bf16ContiguousKernel(uint16_t *__restrict__ p, const float *__restrict__ g,
+                     float *__restrict__ m, float *__restrict__ v, int64_t n,
+                     AdamWScalars s, PhiloxSchedule schedule, uint64_t step,
+                     uint64_t base) {
   uint64_t firstBlock = base / uint64_t(kSuperblock);
   uint64_t lastBlock = (base + uint64_t(n) - 1) / uint64_t(kSuperblock);
   int64_t superblocks = int64_t(lastBlock - firstBlock + 1);
@@ -120,9 +119,9 @@ cudaError_t adamwBf16StochasticRounding(
   PhiloxSchedule schedule(uint32_t(k), uint32_t(k >> 32));
   if (index.outerRank == 0) {
     // One run: global = base + local (IndexMaps.h).
-    int64_t lanes = ((index.base + n - 1) / kSuperblock -
-                     index.base / kSuperblock + 1) *
-                    32;
+    int64_t lanes =
+        ((index.base + n - 1) / kSuperblock - index.base / kSuperblock + 1) *
+        32;
     if (s.smallWeight)
       bf16ContiguousKernel<true><<<blocksFor(lanes), kBlock, 0, stream>>>(
           paramBf16, grad, expAvg, expAvgSq, n, s, schedule, uint64_t(step),

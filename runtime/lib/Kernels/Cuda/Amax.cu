@@ -70,8 +70,8 @@ __global__ void amaxKernel4(const float4 *__restrict__ in, int64_t n4,
 #pragma unroll 4
   for (int64_t i = firstIndex(); i < n4; i += gridStride()) {
     float4 x = in[i];
-    int32_t a = max(max(absBits(x.x), absBits(x.y)),
-                    max(absBits(x.z), absBits(x.w)));
+    int32_t a =
+        max(max(absBits(x.x), absBits(x.y)), max(absBits(x.z), absBits(x.w)));
     m = a > m ? a : m;
   }
   if (firstIndex() < tailCount) {

@@ -69,8 +69,8 @@ cudaError_t castVector(const float *in, const float *scale, uint8_t *out,
       reinterpret_cast<const float4 *>(in), scale,
       reinterpret_cast<uchar4 *>(out), n4);
   if (n % 4)
-    castKernel<F><<<1, kBlock, 0, stream>>>(in + 4 * n4, scale, out + 4 * n4,
-                                            n % 4);
+    castKernel<F>
+        <<<1, kBlock, 0, stream>>>(in + 4 * n4, scale, out + 4 * n4, n % 4);
   return launched();
 }
 
