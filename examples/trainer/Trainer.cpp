@@ -285,53 +285,21 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
                      "bfloat16 activations between stages; "
                      "mixed_precision.param_dtype float16 is not implemented");
 
-  auto context = pipeline::makeContext();
-  pipeline::CompileOptions options;
-  options.import.tokensPerMicrobatch = tokensPerMicrobatch;
-  options.import.sequenceLength = flags.seqLen;
-  auto compileOne = [&]() -> Result<plan::PreparedTemplate> {
-    auto compiled = pipeline::compile(*context, out.spec, options);
-    if (!compiled)
-      return compiled.error().within("planning " + flags.spec);
-    auto prepared = plan::PreparedTemplate::prepare(compiled->program);
-    if (!prepared)
-      return prepared.error().within("internal error: the planned program");
-    return std::move(*prepared);
-  };
   // A pipelined spec is planned one template per pp coordinate, as `meshplan
   // plan --all` does (docs/pipeline.md, "Planning"): every rank plans all of
   // them, which the reference and the TP shares of other stages need.
-  int64_t coordinates = out.spec.pipeline ? out.spec.pipeline->config.ranks : 1;
-  for (int64_t c = 0; c < coordinates; ++c) {
-    if (out.spec.pipeline)
-      options.pipelineRank = c;
-    auto prepared = compileOne();
-    if (!prepared)
-      return prepared.error();
-    if (out.spec.pipeline)
-      out.byPipelineRank.push_back(*prepared);
-    if (!out.prepared)
-      out.prepared.emplace(std::move(*prepared));
-  }
+  pipeline::CompileOptions options;
+  options.import.tokensPerMicrobatch = tokensPerMicrobatch;
+  options.import.sequenceLength = flags.seqLen;
+  auto planned = pipeline::planSpec(std::move(out.spec), options);
+  if (!planned)
+    return planned.error().within("planning " + flags.spec);
+  static_cast<pipeline::PlannedSpec &>(out) = std::move(*planned);
   // Microbatches (accumulation or the pipeline's): the compute labels'.
-  for (const plan::Instruction &in : out.prepared->get().program)
+  for (const plan::Instruction &in : out.first().get().program)
     if (in.op == plan::OpKind::Compute)
       out.microbatches = std::max(out.microbatches, in.microbatch + 1);
   return out;
-}
-
-int64_t Planned::pipelineRankOf(int64_t rank) const {
-  if (!spec.pipeline)
-    return 0;
-  auto position = spec.mesh->positionOf(rank);
-  return position ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
-                  : 0;
-}
-
-const plan::PreparedTemplate &Planned::templateFor(int64_t rank) const {
-  if (!spec.pipeline)
-    return *prepared;
-  return byPipelineRank.at(size_t(pipelineRankOf(rank)));
 }
 
 Result<std::vector<plan::Plan>> stagePlansOf(const Planned &planned,

@@ -15,6 +15,7 @@
 #include "model/Llama.h"
 
 #include "meshplan/Frontend/Spec.h"
+#include "meshplan/Pipeline/Pipeline.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Plan/Template.h"
 
@@ -83,22 +84,14 @@ struct AxisRoles {
 };
 
 /// A spec loaded and planned in-process.
-struct Planned {
-  frontend::ResolvedSpec spec;
-  /// The template of pp coordinate 0 (of every rank without a pipeline).
-  std::optional<plan::PreparedTemplate> prepared;
-  /// With pipeline_parallel: one template per pp coordinate, as `meshplan
-  /// plan --all` compiles them (CompileOptions::pipelineRank).
-  std::vector<plan::PreparedTemplate> byPipelineRank;
+/// The spec planned (pipeline::planSpec: the templates, as `meshplan plan
+/// --all` plans them, every pp coordinate's under a pipeline) and what the
+/// trainer derives from it.
+struct Planned : pipeline::PlannedSpec {
   LlamaConfig config;
   AxisRoles roles;
   ModelOptions modelOptions;
   int64_t microbatches = 1;
-
-  /// The pp coordinate of `rank` (0 without a pipeline).
-  int64_t pipelineRankOf(int64_t rank) const;
-  /// The template `rank`'s plan is instantiated from.
-  const plan::PreparedTemplate &templateFor(int64_t rank) const;
 };
 
 /// Loads the spec (with --model), checks that meshplan-train can train it

@@ -11,7 +11,9 @@
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/ErrorHandling.h"
 
+#include <algorithm>
 #include <chrono>
 
 using namespace mlir;
@@ -155,4 +157,82 @@ meshplan::pipeline::specializeRank(ModuleOp module, int64_t rank) {
     return Error("internal error: pass dist-specialize-rank failed:\n" +
                  diagnostics.text);
   return copy;
+}
+
+Result<CompiledTemplate>
+meshplan::pipeline::compileTemplate(MLIRContext &context,
+                                    const frontend::ResolvedSpec &spec,
+                                    const CompileOptions &options) {
+  auto compiled = compile(context, spec, options);
+  if (!compiled)
+    return compiled.error();
+  auto prepared = plan::PreparedTemplate::prepare(compiled->program);
+  if (!prepared)
+    return Error{"internal error: the exported program is invalid: " +
+                 prepared.error().message};
+  return CompiledTemplate{std::move(*compiled), std::move(*prepared)};
+}
+
+int64_t meshplan::pipeline::PlannedSpec::pipelineRankOf(int64_t rank) const {
+  if (!spec.pipeline)
+    return 0;
+  auto position = spec.mesh->positionOf(rank);
+  return position ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
+                  : 0;
+}
+
+const plan::PreparedTemplate &meshplan::pipeline::PlannedSpec::first() const {
+  for (const std::optional<plan::PreparedTemplate> &t : templates)
+    if (t)
+      return *t;
+  // planSpec plans at least one template.
+  llvm_unreachable("a PlannedSpec without a template");
+}
+
+const plan::PreparedTemplate &
+meshplan::pipeline::PlannedSpec::templateFor(int64_t rank) const {
+  size_t coordinate = size_t(pipelineRankOf(rank));
+  if (coordinate < templates.size() && templates[coordinate])
+    return *templates[coordinate];
+  return first();
+}
+
+Result<PlannedSpec>
+meshplan::pipeline::planSpec(frontend::ResolvedSpec spec,
+                             const CompileOptions &options,
+                             std::optional<std::vector<int64_t>> coordinates) {
+  PlannedSpec out;
+  out.context = makeContext();
+  out.spec = std::move(spec);
+  out.options = options;
+  out.options.pipelineRank = -1;
+  int64_t count = out.spec.pipeline ? out.spec.pipeline->config.ranks : 1;
+  std::vector<int64_t> wanted;
+  if (out.spec.pipeline && coordinates) {
+    for (int64_t c : *coordinates)
+      if (c < 0 || c >= count)
+        return Error{"pp coordinate " + std::to_string(c) +
+                     " does not exist (pipeline_parallel has " +
+                     std::to_string(count) + ")"};
+    wanted = *coordinates;
+    std::sort(wanted.begin(), wanted.end());
+    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  } else {
+    for (int64_t c = 0; c < count; ++c)
+      wanted.push_back(c);
+  }
+  if (wanted.empty())
+    return Error{"planSpec: no pp coordinate to plan"};
+  out.templates.resize(size_t(count));
+  for (int64_t c : wanted) {
+    CompileOptions one = out.options;
+    if (out.spec.pipeline)
+      one.pipelineRank = c;
+    auto planned = compileTemplate(*out.context, out.spec, one);
+    if (!planned)
+      return planned.error();
+    out.compiled = std::move(planned->compiled);
+    out.templates[size_t(c)].emplace(std::move(planned->prepared));
+  }
+  return out;
 }

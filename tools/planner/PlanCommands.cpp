@@ -36,34 +36,8 @@ namespace fs = std::filesystem;
 //===----------------------------------------------------------------------===//
 
 namespace {
-struct Planned {
-  std::unique_ptr<mlir::MLIRContext> context;
-  frontend::ResolvedSpec spec;
-  pipeline::ImportOptions import;
-  pipeline::Compiled compiled;
-  std::optional<plan::PreparedTemplate> prepared;
-  /// Under pipeline_parallel: one template per pp coordinate (the ranks at
-  /// a coordinate share its stages and schedule), those that were planned.
-  /// `prepared` is then the first of them.
-  std::vector<std::optional<plan::PreparedTemplate>> byPipelineRank;
-
-  /// The pp coordinate of `rank` (0 without a pipeline).
-  int64_t pipelineRankOf(int64_t rank) const {
-    if (!spec.pipeline)
-      return 0;
-    auto position = spec.mesh->positionOf(rank);
-    return position
-               ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
-               : 0;
-  }
-  /// The template `rank`'s plan comes from.
-  const plan::PreparedTemplate &templateFor(int64_t rank) const {
-    if (!spec.pipeline)
-      return *prepared;
-    const auto &t = byPipelineRank[size_t(pipelineRankOf(rank))];
-    return t ? *t : *prepared;
-  }
-};
+/// The spec planned (pipeline::planSpec, as meshplan-train plans it).
+using Planned = pipeline::PlannedSpec;
 
 using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point start) {
@@ -120,49 +94,31 @@ static Planned planOrThrow(
     std::function<Result<void>(std::string_view, mlir::ModuleOp)> afterStage =
         nullptr,
     bool everyCoordinate = false) {
-  Planned p;
-  p.spec = loadSpecOrThrow(flags);
+  frontend::ResolvedSpec spec = loadSpecOrThrow(flags);
   if (rank)
-    checkRank(*p.spec.mesh, *rank);
-  p.import.tokensPerMicrobatch = flags.tokens;
-  p.import.sequenceLength = flags.seqLen;
-  if (cost.contextParallel)
-    p.import.contextParallelAxis =
-        *cost.contextParallel == "none" ? "" : *cost.contextParallel;
-  if (auto axis = pipeline::contextParallelAxis(p.spec, p.import); !axis)
-    throw CliError("--context-parallel: " + axis.error().message);
-  p.context = pipeline::makeContext();
+    checkRank(*spec.mesh, *rank);
   pipeline::CompileOptions options;
-  options.import = p.import;
+  options.import.tokensPerMicrobatch = flags.tokens;
+  options.import.sequenceLength = flags.seqLen;
+  if (cost.contextParallel)
+    options.import.contextParallelAxis =
+        *cost.contextParallel == "none" ? "" : *cost.contextParallel;
+  if (auto axis = pipeline::contextParallelAxis(spec, options.import); !axis)
+    throw CliError("--context-parallel: " + axis.error().message);
   options.afterStage = std::move(afterStage);
-  auto compileOne = [&]() {
-    auto compiled = pipeline::compile(*p.context, p.spec, options);
-    if (!compiled)
-      throw std::runtime_error(compiled.error().message);
-    p.compiled = std::move(*compiled);
-    auto prepared = plan::PreparedTemplate::prepare(p.compiled.program);
-    if (!prepared)
-      throw std::runtime_error("internal error: the exported program is "
-                               "invalid: " +
-                               prepared.error().message);
-    return std::move(*prepared);
-  };
-  if (!p.spec.pipeline) {
-    p.prepared.emplace(compileOne());
-    return p;
+  // Under a pipeline, one compile per pp coordinate planned: --rank's, or
+  // all of them.
+  std::optional<std::vector<int64_t>> coordinates;
+  if (spec.pipeline && rank && !everyCoordinate) {
+    auto position = spec.mesh->positionOf(*rank);
+    coordinates = std::vector<int64_t>{
+        position ? spec.mesh->coordinateAt(*position, spec.pipeline->axisIndex)
+                 : 0};
   }
-  // One compile per pp coordinate planned: --rank's, or all of them.
-  int64_t pp = p.spec.pipeline->config.ranks;
-  p.byPipelineRank.resize(size_t(pp));
-  for (int64_t coord = 0; coord < pp; ++coord) {
-    if (rank && !everyCoordinate && coord != p.pipelineRankOf(*rank))
-      continue;
-    options.pipelineRank = coord;
-    p.byPipelineRank[size_t(coord)].emplace(compileOne());
-    if (!p.prepared)
-      p.prepared.emplace(*p.byPipelineRank[size_t(coord)]);
-  }
-  return p;
+  auto planned = pipeline::planSpec(std::move(spec), options, coordinates);
+  if (!planned)
+    throw std::runtime_error(planned.error().message);
+  return std::move(*planned);
 }
 
 static std::string meshText(const Mesh &mesh) {
@@ -178,7 +134,7 @@ PlannedRanks meshplan::cli::planEveryRank(
     const std::function<void(const plan::Plan &)> &perRank) {
   // Every pp coordinate's template, under pipeline_parallel.
   Planned p = planOrThrow(flags, CostFlags{}, std::nullopt);
-  const plan::PreparedTemplate &prepared = *p.prepared;
+  const plan::PreparedTemplate &prepared = p.first();
   PlannedRanks out;
   out.modelName = p.spec.model->name;
   out.mesh = prepared.mesh().str();
@@ -390,7 +346,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   }
   Planned p = planOrThrow(options.spec, options.cost, options.rank, dump);
   auto afterCompile = Clock::now();
-  const plan::PreparedTemplate &prepared = *p.prepared;
+  const plan::PreparedTemplate &prepared = p.first();
   int64_t world = prepared.mesh().size();
   if (options.rank) {
     if (dump) {
@@ -896,16 +852,14 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       mlir::MLIRContext *ctx = p.context.get();
       if (other) {
         pipeline::CompileOptions compileOptions;
-        compileOptions.import = p.import;
-        auto compiled = pipeline::compile(*ctx, *other, compileOptions);
-        if (compiled)
-          if (auto prepared =
-                  plan::PreparedTemplate::prepare(compiled->program))
-            if (auto otherPlan = prepared->instantiate(options.rank)) {
-              otherGathers = 0;
-              for (const plan::Instruction &in : otherPlan->program)
-                *otherGathers += in.op == plan::OpKind::AllGather;
-            }
+        compileOptions.import = p.options.import;
+        if (auto compiled =
+                pipeline::compileTemplate(*ctx, *other, compileOptions))
+          if (auto otherPlan = compiled->prepared.instantiate(options.rank)) {
+            otherGathers = 0;
+            for (const plan::Instruction &in : otherPlan->program)
+              *otherGathers += in.op == plan::OpKind::AllGather;
+          }
       }
       if (otherGathers)
         out << "; per-module units (norm and output apart) under the same "
@@ -936,7 +890,7 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
       out << " total " << bytesText(static_cast<double>(total->second));
   }
   out << "\n";
-  auto act = pipeline::estimateActivations(p.spec, p.import);
+  auto act = pipeline::estimateActivations(p.spec, p.options.import);
   if (act && !act->units.empty()) {
     out << "  activation: the trainer's, estimated (docs/memory.md) for "
         << act->tokensPerRank << " tokens per rank per microbatch";
@@ -1013,7 +967,7 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
       instantiateOrThrow(p.templateFor(options.rank), options.rank);
   Result<plan::Schedule> schedule = makeError("no schedule");
   if (!p.spec.pipeline) {
-    schedule = plan::simulate(planned, p.prepared->flops(), device.model);
+    schedule = plan::simulate(planned, p.first().flops(), device.model);
   } else {
     // The rank's timeline within its pipeline: laid out together with the
     // other stages' ranks, so that waiting for a transfer shows as idle.

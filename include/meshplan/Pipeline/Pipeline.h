@@ -27,6 +27,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,6 +74,50 @@ Result<Compiled> compile(mlir::MLIRContext &context,
 /// Runs dist-specialize-rank{rank} on a copy of a compiled module.
 Result<mlir::OwningOpRef<mlir::ModuleOp>> specializeRank(mlir::ModuleOp module,
                                                          int64_t rank);
+
+/// compile, then PreparedTemplate::prepare: one template ready to
+/// instantiate, with what compile made it from.
+struct CompiledTemplate {
+  Compiled compiled;
+  plan::PreparedTemplate prepared;
+};
+Result<CompiledTemplate> compileTemplate(mlir::MLIRContext &context,
+                                         const frontend::ResolvedSpec &spec,
+                                         const CompileOptions &options = {});
+
+/// A spec planned: the one way the CLI (plan, explain, trace, the ckpt
+/// commands) and meshplan-train turn a resolved spec into the templates
+/// every rank's plan is instantiated from. Without pipeline_parallel one
+/// template serves every rank; with it, one per pp coordinate (the ranks at
+/// a coordinate share its stages and schedule).
+struct PlannedSpec {
+  /// Owns `compiled.module`; declared first, so that it goes last.
+  std::unique_ptr<mlir::MLIRContext> context;
+  frontend::ResolvedSpec spec;
+  /// What the templates were compiled with (pipelineRank aside).
+  CompileOptions options;
+  /// Per pp coordinate (one entry without a pipeline): its template, where
+  /// it was planned.
+  std::vector<std::optional<plan::PreparedTemplate>> templates;
+  /// compile's output for the last template planned (the IR that `plan
+  /// --dump-ir` specializes, the stage timings).
+  Compiled compiled;
+
+  /// The pp coordinate of `rank` (0 without a pipeline).
+  int64_t pipelineRankOf(int64_t rank) const;
+  /// The first template planned.
+  const plan::PreparedTemplate &first() const;
+  /// The template `rank`'s plan is instantiated from: its coordinate's, or
+  /// the first one where that coordinate was not planned.
+  const plan::PreparedTemplate &templateFor(int64_t rank) const;
+};
+
+/// Plans `spec` with `options` (its pipelineRank is ignored): every pp
+/// coordinate under a pipeline, or only `coordinates` when given (at least
+/// one). Errors are compile's (located input errors, or internal ones).
+Result<PlannedSpec>
+planSpec(frontend::ResolvedSpec spec, const CompileOptions &options = {},
+         std::optional<std::vector<int64_t>> coordinates = std::nullopt);
 
 } // namespace meshplan::pipeline
 
