@@ -2753,6 +2753,62 @@ public:
                 static_cast<long long>(totals.stackedPaths));
   }
 };
+//===----------------------------------------------------------------------===//
+// planSpec: the one way the CLI and meshplan-train plan a spec
+//===----------------------------------------------------------------------===//
+
+TEST(PlanSpec, OneTemplateServesEveryRankWithoutAPipeline) {
+  auto spec = fe::loadSpecFile(std::string(MESHPLAN_SOURCE_DIR) +
+                               "/examples/specs/fsdp-tp.json");
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  auto planned = pipeline::planSpec(std::move(*spec));
+  ASSERT_TRUE(planned.ok()) << planned.error().message;
+  ASSERT_EQ(planned->templates.size(), 1u);
+  for (int64_t r : planned->first().ranks()) {
+    EXPECT_EQ(planned->pipelineRankOf(r), 0);
+    EXPECT_EQ(&planned->templateFor(r), &planned->first());
+  }
+  // The same template compile and prepare give.
+  auto again = pipeline::compileTemplate(*planned->context, planned->spec);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  auto a = planned->first().instantiate(3), b = again->prepared.instantiate(3);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(*a == *b);
+}
+
+TEST(PlanSpec, ATemplatePerPipelineCoordinate) {
+  std::string path = std::string(MESHPLAN_SOURCE_DIR) +
+                     "/test/trainer/specs/pp2-fsdp2-tp2.json";
+  auto spec = fe::loadSpecFile(path);
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  pipeline::CompileOptions options;
+  options.import.tokensPerMicrobatch = 64;
+  options.import.sequenceLength = 32;
+  auto planned = pipeline::planSpec(*spec, options);
+  ASSERT_TRUE(planned.ok()) << planned.error().message;
+  ASSERT_EQ(planned->templates.size(), 2u);
+  ASSERT_TRUE(planned->templates[0] && planned->templates[1]);
+  const Mesh &mesh = *planned->spec.mesh;
+  for (int64_t r : planned->first().ranks()) {
+    int64_t coordinate = planned->pipelineRankOf(r);
+    EXPECT_EQ(coordinate, mesh.coordinateAt(*mesh.positionOf(r),
+                                            planned->spec.pipeline->axisIndex));
+    EXPECT_EQ(&planned->templateFor(r), &*planned->templates[coordinate]);
+    auto plan = planned->templateFor(r).instantiate(r);
+    ASSERT_TRUE(plan.ok()) << "rank " << r << ": " << plan.error().message;
+  }
+  // Only the coordinates asked for; the others fall back to the first.
+  auto one = pipeline::planSpec(*spec, options, std::vector<int64_t>{1});
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  EXPECT_FALSE(one->templates[0]);
+  ASSERT_TRUE(one->templates[1]);
+  EXPECT_EQ(&one->first(), &*one->templates[1]);
+  auto bad = pipeline::planSpec(*spec, options, std::vector<int64_t>{2});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message,
+            "pp coordinate 2 does not exist (pipeline_parallel has 2)");
+}
+
 [[maybe_unused]] ::testing::Environment *const summary =
     ::testing::AddGlobalTestEnvironment(new SummaryEnvironment);
 
