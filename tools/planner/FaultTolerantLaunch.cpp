@@ -9,7 +9,7 @@
 #include "FaultTolerantLaunch.h"
 
 #include "MeshSetup.h"
-#include "RunCommand.h"
+#include "RunOptions.h"
 
 #include <hiredis/hiredis.h>
 

@@ -1,5 +1,5 @@
-//===- RunCommand.h - meshplan run: the launcher
-//----------------------------===//
+//===- RunCommand.h - meshplan run: the launcher --------------*- C++ -*-===//
+//
 //
 // `meshplan run -n N [options] -- PROGRAM ARGS...` starts N processes of
 // PROGRAM with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...) and
@@ -14,7 +14,8 @@
 #ifndef MESHPLAN_TOOLS_PLANNER_RUNCOMMAND_H
 #define MESHPLAN_TOOLS_PLANNER_RUNCOMMAND_H
 
-#include <optional>
+#include "RunOptions.h"
+
 #include <string>
 #include <vector>
 
@@ -23,25 +24,6 @@ class App;
 } // namespace CLI
 
 namespace meshplan::cli {
-
-/// The flags as written; runLaunchCommand parses and checks them so that
-/// every message names the flag in the CLI's usual form.
-struct RunOptions {
-  std::string nprocPerNode;           ///< -n (required)
-  std::optional<std::string> store;   ///< file:DIR | redis://HOST:PORT
-  std::optional<std::string> timeout; ///< seconds, exported to the ranks
-  std::string nnodes = "1";           ///< --nnodes
-  std::string nodeRank = "0";         ///< --node-rank
-  std::string grace = "5";            ///< seconds from SIGTERM to SIGKILL
-  /// --fault-tolerant: restart a failed replica group's processes while the
-  /// others continue (FaultTolerantLaunch.h, docs/fault-tolerance.md).
-  bool faultTolerant = false;
-  std::optional<std::string> maxRestarts; ///< per group (default 3)
-  std::optional<std::string> minReplicas; ///< exported (default 1)
-  std::optional<std::string> heartbeatMs; ///< exported (default 2000)
-  std::optional<std::string> job;         ///< the job's name in the store
-  std::vector<std::string> program;       ///< PROGRAM ARGS...
-};
 
 /// Runs the job and returns the launcher's exit code: 0 when every rank
 /// exited with 0, 1 when a rank failed, 126/127 when PROGRAM cannot be
