@@ -1,6 +1,5 @@
 //===- RunCommand.h - meshplan run: the launcher --------------*- C++ -*-===//
 //
-//
 // `meshplan run -n N [options] -- PROGRAM ARGS...` starts N processes of
 // PROGRAM with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...) and
 // a store address in MESHPLAN_STORE, prefixes every line they print with
