@@ -28,6 +28,7 @@
 #include "meshplan/Plan/Trace.h"
 #include "meshplan/Runtime/Kernels.h"
 #include "meshplan/Runtime/Session.h"
+#include "meshplan/Support/Timing.h"
 
 #if MESHPLAN_HAVE_CUDA
 #include "meshplan/Runtime/CudaDevice.h"
@@ -52,13 +53,9 @@ using namespace meshplan;
 using namespace meshplan::trainer;
 using namespace meshplan::runtime;
 namespace k = meshplan::runtime::kernels;
-using Clock = std::chrono::steady_clock;
+using Clock = SteadyClock;
 
 namespace {
-
-double secondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 const char *kUsage =
     "usage: meshplan-train --spec FILE [--model NAME|FILE] [--steps N]\n"

@@ -5,6 +5,7 @@
 #include "meshplan/Dialect/Dist/IR/DistDialect.h"
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
 #include "meshplan/Pipeline/Export.h"
+#include "meshplan/Support/Timing.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -68,10 +69,7 @@ struct DiagnosticCollector {
   ScopedDiagnosticHandler handler;
 };
 
-using Clock = std::chrono::steady_clock;
-double secondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 } // namespace
 
 Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,

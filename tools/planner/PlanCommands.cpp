@@ -10,6 +10,7 @@
 #include "meshplan/Plan/PlanDirectory.h"
 #include "meshplan/Plan/Trace.h"
 #include "meshplan/Plan/Verify.h"
+#include "meshplan/Support/Timing.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/Support/raw_ostream.h"
@@ -39,10 +40,7 @@ namespace {
 /// The spec planned (pipeline::planSpec, as meshplan-train plans it).
 using Planned = pipeline::PlannedSpec;
 
-using Clock = std::chrono::steady_clock;
-double secondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+using Clock = SteadyClock;
 } // namespace
 
 static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
