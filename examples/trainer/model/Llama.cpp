@@ -428,15 +428,14 @@ struct Microbatch::Impl {
   /// one copies on the ops (its buffers may be device memory, which the
   /// group cannot touch).
   Result<void> tpAllGather(const float *in, float *out, int64_t count) {
-    if (tp.size() != 1)
-      return tp.allGather(in, out, count);
-    if (in != out)
-      ops.copy(out, in, sizeof(float) * static_cast<size_t>(count));
-    return {};
+    return tp.size() != 1 ? tp.allGather(in, out, count)
+                          : copyOnOps(in, out, count);
   }
   Result<void> tpReduceScatter(const float *in, float *out, int64_t count) {
-    if (tp.size() != 1)
-      return tp.reduceScatter(in, out, count);
+    return tp.size() != 1 ? tp.reduceScatter(in, out, count)
+                          : copyOnOps(in, out, count);
+  }
+  Result<void> copyOnOps(const float *in, float *out, int64_t count) {
     if (in != out)
       ops.copy(out, in, sizeof(float) * static_cast<size_t>(count));
     return {};
