@@ -152,8 +152,6 @@ Result<void> Session::Impl::setUpDevice() {
       MESHPLAN_TRY(device.hold(s));
       MESHPLAN_TRY(device.release(s));
     }
-  }
-  if (options.deviceTiming)
     for (size_t i = 0; i < program.size(); ++i)
       for (auto *into : {&state->timingBefore, &state->timingAfter}) {
         auto e = device.createTimingEvent();
@@ -161,6 +159,7 @@ Result<void> Session::Impl::setUpDevice() {
           return e.error().within("device " + device.name());
         into->push_back(*e);
       }
+  }
 
   // Packing blocks per stream, and a scale slot per (instruction, buffer).
   std::vector<size_t> sendBytes(plan.streams.size(), 0),

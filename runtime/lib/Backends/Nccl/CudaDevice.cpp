@@ -97,18 +97,10 @@ public:
     }
   }
   Result<DeviceEvent> createEvent() override {
-    MESHPLAN_TRY(current());
-    cudaEvent_t e = nullptr;
-    if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming))
-      return fail("cudaEventCreate", r);
-    return DeviceEvent{e};
+    return makeEvent(cudaEventDisableTiming);
   }
   Result<DeviceEvent> createTimingEvent() override {
-    MESHPLAN_TRY(current());
-    cudaEvent_t e = nullptr;
-    if (cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDefault))
-      return fail("cudaEventCreate", r);
-    return DeviceEvent{e};
+    return makeEvent(cudaEventDefault);
   }
   Result<void> hold(DeviceStream s) override {
     MESHPLAN_TRY(current());
@@ -293,6 +285,14 @@ private:
       return {};
     return check(
         what, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streamOf(s)));
+  }
+
+  Result<DeviceEvent> makeEvent(unsigned flags) {
+    MESHPLAN_TRY(current());
+    cudaEvent_t e = nullptr;
+    if (cudaError_t r = cudaEventCreateWithFlags(&e, flags))
+      return fail("cudaEventCreate", r);
+    return DeviceEvent{e};
   }
 
   /// A stream's hold counter: mapped pinned memory the spin kernel reads.
