@@ -5,6 +5,7 @@
 #include "MeshSetup.h"
 
 #include "meshplan/Frontend/Spec.h"
+#include "meshplan/Pipeline/Explain.h"
 #include "meshplan/Pipeline/Pipeline.h"
 #include "meshplan/Plan/CostModel.h"
 #include "meshplan/Plan/PlanDirectory.h"
@@ -119,9 +120,10 @@ static Planned planOrThrow(
   return std::move(*planned);
 }
 
-static std::string meshText(const Mesh &mesh) {
+/// "ddp=2, fsdp=2, abcd=2", managed axes marked.
+static std::string meshText(const std::vector<MeshAxis> &axes) {
   std::string out;
-  for (const MeshAxis &axis : mesh.getAxes())
+  for (const MeshAxis &axis : axes)
     out += (out.empty() ? "" : ", ") + axis.name + "=" +
            std::to_string(axis.size) + (axis.managed ? " (managed)" : "");
   return out;
@@ -270,14 +272,15 @@ static std::string capacityText(const Device &d) {
          " less " + bytesText(double(m.reservedMemoryBytes)) + " reserved)";
 }
 
-/// The kinds of a plan's peak estimate, largest first (at most `limit`):
+/// The kinds of a peak estimate (bytes by kind, as
+/// plan::Estimates::peakMemoryBytes), largest first (at most `limit`):
 /// "gradient 189.98 GiB, optimizer_state 23.63 GiB".
-static std::string largestKinds(const plan::Plan &plan, size_t limit) {
+static std::string largestKinds(const std::map<std::string, int64_t> &peak,
+                                size_t limit) {
   std::vector<std::pair<int64_t, std::string>> kinds;
-  if (plan.estimates)
-    for (const auto &[kind, bytes] : plan.estimates->peakMemoryBytes)
-      if (kind != "total" && bytes > 0)
-        kinds.push_back({bytes, kind});
+  for (const auto &[kind, bytes] : peak)
+    if (kind != "total" && bytes > 0)
+      kinds.push_back({bytes, kind});
   std::stable_sort(
       kinds.begin(), kinds.end(),
       [](const auto &a, const auto &b) { return a.first > b.first; });
@@ -304,8 +307,10 @@ static std::string overCapacity(const plan::Plan &plan, const Device &d) {
     return "";
   return "rank " + std::to_string(plan.rank) + "'s estimated peak " +
          bytesText(double(peak)) + " exceeds the capacity " + capacityText(d) +
-         " by " + bytesText(double(peak - capacity)) +
-         "; largest kinds: " + largestKinds(plan, 3);
+         " by " + bytesText(double(peak - capacity)) + "; largest kinds: " +
+         largestKinds(plan.estimates ? plan.estimates->peakMemoryBytes
+                                     : std::map<std::string, int64_t>{},
+                      3);
 }
 
 CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
@@ -469,7 +474,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::ostringstream out;
   out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
       << " of " << p.spec.model->name << " on mesh "
-      << meshText(prepared.mesh()) << " (" << world
+      << meshText(prepared.mesh().getAxes()) << " (" << world
       << " ranks): " << count(program.comms.size(), "communicator") << ", "
       << count(program.buffers.size(), "buffer") << ", "
       << count(program.program.size(), "instruction") << " per rank";
@@ -497,18 +502,10 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
 // explain
 //===----------------------------------------------------------------------===//
 
-namespace {
-struct CollectiveSummary {
-  int64_t count = 0;    ///< instructions
-  int64_t elements = 0; ///< summed counts
-  int64_t bytes = 0;    ///< bytes this rank sends
-};
-} // namespace
-
-/// The plan of one rank for explain and trace. The template is valid (it
-/// prepared), so what instantiation refuses is the input's: a limit such as
-/// a group of more than 2^20 listed members (docs/limits.md), an exit-2
-/// error as `plan` reports it, not an internal error.
+/// The plan of one rank for trace. The template is valid (it prepared), so
+/// what instantiation refuses is the input's: a limit such as a group of
+/// more than 2^20 listed members (docs/limits.md), an exit-2 error as `plan`
+/// reports it, not an internal error.
 static plan::Plan instantiateOrThrow(const plan::PreparedTemplate &prepared,
                                      int64_t rank) {
   auto planned = prepared.instantiate(rank);
@@ -518,65 +515,155 @@ static plan::Plan instantiateOrThrow(const plan::PreparedTemplate &prepared,
   return std::move(*planned);
 }
 
-/// The ranks that run one pipeline with `rank`: its coordinates with each
-/// pp coordinate in turn.
-static std::vector<int64_t> pipelinePeers(const Planned &p, int64_t rank) {
-  const Mesh &mesh = *p.spec.mesh;
-  int axis = p.spec.pipeline->axisIndex;
-  int64_t position = *mesh.positionOf(rank);
-  int64_t base =
-      position - mesh.coordinateAt(position, axis) * mesh.stride(axis);
-  std::vector<int64_t> ranks;
-  for (int64_t c = 0; c < p.spec.pipeline->config.ranks; ++c)
-    ranks.push_back(mesh.rankAt(base + c * mesh.stride(axis)));
-  return ranks;
+/// Throws a pipeline::explain / layOutPipeline error as the CLI reports it:
+/// a rank's plan that instantiation refuses is the input's (an exit-2
+/// error naming --rank, as `plan` reports it), anything else a planner bug.
+[[noreturn]] static void throwExplainError(const Error &error) {
+  if (error.message.rfind("internal error: ", 0) == 0)
+    throw std::runtime_error(error.message);
+  throw CliError("--rank: " + error.message);
 }
 
-/// The plans of the ranks that run one pipeline with `rank` (by pp
-/// coordinate), laid out together under the cost model.
-struct PipelineLayout {
-  std::vector<int64_t> ranks;
-  std::vector<plan::Plan> plans;
-  std::vector<plan::Schedule> schedules;
-};
-static PipelineLayout layOutPipeline(const Planned &p, int64_t rank,
-                                     const Device &device) {
-  PipelineLayout out;
-  out.ranks = pipelinePeers(p, rank);
-  std::vector<std::vector<double>> flops;
-  for (int64_t peer : out.ranks) {
-    const plan::PreparedTemplate &t = p.templateFor(peer);
-    out.plans.push_back(instantiateOrThrow(t, peer));
-    flops.push_back(t.flops());
+/// "8.03B", "106.8K".
+static std::string parameterCountText(double count) {
+  return count >= 1e9   ? fixed(count / 1e9, 2) + "B"
+         : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
+                        : fixed(count / 1e3, 1) + "K";
+}
+
+/// "ddp, fsdp", or "-" for none.
+static std::string nameList(const std::vector<std::string> &names) {
+  std::string s;
+  for (const std::string &n : names)
+    s += (s.empty() ? "" : ", ") + n;
+  return s.empty() ? std::string("-") : s;
+}
+
+/// The FSDP unit table; runs of blocks with the same size and gathers
+/// print once.
+static void printUnits(const pipeline::Explanation &e,
+                       std::ostringstream &out) {
+  out << "FSDP units (" << e.unitCount << "; gathered bytes per "
+      << "step on rank " << e.rank << "):\n";
+  // The name column fits the longest name (explicit units join patterns).
+  size_t nameWidth = 16;
+  for (const pipeline::Explanation::Unit &unit : e.units)
+    nameWidth = std::max(nameWidth, unit.name.size() + 2);
+  auto line = [&](const pipeline::Explanation::Unit &unit,
+                  const std::string &name) {
+    std::string params;
+    if (unit.params.size() <= 3)
+      for (const std::string &param : unit.params)
+        params += (params.empty() ? "" : ", ") + param;
+    else
+      params = std::to_string(unit.params.size()) + " tensors";
+    out << "  " << std::left << std::setw(static_cast<int>(nameWidth)) << name
+        << std::right << std::setw(10)
+        << fixed(static_cast<double>(unit.elements) / 1e6, 2) << "M  "
+        << std::setw(11) << bytesText(static_cast<double>(unit.gatheredBytes))
+        << "  " << unit.allGathers << " all-gather"
+        << (unit.allGathers == 1 ? "" : "s")
+        << (unit.reshardAfterForward ? ", resharded after forward"
+                                     : ", kept from forward to backward")
+        << (unit.root ? " (root)" : "") << "  [" << params << "]\n";
+  };
+  auto blockPrefix = [](const std::string &name) {
+    size_t dot = name.rfind('.');
+    if (dot == std::string::npos || dot + 1 == name.size() ||
+        name.find_first_not_of("0123456789", dot + 1) != std::string::npos)
+      return std::string();
+    return name.substr(0, dot + 1);
+  };
+  const auto &units = e.units;
+  for (size_t u = 0; u < units.size();) {
+    size_t v = u + 1;
+    std::string prefix = blockPrefix(units[u].name);
+    while (!prefix.empty() && v < units.size() &&
+           blockPrefix(units[v].name) == prefix &&
+           units[v].params.size() == units[u].params.size() &&
+           units[v].allGathers == units[u].allGathers &&
+           units[v].gatheredBytes == units[u].gatheredBytes &&
+           units[v].reshardAfterForward == units[u].reshardAfterForward)
+      ++v;
+    if (v - u > 2) {
+      line(units[u],
+           units[u].name + ".." + units[v - 1].name.substr(prefix.size()));
+      out << "    (" << (v - u) << " units like this)\n";
+    } else {
+      for (size_t w = u; w < v; ++w)
+        line(units[w], units[w].name);
+    }
+    u = v;
   }
-  std::vector<const plan::Plan *> pointers;
-  for (const plan::Plan &one : out.plans)
-    pointers.push_back(&one);
-  auto schedules = plan::simulateTogether(pointers, flops, device.model);
-  if (!schedules)
-    throw std::runtime_error("internal error: " + schedules.error().message);
-  out.schedules = std::move(*schedules);
-  return out;
+  out << "  " << e.unitAllGathers << " all-gathers per step";
+  if (e.perModule)
+    out << "; per-module units (norm and output apart) under the same "
+           "policy would take "
+        << e.perModule->allGathers << ": "
+        << (e.perModule->allGathers - e.unitAllGathers)
+        << " fewer, as [norm, output] is one unit"
+        << (e.perModule->normOutputKeptGathered
+                ? " kept gathered from its forward into its backward "
+                  "(reshard policy " +
+                      e.reshardAfterForward + ")"
+                : "");
+  out << "\n\n";
 }
 
-/// The per-stage table and the bubble of a pipelined spec: the plans of the
-/// ranks that run one pipeline with `rank`, laid out together under the
-/// cost model (plan::simulateTogether).
-static void explainPipeline(const Planned &p, int64_t rank,
-                            const Device &device, std::ostringstream &out) {
-  const frontend::ResolvedPipeline &pp = *p.spec.pipeline;
-  const PipelineScheduleConfig &config = pp.config;
-  PipelineLayout layout = layOutPipeline(p, rank, device);
-  const std::vector<int64_t> &peers = layout.ranks;
-  const std::vector<plan::Plan> &plans = layout.plans;
+/// The peak memory line, the activation estimate's assumptions and the
+/// headroom on the device.
+static void printMemory(const pipeline::Explanation &e, const Device &device,
+                        std::ostringstream &out) {
+  // Kinds first ("activation 2.95 GiB; gathered 1.18 GiB; ..."), then the
+  // total, which ends the line.
+  out << "memory of rank " << e.rank << " (peak, by kind):";
+  for (const pipeline::Explanation::MemoryKind &kind : e.peakMemory)
+    out << " " << kind.kind << " " << bytesText(static_cast<double>(kind.bytes))
+        << ";";
+  if (e.peakMemoryTotal)
+    out << " total " << bytesText(static_cast<double>(*e.peakMemoryTotal));
+  out << "\n";
+  if (const auto &act = e.activations) {
+    out << "  activation: the trainer's, estimated (docs/memory.md) for "
+        << act->tokensPerRank << " tokens per rank per microbatch";
+    if (act->contextSize > 1)
+      out << " (" << act->tokensPerDataParallelRank
+          << " per data-parallel rank, sequences split over "
+          << act->contextAxis << "=" << act->contextSize << ")";
+    out << ", " << act->blocks << " transformer block"
+        << (act->blocks == 1 ? "" : "s") << ", " << act->dtype
+        << ", activation checkpointing " << act->activationCheckpointing
+        << "\n";
+  }
+  const pipeline::Explanation::Capacity &capacity = e.capacity;
+  out << "  capacity " << capacityText(device) << ": ";
+  if (capacity.fits) {
+    out << "headroom " << bytesText(double(capacity.headroomBytes)) << " ("
+        << fixed(100.0 * double(capacity.headroomBytes) /
+                     double(std::max<int64_t>(1, capacity.capacityBytes)),
+                 0)
+        << "%)\n";
+  } else {
+    std::map<std::string, int64_t> kinds;
+    for (const pipeline::Explanation::MemoryKind &kind : e.peakMemory)
+      kinds[kind.kind] = kind.bytes;
+    out << "over by " << bytesText(double(-capacity.headroomBytes))
+        << "; largest kinds: " << largestKinds(kinds, 3)
+        << "; meshplan plan refuses it without --allow-over-capacity\n";
+  }
+}
 
-  out << "\npipeline: " << pipelineScheduleKindName(config.kind) << " over "
-      << pp.axis << "=" << config.ranks << ", " << config.microbatches
-      << " microbatches, " << config.stagesPerRank << " stage"
-      << (config.stagesPerRank == 1 ? "" : "s") << " per rank ("
-      << pp.numStages() << " stages); rank " << rank << " is " << pp.axis
-      << " coordinate " << p.pipelineRankOf(rank) << "\n";
-  out << "  the pipeline of rank " << rank
+/// The per-stage table and the bubble of a pipelined spec, then the step of
+/// its ranks laid out together.
+static void printPipeline(const pipeline::Explanation &e,
+                          std::ostringstream &out) {
+  const pipeline::Explanation::Pipeline &pp = *e.pipeline;
+  out << "\npipeline: " << pp.schedule << " over " << pp.axis << "=" << pp.size
+      << ", " << pp.microbatches << " microbatches, " << pp.stagesPerRank
+      << " stage" << (pp.stagesPerRank == 1 ? "" : "s") << " per rank ("
+      << pp.stageCount << " stages); rank " << e.rank << " is " << pp.axis
+      << " coordinate " << pp.coordinate << "\n";
+  out << "  the pipeline of rank " << e.rank
       << ", laid out together under the cost model:\n";
   out << "  " << std::left << std::setw(6) << pp.axis << std::setw(8) << "rank"
       << std::setw(10) << "stages" << std::right << std::setw(12)
@@ -584,67 +671,30 @@ static void explainPipeline(const Planned &p, int64_t rank,
       << "activations" << std::setw(14) << "compute busy" << std::setw(10)
       << "step" << std::setw(8) << "idle"
       << "\n";
-  double step = 0, idle = 0;
-  for (size_t c = 0; c < plans.size(); ++c) {
-    const plan::Schedule &s = layout.schedules[c];
-    step = std::max(step, s.stepSeconds);
-  }
-  for (size_t c = 0; c < plans.size(); ++c) {
-    const plan::Plan &one = plans[c];
-    const plan::Schedule &s = layout.schedules[c];
+  for (const pipeline::Explanation::PipelineStage &s : pp.ranks) {
     std::string stages;
-    int64_t parameters = 0;
-    for (int64_t stage : pp.stagesOfRank[c]) {
+    for (int64_t stage : s.stages)
       stages += (stages.empty() ? "" : ",") + std::to_string(stage);
-      parameters += pp.stages[size_t(stage)].numParameters;
-    }
-    int64_t peak = 0, activations = 0;
-    if (one.estimates) {
-      const auto &m = one.estimates->peakMemoryBytes;
-      if (auto it = m.find("total"); it != m.end())
-        peak = it->second;
-      if (auto it = m.find("activation"); it != m.end())
-        activations = it->second;
-    }
-    double busy = s.computeStream >= 0
-                      ? s.streamBusySeconds[size_t(s.computeStream)]
-                      : 0.0;
-    // Idle against the pipeline's step: every rank's step ends with the
-    // slowest one's.
-    double rankIdle = step > 0 ? std::max(0.0, 1.0 - busy / step) : 0.0;
-    idle += rankIdle;
-    double count = double(parameters);
-    out << "  " << std::left << std::setw(6) << c << std::setw(8) << peers[c]
-        << std::setw(10) << stages << std::right << std::setw(12)
-        << (count >= 1e9   ? fixed(count / 1e9, 2) + "B"
-            : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
-                           : fixed(count / 1e3, 1) + "K")
-        << std::setw(13) << bytesText(double(peak)) << std::setw(13)
-        << bytesText(double(activations)) << std::setw(14)
-        << (fixed(busy * 1e3, 1) + " ms") << std::setw(10)
+    out << "  " << std::left << std::setw(6) << s.coordinate << std::setw(8)
+        << s.rank << std::setw(10) << stages << std::right << std::setw(12)
+        << parameterCountText(double(s.parameters)) << std::setw(13)
+        << bytesText(double(s.peakMemoryBytes)) << std::setw(13)
+        << bytesText(double(s.activationBytes)) << std::setw(14)
+        << (fixed(s.computeBusySeconds * 1e3, 1) + " ms") << std::setw(10)
         << (fixed(s.stepSeconds * 1e3, 1) + " ms") << std::setw(7)
-        << fixed(100.0 * rankIdle, 1) << "%\n";
+        << fixed(100.0 * s.idleFraction, 1) << "%\n";
   }
-  double bubble = plans.empty() ? 0 : idle / double(plans.size());
-  const char *formula =
-      config.kind == PipelineScheduleKind::Interleaved1F1B ? "(p-1)/(v m+p-1)"
-      : config.kind == PipelineScheduleKind::ZeroBubbleV   ? "(p-1)/(6m+p-1)"
-                                                           : "(p-1)/(m+p-1)";
-  out << "  bubble: " << fixed(100.0 * bubble, 1)
+  out << "  bubble: " << fixed(100.0 * pp.bubbleFraction, 1)
       << "% under the cost model (the compute stream idle over the "
          "pipeline's step, averaged over its ranks; exposed communication "
          "included); textbook "
-      << formula << " = " << fixed(100.0 * textbookBubbleFraction(config), 1)
-      << "%\n";
+      << pp.textbookFormula << " = "
+      << fixed(100.0 * pp.textbookBubbleFraction, 1) << "%\n";
   out << "\nstep under the cost model (docs/plan-format.md#cost-model-and-"
          "trace), the pipeline's ranks laid out together: "
-      << fixed(step * 1e3, 1) << " ms; rank " << rank << " exposed "
-      << "communication "
-      << fixed(layout.schedules[size_t(p.pipelineRankOf(rank))]
-                       .exposedCommSeconds *
-                   1e3,
-               1)
-      << " ms\n";
+      << fixed(e.step->seconds * 1e3, 1) << " ms; rank " << e.rank
+      << " exposed communication "
+      << fixed(e.step->exposedCommunicationSeconds * 1e3, 1) << " ms\n";
 }
 
 std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
@@ -653,78 +703,37 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
   // bubble.
   Planned p = planOrThrow(options.spec, options.cost, options.rank, nullptr,
                           /*everyCoordinate=*/true);
-  const plan::PreparedTemplate &prepared = p.templateFor(options.rank);
-  plan::Plan plan = instantiateOrThrow(prepared, options.rank);
-  const frontend::Spec &spec = p.spec.spec;
-  const Mesh &mesh = prepared.mesh();
-
-  std::map<std::string, const plan::Communicator *> comms;
-  for (const plan::Communicator &c : plan.communicators)
-    comms[c.id] = &c;
-  // (comm, op, dtype) -> summary
-  std::map<std::tuple<std::string, std::string, std::string>, CollectiveSummary>
-      collectives;
-  int64_t fp8Bytes = 0, fp8BytesAtParamDtype = 0, fp8Gathers = 0;
-  plan::DType paramDtype =
-      *plan::parseDType(frontend::dtypeName(spec.mixedPrecision.paramDtype));
-  for (const plan::Instruction &in : plan.program) {
-    if (!plan::isCollective(in.op))
-      continue;
-    int64_t n = static_cast<int64_t>(comms[in.comm]->ranks.size());
-    int64_t sent = plan::bytesSent(in.op, *in.dtype, in.count, n);
-    auto &s = collectives[{in.comm, std::string(plan::opKindName(in.op)),
-                           std::string(plan::dtypeName(*in.dtype))}];
-    s.count += 1;
-    s.elements += in.count;
-    s.bytes += sent;
-    if (in.op == plan::OpKind::AllGather &&
-        (*in.dtype == plan::DType::Float8E4M3 ||
-         *in.dtype == plan::DType::Float8E5M2)) {
-      ++fp8Gathers;
-      fp8Bytes += sent;
-      fp8BytesAtParamDtype += plan::bytesSent(in.op, paramDtype, in.count, n);
-    }
-  }
-  auto schedule = plan::simulate(plan, prepared.flops(), device.model);
+  auto explained = pipeline::explain(p, options.rank, device.model);
+  if (!explained)
+    throwExplainError(explained.error());
+  const pipeline::Explanation &e = *explained;
+  if (options.json)
+    return pipeline::explanationJson(e).dump(2) + "\n";
 
   std::ostringstream out;
-  double count = static_cast<double>(frontend::countParameters(*p.spec.model));
-  out << "model " << p.spec.model->name << ": "
-      << (count >= 1e9   ? fixed(count / 1e9, 2) + "B"
-          : count >= 1e6 ? fixed(count / 1e6, 2) + "M"
-                         : fixed(count / 1e3, 1) + "K")
-      << " parameters in " << p.spec.params.size() << " tensors, "
-      << p.spec.units.size() << " FSDP units ("
-      << (spec.dataParallel.units == frontend::UnitGrouping::Explicit
-              ? std::string("the spec's")
-              : std::string(frontend::kUnitGroupingNames[static_cast<int>(
-                    spec.dataParallel.units)]))
+  out << "model " << e.modelName << ": "
+      << parameterCountText(static_cast<double>(e.parameterCount))
+      << " parameters in " << e.tensorCount << " tensors, " << e.unitCount
+      << " FSDP units ("
+      << (e.unitGrouping == "explicit" ? std::string("the spec's")
+                                       : e.unitGrouping)
       << ")\n";
-  out << "mesh " << meshText(mesh) << ": " << mesh.size() << " ranks\n";
-  auto list = [](const std::vector<std::string> &names) {
-    std::string s;
-    for (const std::string &n : names)
-      s += (s.empty() ? "" : ", ") + n;
-    return s.empty() ? std::string("-") : s;
-  };
-  out << "roles: replicate {" << list(spec.dataParallel.replicateAxes)
-      << "}, shard {" << list(spec.dataParallel.shardAxes) << "}, tensor {"
-      << (spec.tensorParallel ? spec.tensorParallel->axis : "-") << "}, extra {"
-      << list(spec.extraAxes) << "}; reshard after forward: "
-      << frontend::reshardPolicyName(spec.dataParallel.reshardAfterForward)
-      << "; params " << frontend::dtypeName(spec.optimizer.paramDtype)
-      << ", compute " << frontend::dtypeName(spec.mixedPrecision.paramDtype)
-      << ", reduce " << frontend::dtypeName(spec.mixedPrecision.reduceDtype)
-      << "\n\n";
+  out << "mesh " << meshText(e.meshAxes) << ": " << e.worldSize << " ranks\n";
+  out << "roles: replicate {" << nameList(e.replicateAxes) << "}, shard {"
+      << nameList(e.shardAxes) << "}, tensor {" << e.tensorAxis.value_or("-")
+      << "}, extra {" << nameList(e.extraAxes)
+      << "}; reshard after forward: " << e.reshardAfterForward << "; params "
+      << e.paramDtype << ", compute " << e.computeDtype << ", reduce "
+      << e.reduceDtype << "\n\n";
 
   // Columns as wide as the longest communicator id.
   int idWidth = 14;
-  for (const plan::Communicator &c : plan.communicators)
+  for (const pipeline::Explanation::Communicator &c : e.communicators)
     idWidth = std::max(idWidth, static_cast<int>(c.id.size()) + 2);
-  out << "communicators of rank " << options.rank << ":\n";
-  for (const plan::Communicator &c : plan.communicators) {
+  out << "communicators of rank " << e.rank << ":\n";
+  for (const pipeline::Explanation::Communicator &c : e.communicators) {
     out << "  " << std::left << std::setw(idWidth) << c.id << "axes {"
-        << list(c.axes) << "}  group [";
+        << nameList(c.axes) << "}  group [";
     for (size_t i = 0; i < c.ranks.size() && i < 8; ++i)
       out << (i ? "," : "") << c.ranks[i];
     if (c.ranks.size() > 8)
@@ -732,222 +741,53 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
     out << "]  color " << c.color << " key " << c.key
         << (c.faultTolerant ? "  fault-tolerant" : "") << "\n";
   }
-  out << "\ncollectives per step of rank " << options.rank
+  out << "\ncollectives per step of rank " << e.rank
       << " (bytes this rank sends, ring algorithms):\n";
   out << "  " << std::left << std::setw(idWidth) << "communicator"
       << std::setw(16) << "op" << std::setw(15) << "dtype" << std::right
       << std::setw(6) << "calls" << std::setw(16) << "elements" << std::setw(14)
       << "bytes"
       << "\n";
-  int64_t totalBytes = 0;
-  for (const auto &[key, s] : collectives) {
-    const auto &[comm, op, dtype] = key;
-    out << "  " << std::left << std::setw(idWidth) << comm << std::setw(16)
-        << op << std::setw(15) << dtype << std::right << std::setw(6) << s.count
-        << std::setw(16) << s.elements << std::setw(14)
-        << bytesText(static_cast<double>(s.bytes)) << "\n";
-    totalBytes += s.bytes;
-  }
-  out << "  total sent per step: " << bytesText(static_cast<double>(totalBytes))
-      << "\n\n";
+  for (const pipeline::Explanation::CollectiveSummary &s : e.collectives)
+    out << "  " << std::left << std::setw(idWidth) << s.communicator
+        << std::setw(16) << s.op << std::setw(15) << s.dtype << std::right
+        << std::setw(6) << s.calls << std::setw(16) << s.elements
+        << std::setw(14) << bytesText(static_cast<double>(s.bytes)) << "\n";
+  out << "  total sent per step: "
+      << bytesText(static_cast<double>(e.collectiveBytes)) << "\n\n";
 
-  // The FSDP units: what each gathers on this rank and how often.
-  {
-    std::map<std::string, std::string> tensorOf; // buffer -> parameter
-    for (const plan::Buffer &buffer : plan.buffers)
-      tensorOf[buffer.id] = buffer.tensor;
-    std::map<std::string, int> unitOfParam;
-    for (size_t u = 0; u < p.spec.units.size(); ++u)
-      for (int param : p.spec.units[u].params)
-        unitOfParam[p.spec.params[param].name] = static_cast<int>(u);
-    // Per unit: all-gather instructions and the bytes they bring in.
-    std::vector<int64_t> gathers(p.spec.units.size(), 0);
-    std::vector<int64_t> gatheredBytes(p.spec.units.size(), 0);
-    for (const plan::Instruction &in : plan.program) {
-      if (in.op != plan::OpKind::AllGather || in.outputs.empty())
-        continue;
-      auto it = unitOfParam.find(tensorOf[in.outputs.front()]);
-      if (it == unitOfParam.end())
-        continue;
-      ++gathers[it->second];
-      gatheredBytes[it->second] +=
-          in.count * static_cast<int64_t>(plan::dtypeBytes(*in.dtype));
-    }
-    int64_t totalGathers = 0;
-    for (int64_t g : gathers)
-      totalGathers += g;
-    out << "FSDP units (" << p.spec.units.size() << "; gathered bytes per "
-        << "step on rank " << options.rank << "):\n";
-    // The name column fits the longest name (explicit units join patterns).
-    size_t nameWidth = 16;
-    for (const frontend::UnitAssignment &unit : p.spec.units)
-      nameWidth = std::max(nameWidth, unit.name.size() + 2);
-    auto line = [&](size_t u, const std::string &name) {
-      const frontend::UnitAssignment &unit = p.spec.units[u];
-      int64_t elements = 0;
-      for (int param : unit.params) {
-        int64_t n = 1;
-        for (int64_t d : p.spec.params[param].shape)
-          n *= d;
-        elements += n;
-      }
-      std::string params;
-      if (unit.params.size() <= 3)
-        for (int param : unit.params)
-          params += (params.empty() ? "" : ", ") + p.spec.params[param].name;
-      else
-        params = std::to_string(unit.params.size()) + " tensors";
-      out << "  " << std::left << std::setw(static_cast<int>(nameWidth)) << name
-          << std::right << std::setw(10)
-          << fixed(static_cast<double>(elements) / 1e6, 2) << "M  "
-          << std::setw(11) << bytesText(static_cast<double>(gatheredBytes[u]))
-          << "  " << gathers[u] << " all-gather" << (gathers[u] == 1 ? "" : "s")
-          << (unit.reshardAfterForward ? ", resharded after forward"
-                                       : ", kept from forward to backward")
-          << (unit.root ? " (root)" : "") << "  [" << params << "]\n";
-    };
-    // Runs of blocks with the same size and gathers print once.
-    auto blockPrefix = [](const std::string &name) {
-      size_t dot = name.rfind('.');
-      if (dot == std::string::npos || dot + 1 == name.size() ||
-          name.find_first_not_of("0123456789", dot + 1) != std::string::npos)
-        return std::string();
-      return name.substr(0, dot + 1);
-    };
-    for (size_t u = 0; u < p.spec.units.size();) {
-      size_t v = u + 1;
-      std::string prefix = blockPrefix(p.spec.units[u].name);
-      while (!prefix.empty() && v < p.spec.units.size() &&
-             blockPrefix(p.spec.units[v].name) == prefix &&
-             p.spec.units[v].params.size() == p.spec.units[u].params.size() &&
-             gathers[v] == gathers[u] && gatheredBytes[v] == gatheredBytes[u] &&
-             p.spec.units[v].reshardAfterForward ==
-                 p.spec.units[u].reshardAfterForward)
-        ++v;
-      if (v - u > 2) {
-        line(u, p.spec.units[u].name + ".." +
-                    p.spec.units[v - 1].name.substr(prefix.size()));
-        out << "    (" << (v - u) << " units like this)\n";
-      } else {
-        for (size_t w = u; w < v; ++w)
-          line(w, p.spec.units[w].name);
-      }
-      u = v;
-    }
-    out << "  " << totalGathers << " all-gathers per step";
-    // Against per-module units (norm and output apart) under the same
-    // policy: what torchtitan's [norm, output] unit saves.
-    const frontend::UnitAssignment *normOutput = nullptr;
-    for (const frontend::UnitAssignment &unit : p.spec.units)
-      if (unit.name == "norm+output")
-        normOutput = &unit;
-    if (normOutput && !p.spec.pipeline &&
-        spec.dataParallel.units == frontend::UnitGrouping::Torchtitan) {
-      frontend::Spec perModule = spec;
-      perModule.dataParallel.units = frontend::UnitGrouping::PerModule;
-      auto other = frontend::resolveSpec(perModule, p.spec.model);
-      std::optional<int64_t> otherGathers;
-      mlir::MLIRContext *ctx = p.context.get();
-      if (other) {
-        pipeline::CompileOptions compileOptions;
-        compileOptions.import = p.options.import;
-        if (auto compiled =
-                pipeline::compileTemplate(*ctx, *other, compileOptions))
-          if (auto otherPlan = compiled->prepared.instantiate(options.rank)) {
-            otherGathers = 0;
-            for (const plan::Instruction &in : otherPlan->program)
-              *otherGathers += in.op == plan::OpKind::AllGather;
-          }
-      }
-      if (otherGathers)
-        out << "; per-module units (norm and output apart) under the same "
-               "policy would take "
-            << *otherGathers << ": " << (*otherGathers - totalGathers)
-            << " fewer, as [norm, output] is one unit"
-            << (normOutput->reshardAfterForward
-                    ? ""
-                    : " kept gathered from its forward into its backward "
-                      "(reshard policy " +
-                          std::string(frontend::reshardPolicyName(
-                              spec.dataParallel.reshardAfterForward)) +
-                          ")");
-    }
-    out << "\n\n";
-  }
+  printUnits(e, out);
+  printMemory(e, device, out);
 
-  // Kinds first ("activation 2.95 GiB; gathered 1.18 GiB; ..."), then the
-  // total, which ends the line.
-  out << "memory of rank " << options.rank << " (peak, by kind):";
-  if (plan.estimates) {
-    const auto &peak = plan.estimates->peakMemoryBytes;
-    for (const auto &[kind, bytes] : peak)
-      if (kind != "total")
-        out << " " << kind << " " << bytesText(static_cast<double>(bytes))
-            << ";";
-    if (auto total = peak.find("total"); total != peak.end())
-      out << " total " << bytesText(static_cast<double>(total->second));
-  }
-  out << "\n";
-  auto act = pipeline::estimateActivations(p.spec, p.options.import);
-  if (act && !act->units.empty()) {
-    out << "  activation: the trainer's, estimated (docs/memory.md) for "
-        << act->tokensPerRank << " tokens per rank per microbatch";
-    if (act->contextSize > 1)
-      out << " (" << options.spec.tokens
-          << " per data-parallel rank, sequences split over "
-          << act->contextAxis << "=" << act->contextSize << ")";
-    out << ", " << act->blocks << " transformer block"
-        << (act->blocks == 1 ? "" : "s") << ", "
-        << frontend::dtypeName(spec.mixedPrecision.paramDtype)
-        << ", activation checkpointing "
-        << frontend::activationCheckpointingName(spec.activationCheckpointing)
-        << "\n";
-  }
-  {
-    int64_t peak = peakTotal(plan),
-            capacity = device.model.memoryCapacityBytes();
-    out << "  capacity " << capacityText(device) << ": ";
-    if (peak <= capacity)
-      out << "headroom " << bytesText(double(capacity - peak)) << " ("
-          << fixed(100.0 * double(capacity - peak) /
-                       double(std::max<int64_t>(1, capacity)),
-                   0)
-          << "%)\n";
-    else
-      out << "over by " << bytesText(double(peak - capacity))
-          << "; largest kinds: " << largestKinds(plan, 3)
-          << "; meshplan plan refuses it without --allow-over-capacity\n";
-  }
-
-  if (spec.float8 && spec.float8->enabled) {
+  if (const auto &f8 = e.float8) {
     out << "float8: ";
-    if (fp8Gathers == 0) {
-      out << (spec.float8->allGather
+    if (f8->allGathers == 0) {
+      out << (f8->allGather
                   ? "no float8 weight is all-gathered on this mesh"
                   : "compute only (all_gather off): no gather savings")
           << "\n";
     } else {
-      out << fp8Gathers << " all-gathers in float8 send "
-          << bytesText(static_cast<double>(fp8Bytes)) << " instead of "
-          << bytesText(static_cast<double>(fp8BytesAtParamDtype)) << " in "
-          << frontend::dtypeName(spec.mixedPrecision.paramDtype) << ": saves "
-          << bytesText(static_cast<double>(fp8BytesAtParamDtype - fp8Bytes))
-          << " per step ("
-          << fixed(100.0 * double(fp8BytesAtParamDtype - fp8Bytes) /
-                       double(std::max<int64_t>(1, fp8BytesAtParamDtype)),
+      int64_t saved = f8->bytesInComputeDtype - f8->bytes;
+      out << f8->allGathers << " all-gathers in float8 send "
+          << bytesText(static_cast<double>(f8->bytes)) << " instead of "
+          << bytesText(static_cast<double>(f8->bytesInComputeDtype)) << " in "
+          << e.computeDtype << ": saves "
+          << bytesText(static_cast<double>(saved)) << " per step ("
+          << fixed(100.0 * double(saved) /
+                       double(std::max<int64_t>(1, f8->bytesInComputeDtype)),
                    0)
           << "%)\n";
     }
   }
-  if (p.spec.pipeline)
-    explainPipeline(p, options.rank, device, out);
-  else if (schedule)
+  if (e.pipeline)
+    printPipeline(e, out);
+  else if (e.step)
     out << "\nstep under the cost model (docs/plan-format.md#cost-model-and-"
            "trace): "
-        << fixed(schedule->stepSeconds * 1e3, 1) << " ms, exposed "
-        << "communication " << fixed(schedule->exposedCommSeconds * 1e3, 1)
-        << " ms (" << (act ? act->tokensPerRank : options.spec.tokens)
-        << " tokens per rank per microbatch)\n";
+        << fixed(e.step->seconds * 1e3, 1) << " ms, exposed "
+        << "communication "
+        << fixed(e.step->exposedCommunicationSeconds * 1e3, 1) << " ms ("
+        << e.step->tokensPerRank << " tokens per rank per microbatch)\n";
   return out.str();
 }
 
@@ -969,9 +809,11 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   } else {
     // The rank's timeline within its pipeline: laid out together with the
     // other stages' ranks, so that waiting for a transfer shows as idle.
+    auto layout = pipeline::layOutPipeline(p, options.rank, device.model);
+    if (!layout)
+      throwExplainError(layout.error());
     schedule =
-        std::move(layOutPipeline(p, options.rank, device)
-                      .schedules[size_t(p.pipelineRankOf(options.rank))]);
+        std::move(layout->schedules[size_t(p.pipelineRankOf(options.rank))]);
   }
   if (!schedule)
     throw std::runtime_error("internal error: " + schedule.error().message);

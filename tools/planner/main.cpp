@@ -171,6 +171,9 @@ int main(int argc, char **argv) {
   addCostFlags(explainCmd, explainOptions.cost);
   explainCmd->add_option("--rank", explainOptions.rank,
                          "The rank to describe (default 0)");
+  explainCmd->add_flag("--json", explainOptions.json,
+                       "Print the same facts as one JSON object "
+                       "(pipeline::explanationJson)");
 
   TraceOptions traceOptions;
   CLI::App *traceCmd = app.add_subcommand(
