@@ -12,7 +12,7 @@ namespace meshplan::python {
 
 void raise(const char *kind, const std::string &message) {
   nb::object cls = nb::module_::import_("meshplan.errors").attr(kind);
-  nb::object exception = cls(message);
+  nb::object exception = cls(nb::str(message.data(), message.size()));
   PyErr_SetObject(cls.ptr(), exception.ptr());
   throw nb::python_error();
 }

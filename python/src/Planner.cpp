@@ -9,11 +9,14 @@
 #include "Bindings.h"
 
 #include "meshplan/Frontend/Spec.h"
+#include "meshplan/Pipeline/Explain.h"
 #include "meshplan/Pipeline/Pipeline.h"
 #include "meshplan/Pipeline/Tune.h"
 #include "meshplan/Plan/CostModel.h"
 #include "meshplan/Plan/PlanDirectory.h"
 #include "meshplan/Plan/Verify.h"
+
+#include <nlohmann/json.hpp>
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -301,6 +304,74 @@ plan::CostModel costModelOf(const std::string &device) {
   return preset->model;
 }
 
+/// JSON values as Python objects, walked in C++ (no text in between).
+nb::object pythonOf(const nlohmann::json &j) {
+  switch (j.type()) {
+  case nlohmann::json::value_t::object: {
+    nb::dict d;
+    for (auto it = j.begin(); it != j.end(); ++it)
+      d[nb::str(it.key().c_str())] = pythonOf(it.value());
+    return d;
+  }
+  case nlohmann::json::value_t::array: {
+    nb::list l;
+    for (const nlohmann::json &v : j)
+      l.append(pythonOf(v));
+    return l;
+  }
+  case nlohmann::json::value_t::string:
+    return nb::str(j.get_ref<const std::string &>().c_str());
+  case nlohmann::json::value_t::boolean:
+    return nb::bool_(j.get<bool>());
+  case nlohmann::json::value_t::number_integer:
+    return nb::int_(j.get<int64_t>());
+  case nlohmann::json::value_t::number_unsigned:
+    return nb::int_(j.get<uint64_t>());
+  case nlohmann::json::value_t::number_float:
+    return nb::float_(j.get<double>());
+  default:
+    return nb::none();
+  }
+}
+
+/// Plan.explain(): what `meshplan explain --rank R` prints, as a dict
+/// (pipeline::explanationJson's keys).
+nb::object explainPlan(const PlanObject &p, const std::string &device,
+                       std::optional<int64_t> deviceMemory) {
+  if (!p.planned)
+    raise("Error", "explain: this plan was read from a file; explain needs "
+                   "the spec it was planned from: "
+                   "meshplan.plan(spec, rank).explain()");
+  plan::CostModel cost = costModelOf(device);
+  if (deviceMemory) {
+    if (*deviceMemory < 1)
+      raise("Error", "device_memory: expected the bytes a rank may use, a "
+                     "positive integer, not " +
+                         std::to_string(*deviceMemory));
+    // As --device-memory: what the plan may use, no reserve off it.
+    cost.deviceMemoryBytes = *deviceMemory;
+    cost.reservedMemoryBytes = 0;
+  }
+  std::shared_ptr<const pipeline::PlannedSpec> planned = p.planned;
+  // A pipeline's table lays out every pp coordinate: plan those that
+  // plan(spec, rank) did not.
+  bool everyCoordinate = true;
+  for (const auto &t : planned->templates)
+    everyCoordinate = everyCoordinate && t.has_value();
+  if (!everyCoordinate) {
+    auto all = pipeline::planSpec(planned->spec, planned->options);
+    if (!all)
+      raise("SpecError", all.error());
+    planned = std::make_shared<pipeline::PlannedSpec>(std::move(*all));
+  }
+  // The GIL stays held: explain compiles in the planned spec's MLIR
+  // context, which two threads must not share.
+  auto explained = pipeline::explain(*planned, p.plan->rank, cost);
+  if (!explained)
+    raise("Error", explained.error());
+  return pythonOf(pipeline::explanationJson(*explained));
+}
+
 nb::list tuneCandidates(const std::string &model, int64_t world,
                         const std::string &device, int64_t tokensPerStep,
                         int64_t seqLen, int64_t maxContextParallel,
@@ -451,6 +522,14 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
           nb::arg("text"), "Parses and validates a plan document.")
       .def("to_json",
            [](const PlanObject &p) { return plan::writePlan(*p.plan); })
+      .def("explain", &explainPlan, nb::kw_only(),
+           nb::arg("device") = "h100-sxm-80gb",
+           nb::arg("device_memory") = nb::none(),
+           "What `meshplan explain --rank R --json` prints, as a dict: the "
+           "model, mesh and roles, this rank's communicators and "
+           "collectives per step, the FSDP units, peak memory against the "
+           "device's capacity, float8 savings, the pipeline, the step under "
+           "the cost model.")
       .def(
           "save",
           [](const PlanObject &p, const std::string &path) {

@@ -270,7 +270,8 @@ runtime::ComputeCallback computeCallback(SessionObject *self,
       nb::object owner = nb::find(self);
       nb::object pyCall =
           nb::cast(CallObject{&call, owner, self, scope, {}, {}});
-      nb::handle(fn)(pyCall);
+      nb::handle callable(fn);
+      callable(pyCall);
       *scope = false;
       return {};
     } catch (nb::python_error &e) {

@@ -235,6 +235,36 @@ std::string Session::Impl::describe(const Bound &b) const {
   return s;
 }
 
+/// The store key of a step's first failure (docs/runtime.md, "When a rank
+/// fails").
+static constexpr const char *kFailureKey = "step-failure";
+
+void Session::Impl::reportFailure(bool onCommunicator, Error &error) {
+  if (ft)
+    return; // the replica groups' protocol handles failures
+  if (onCommunicator) {
+    auto peer = backend->storePeek(kFailureKey);
+    if (peer && *peer && !(*peer)->empty())
+      error = Error{"a peer failed first: " +
+                    std::string((*peer)->begin(), (*peer)->end()) +
+                    "; that ended this rank's step: " + error.message};
+  } else {
+    (void)backend->storeSet(
+        kFailureKey, std::vector<char>(error.message.begin(),
+                                       error.message.end()));
+  }
+  // A communicator being created holds commMutex through its rendezvous,
+  // which abort cannot end: skip them then (they end at their timeout).
+  std::unique_lock<std::mutex> lock(commMutex, std::try_to_lock);
+  if (!lock.owns_lock())
+    return;
+  for (auto &comm : comms)
+    if (comm)
+      comm->abort(error.message);
+  for (auto &[id, comm] : trainerComms)
+    comm->abort(error.message);
+}
+
 TensorView Session::Impl::view(int buffer) {
   BufferState &s = buffers[buffer];
   TensorView v;
@@ -1390,8 +1420,10 @@ Session::Impl::runPass(StepState &state,
           if (!out.faultTolerantFailure)
             out.faultTolerantFailure = ok.error().within(whereOf(b));
         } else {
-          if (!out.failure)
+          if (!out.failure) {
             out.failure = ok.error().within(whereOf(b));
+            reportFailure(b.comm >= 0, *out.failure);
+          }
           lock.unlock();
           wakeAll();
           return;

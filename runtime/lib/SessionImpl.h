@@ -280,6 +280,13 @@ struct Session::Impl {
   Result<void> invoke(ComputeCall &call);
   Result<void> runOptimizer(Bound &b);
   std::string describe(const Bound &b) const;
+  /// Without fault tolerance, on the first failure of a step: a failure of
+  /// this rank's own (a callback, a kernel) is reported in the store for
+  /// the peers; a failed collective is explained by a peer's report when
+  /// there is one (`error` then names the rank that failed first and its
+  /// instruction). Either way the communicators are aborted, so that
+  /// peers waiting on this rank fail now instead of at their timeout.
+  void reportFailure(bool onCommunicator, Error &error);
   TensorView view(int buffer);
   void ensure(int buffer);
   bool sharing(const Bound &b) const;

@@ -23,6 +23,11 @@ Result<void> Backend::declareGroups(const std::vector<GroupSpec> &) {
   return {};
 }
 
+Result<std::optional<std::vector<char>>>
+Backend::storePeek(const std::string &) {
+  return std::optional<std::vector<char>>();
+}
+
 bool buildHasCudaBackend() {
 #ifdef MESHPLAN_HAVE_CUDA
   return true;

@@ -236,6 +236,11 @@ public:
                                 const std::vector<char> &value) = 0;
   /// Waits up to the timeout for `key`, then returns its value.
   virtual Result<std::vector<char>> storeGet(const std::string &key) = 0;
+  /// The value of `key` if some rank has set it, without waiting; nullopt
+  /// if none has (or the backend cannot tell). A rank whose step failed on
+  /// a collective reads what a peer that failed first reported here.
+  virtual Result<std::optional<std::vector<char>>>
+  storePeek(const std::string &key);
 
   /// The memory kind of the communicators it creates.
   virtual MemoryKind memoryKind() const { return MemoryKind::Host; }

@@ -1275,6 +1275,21 @@ public:
     return value;
   }
 
+  Result<std::optional<std::vector<char>>>
+  storePeek(const std::string &key) override {
+    std::string full = options.job + "/kv/" + key;
+    // Gloo's stores have no "check": a wait that ends at once says whether
+    // the key is there.
+    try {
+      store->wait({full}, std::chrono::milliseconds(1));
+    } catch (const std::exception &) {
+      return std::optional<std::vector<char>>();
+    }
+    std::vector<char> value;
+    MESHPLAN_TRY(guarded([&] { value = store->get(full); }));
+    return std::optional<std::vector<char>>(std::move(value));
+  }
+
 private:
   explicit GlooBackend(BackendOptions o) : options(std::move(o)) {}
   BackendOptions options;
