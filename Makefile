@@ -5,10 +5,13 @@
 setup:
 	./scripts/setup.sh
 
+# Then the Python package into .venv/, as users install it (pip install
+# ./python); its build reuses build/, where the extension is already built.
 build:
 	./scripts/setup.sh
 	cmake --preset default
 	cmake --build --preset default
+	.venv/bin/pip install --no-build-isolation --disable-pip-version-check -q ./python
 
 demo: build
 	./scripts/demo.sh build/bin/meshplan

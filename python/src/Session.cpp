@@ -750,7 +750,12 @@ void meshplan::python::bindSession(nb::module_ &m) {
           if (!s) {
             failure = s.error();
           } else {
-            (*s)->onCompute([](runtime::ComputeCall &) { return Result<void>(); });
+            (*s)->onCompute(
+                [](runtime::ComputeCall &) { return Result<void>(); });
+            // One step untimed, as the Python side's warm-up: the first
+            // allocates the buffers.
+            if (auto ok = (*s)->step(); !ok)
+              failure = ok.error();
             for (int i = 0; i < steps && !failure; ++i) {
               auto start = std::chrono::steady_clock::now();
               if (auto ok = (*s)->step(); !ok)

@@ -1318,6 +1318,7 @@ PassOutcome
 Session::Impl::runPass(StepState &state,
                        const std::vector<std::vector<int>> &order, bool soft,
                        const std::function<Result<void>(Bound &)> &run) {
+  state.running.assign(state.done.size(), 0);
   // One condition variable per stream, woken only when the instruction that
   // stream waits for has become ready (or the pass failed): a finished
   // instruction wakes no thread that would go straight back to sleep. On
@@ -1380,12 +1381,24 @@ Session::Impl::runPass(StepState &state,
         std::unique_lock<std::mutex> lock(mutex);
         waitingFor[self] = index;
         bool first = true;
-        bool inTime = wake[self].wait_until(lock, deadline(), [&] {
-          bool now = ready(b);
-          state.needlessWakeups += !now && !first;
-          first = false;
-          return now;
-        });
+        bool inTime = false;
+        while (true) {
+          inTime = wake[self].wait_until(lock, deadline(), [&] {
+            bool now = ready(b);
+            state.needlessWakeups += !now && !first;
+            first = false;
+            return now;
+          });
+          // While some instruction runs (a collective waiting for a peer,
+          // perhaps the one this waits for through others) its own timeout
+          // reports, naming the communicator and the peers: a better error
+          // than this wait's. Only a wait with nothing running is stuck.
+          bool anyRunning = false;
+          for (char r : state.running)
+            anyRunning = anyRunning || r;
+          if (inTime || !anyRunning)
+            break;
+        }
         waitingFor[self] = -1;
         if (!inTime) {
           std::string waiting;
@@ -1410,6 +1423,7 @@ Session::Impl::runPass(StepState &state,
         // gone), everything else runs so that this rank's own group's
         // collectives still complete for its peers.
         skip = faultTolerantComm(b) && out.faultTolerantFailure.has_value();
+        state.running[size_t(index)] = 1;
       }
       state.spans[size_t(index)].first = Clock::now();
       Result<void> ok = skip ? Result<void>() : run ? run(b) : execute(b);
@@ -1430,6 +1444,7 @@ Session::Impl::runPass(StepState &state,
         }
       }
       state.done[size_t(index)] = 1;
+      state.running[size_t(index)] = 0;
       if (b.comm >= 0)
         ++state.turn[size_t(b.comm)];
       std::vector<size_t> runnable = readyStreams(self);

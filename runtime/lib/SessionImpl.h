@@ -117,6 +117,8 @@ struct StepState {
   std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
   std::vector<char> done;
   std::vector<int> turn;
+  /// Instructions being executed now (sized by runPass; under its mutex).
+  std::vector<char> running;
   /// Times a stream thread woke and found its instruction not ready
   /// (StepProfile::needlessWakeups).
   int64_t needlessWakeups = 0;

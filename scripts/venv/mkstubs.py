@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Prototype measured for issue 30 on 2026-11-27 (docs/python-toolchain.md); not yet
-wired into the set-up.
+"""Run by scripts/setup-venv.sh (docs/python.md, "The venv").
 
 Generate tiny stub .so files for the CUDA libraries that a PyPI (CUDA) torch
 wheel links against, so `import torch` works CPU-only without ~2.3 GB of
