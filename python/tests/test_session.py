@@ -204,3 +204,17 @@ def test_plan_files_and_directories_open(tmp_path):
         assert s.plan == p
     with pytest.raises(meshplan.PlanError, match="rank3.json"):
         meshplan.Session(tmp_path, rank=3)
+
+
+def test_a_callback_writing_the_wrong_shape_fails_the_step():
+    with open_session() as s:
+        fill(s)
+
+        def compute(call):
+            if call.phase == "backward":
+                call.grads[0].copy_(np.zeros((2, 2), dtype=np.float32))
+
+        s.on_compute(compute)
+        with pytest.raises(meshplan.ViewError, match="expected shape") as e:
+            s.step()
+        assert any("backward" in n for n in e.value.__notes__)
