@@ -22,8 +22,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <filesystem>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <set>
 
@@ -65,9 +65,8 @@ SpecObject specFromText(const std::string &text, const std::string &baseDir,
     resolved = frontend::loadSpec(text, baseDir, options);
   }
   if (!resolved)
-    raise("SpecError", origin.front() == '<'
-                           ? resolved.error()
-                           : resolved.error().within(origin));
+    raise("SpecError", origin.front() == '<' ? resolved.error()
+                                             : resolved.error().within(origin));
   return SpecObject{
       std::make_shared<frontend::ResolvedSpec>(std::move(*resolved)), text,
       origin};
@@ -141,8 +140,7 @@ nb::object planOf(const SpecObject &spec, std::optional<int64_t> rank,
     if (!compiled) {
       failure = compiled.error();
     } else {
-      planned =
-          std::make_shared<pipeline::PlannedSpec>(std::move(*compiled));
+      planned = std::make_shared<pipeline::PlannedSpec>(std::move(*compiled));
       for (size_t i = 0; i < ranks.size() && !failure; ++i) {
         auto one = planned->templateFor(ranks[i]).instantiate(ranks[i]);
         if (!one) {
@@ -449,8 +447,9 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
           nb::arg("world_size") = nb::none(),
           "Parses a spec document; a relative \"model\" path resolves "
           "against base_dir.")
-      .def_prop_ro("text", [](const SpecObject &s) { return s.text; },
-                   "The spec's JSON document.")
+      .def_prop_ro(
+          "text", [](const SpecObject &s) { return s.text; },
+          "The spec's JSON document.")
       .def_prop_ro("origin", [](const SpecObject &s) { return s.origin; })
       .def_prop_ro("model",
                    [](const SpecObject &s) { return s.resolved->model->name; })
@@ -494,10 +493,9 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
           },
           "The model's parameters in forward order, as the spec assigns "
           "them.")
-      .def_prop_ro("pipeline",
-                   [](const SpecObject &s) {
-                     return s.resolved->pipeline.has_value();
-                   })
+      .def_prop_ro(
+          "pipeline",
+          [](const SpecObject &s) { return s.resolved->pipeline.has_value(); })
       .def("__repr__", [](const SpecObject &s) {
         return "<meshplan.Spec " + s.origin + ": model " +
                s.resolved->model->name + ", mesh " + s.resolved->mesh->str() +
@@ -597,15 +595,13 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
           },
           "The (phase, unit) pairs of the compute instructions, in program "
           "order.")
-      .def("__eq__", [](const PlanObject &a, const PlanObject &b) {
-        return *a.plan == *b.plan;
-      })
+      .def("__eq__", [](const PlanObject &a,
+                        const PlanObject &b) { return *a.plan == *b.plan; })
       .def("__repr__", [](const PlanObject &p) {
         return "<meshplan.Plan rank " + std::to_string(p.plan->rank) + " of " +
                std::to_string(worldSizeOf(*p.plan)) + ": " +
                std::to_string(p.plan->program.size()) + " instructions, " +
-               std::to_string(p.plan->communicators.size()) +
-               " communicators>";
+               std::to_string(p.plan->communicators.size()) + " communicators>";
       });
 
   m.def("plan", &planOf, nb::arg("spec"), nb::arg("rank") = nb::none(),

@@ -100,8 +100,7 @@ struct TensorObject {
 
   void check() const {
     if (session->closed)
-      raise("ClosedError", "view of \"" + view.id() +
-                               "\": its session (rank " +
+      raise("ClosedError", "view of \"" + view.id() + "\": its session (rank " +
                                std::to_string(session->plan.plan->rank) +
                                ") is closed");
     if (scope && !*scope)
@@ -231,12 +230,11 @@ void copyFrom(const TensorObject &t,
     return s + (n == 1 ? ",)" : ")");
   };
   if (!sameShape)
-    raise("ViewError",
-          "\"" + t.view.id() + "\": expected shape " +
-              text([&](size_t d) { return shape[d]; }, shape.size()) +
-              ", got " +
-              text([&](size_t d) { return int64_t(src.shape(d)); },
-                   src.ndim()));
+    raise(
+        "ViewError",
+        "\"" + t.view.id() + "\": expected shape " +
+            text([&](size_t d) { return shape[d]; }, shape.size()) + ", got " +
+            text([&](size_t d) { return int64_t(src.shape(d)); }, src.ndim()));
   nb::dlpack::dtype want = dlpackType(t.view.dtype(), false);
   nb::dlpack::dtype wantRaw = dlpackType(t.view.dtype(), true);
   if (src.dtype() != want && src.dtype() != wantRaw)
@@ -290,9 +288,8 @@ std::shared_ptr<const plan::Plan> planOfArgument(nb::handle planOrPath,
                                                  std::optional<int64_t> rank) {
   if (nb::isinstance<PlanObject>(planOrPath))
     return nb::cast<const PlanObject &>(planOrPath).plan;
-  std::string path = nb::str(nb::module_::import_("os").attr("fspath")(
-                                 planOrPath))
-                         .c_str();
+  std::string path =
+      nb::str(nb::module_::import_("os").attr("fspath")(planOrPath)).c_str();
   if (fs::is_directory(path)) {
     // A plan directory: this rank's file in it.
     int64_t r = rank ? *rank : 0;
@@ -416,9 +413,9 @@ void meshplan::python::bindSession(nb::module_ &m) {
       "A view of one runtime buffer: its local shard of a tensor, with the "
       "shard's place in it. numpy()/torch() share the runtime's memory.")
       .def_prop_ro("id", [](const TensorObject &t) { return t.view.id(); })
-      .def_prop_ro("tensor",
-                   [](const TensorObject &t) { return t.view.tensor(); },
-                   "The model tensor this buffer holds a version of.")
+      .def_prop_ro(
+          "tensor", [](const TensorObject &t) { return t.view.tensor(); },
+          "The model tensor this buffer holds a version of.")
       .def_prop_ro("kind",
                    [](const TensorObject &t) {
                      return std::string(
@@ -432,15 +429,15 @@ void meshplan::python::bindSession(nb::module_ &m) {
                    [](const TensorObject &t) { return t.view.globalShape(); })
       .def_prop_ro("local_shape",
                    [](const TensorObject &t) { return t.view.localShape(); })
-      .def_prop_ro("offset",
-                   [](const TensorObject &t) { return t.view.offset(); },
-                   "Where the local shard starts in the global tensor.")
+      .def_prop_ro(
+          "offset", [](const TensorObject &t) { return t.view.offset(); },
+          "Where the local shard starts in the global tensor.")
       .def_prop_ro("nbytes",
                    [](const TensorObject &t) { return t.view.bytes.size(); })
-      .def_prop_ro("scale",
-                   [](const TensorObject &t) { return t.view.scale; },
-                   "float8 buffers: the tensorwise scale (value = stored / "
-                   "scale); None otherwise.")
+      .def_prop_ro(
+          "scale", [](const TensorObject &t) { return t.view.scale; },
+          "float8 buffers: the tensorwise scale (value = stored / "
+          "scale); None otherwise.")
       .def("numpy", &numpyArray, nb::arg("raw") = false,
            "A numpy array over the buffer (no copy). raw=True: the bit "
            "patterns (uint16/uint8) of bfloat16 and float8 buffers.")
@@ -506,8 +503,8 @@ void meshplan::python::bindSession(nb::module_ &m) {
         if (!*c.scope)
           return std::string("<meshplan.ComputeCall (returned)>");
         return "<meshplan.ComputeCall " + c.call->phase + " " + c.call->unit +
-               " microbatch " + std::to_string(c.call->microbatch) +
-               " step " + std::to_string(c.call->step) + ">";
+               " microbatch " + std::to_string(c.call->microbatch) + " step " +
+               std::to_string(c.call->step) + ">";
       });
 
   nb::class_<SessionObject>(
@@ -548,8 +545,8 @@ void meshplan::python::bindSession(nb::module_ &m) {
           [](SessionObject &s, nb::object fn) {
             s.ensureOpen();
             nb::object owner = nb::find(&s);
-            Result<void> ok = s.session->initParameters(
-                [&](TensorView &v) -> Result<void> {
+            Result<void> ok =
+                s.session->initParameters([&](TensorView &v) -> Result<void> {
                   try {
                     fn(nb::cast(TensorObject{v, owner, &s, nullptr}));
                     return {};
@@ -596,8 +593,9 @@ void meshplan::python::bindSession(nb::module_ &m) {
             TensorView v = take("SessionError", s.session->tensor(id));
             return TensorObject{v, nb::find(&s), &s, nullptr};
           },
-          nb::arg("id"), "A persistent buffer (parameter shard, optimizer "
-                         "state) by its plan id.")
+          nb::arg("id"),
+          "A persistent buffer (parameter shard, optimizer "
+          "state) by its plan id.")
       .def(
           "save_checkpoint",
           [](SessionObject &s, const std::string &dir, const std::string &model,

@@ -44,11 +44,21 @@ def test_a_rank_that_raises_ends_every_rank_promptly(tmp_path):
         subprocess.Popen([sys.executable, WORKER, "fail", out, str(failing)], env=dict(env, RANK=str(r)))
         for r in range(world)
     ]
-    for p in procs:
-        assert p.wait(timeout=100) == 0
-    # Far below the 120 s timeout: the failing rank aborted its
-    # communicators, so its peers did not wait for it.
-    assert time.monotonic() - start < 60
+    ended = {}
+    while len(ended) < world and time.monotonic() - start < 150:
+        for r, p in enumerate(procs):
+            if r not in ended and p.poll() is not None:
+                ended[r] = time.monotonic() - start
+        time.sleep(0.05)
+    for r, p in enumerate(procs):
+        assert p.wait(timeout=1) == 0, r
+    # The peers end far below the 120 s timeout: the failing rank reported
+    # the failure and aborted its communicators, so they did not wait for
+    # it. The failing rank itself may wait for a Gloo collective of its own
+    # that abort does not end (docs/runtime.md, "When a rank fails"), but
+    # never past the timeout.
+    for r in range(world):
+        assert ended[r] < (120 if r == failing else 30), ended
     seen = results(out, world)
     assert seen[failing]["raised"] == "ZeroDivisionError"
     assert any("rank 1" in n and "layers.0" in n for n in seen[failing]["notes"])

@@ -242,6 +242,7 @@ static constexpr const char *kFailureKey = "step-failure";
 void Session::Impl::reportFailure(bool onCommunicator, Error &error) {
   if (ft)
     return; // the replica groups' protocol handles failures
+  stepFailed = true;
   if (onCommunicator) {
     auto peer = backend->storePeek(kFailureKey);
     if (peer && *peer && !(*peer)->empty())
@@ -250,8 +251,8 @@ void Session::Impl::reportFailure(bool onCommunicator, Error &error) {
                     "; that ended this rank's step: " + error.message};
   } else {
     (void)backend->storeSet(
-        kFailureKey, std::vector<char>(error.message.begin(),
-                                       error.message.end()));
+        kFailureKey,
+        std::vector<char>(error.message.begin(), error.message.end()));
   }
   // A communicator being created holds commMutex through its rendezvous,
   // which abort cannot end: skip them then (they end at their timeout).
@@ -538,6 +539,15 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
   const plan::Communicator &c = plan.communicators[size_t(index)];
   GroupSpec g{c.id, c.color, c.ranks, c.key, 0};
   g.incarnation = incarnation();
+  if (!ft) {
+    // A rendezvous under way when this rank's step fails ends at once
+    // (reportFailure) rather than at its timeout.
+    g.cancelled = [this]() -> std::optional<std::string> {
+      if (!stepFailed.load())
+        return std::nullopt;
+      return std::string("this rank's step failed");
+    };
+  }
   if (!ft || !c.faultTolerant)
     return g;
   LiveMembers live;

@@ -20,6 +20,7 @@
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Runtime/Membership.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -289,6 +290,10 @@ struct Session::Impl {
   /// instruction). Either way the communicators are aborted, so that
   /// peers waiting on this rank fail now instead of at their timeout.
   void reportFailure(bool onCommunicator, Error &error);
+  /// Set by reportFailure: a communicator whose rendezvous is still waiting
+  /// (it holds commMutex, so abort cannot reach it) gives up through its
+  /// GroupSpec::cancelled.
+  std::atomic<bool> stepFailed{false};
   TensorView view(int buffer);
   void ensure(int buffer);
   bool sharing(const Bound &b) const;
