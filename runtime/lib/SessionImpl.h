@@ -119,7 +119,7 @@ struct StepState {
   std::vector<char> done;
   std::vector<int> turn;
   /// Instructions being executed now (sized by runPass; under its mutex).
-  std::vector<char> running;
+  std::vector<char> running{};
   /// Times a stream thread woke and found its instruction not ready
   /// (StepProfile::needlessWakeups).
   int64_t needlessWakeups = 0;
