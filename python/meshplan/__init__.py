@@ -32,18 +32,7 @@ from ._meshplan import ComputeCall, Plan, Session, Spec, Tensor, load_plans
 from ._meshplan import _verify
 from ._meshplan import plan as _plan
 from ._meshplan import _tune
-from .errors import (
-    CheckpointError,
-    ClosedError,
-    Error,
-    PlanError,
-    SessionError,
-    SpecError,
-    StepError,
-    StoreError,
-    TuneError,
-    ViewError,
-)
+from .errors import *  # noqa: F401,F403  (Error, SpecError, ...)
 
 __version__ = "0.1.0"
 
@@ -60,17 +49,7 @@ __all__ = [
     "load_plans",
     "tune",
     "errors",
-    "Error",
-    "SpecError",
-    "PlanError",
-    "TuneError",
-    "SessionError",
-    "StoreError",
-    "StepError",
-    "CheckpointError",
-    "ClosedError",
-    "ViewError",
-]
+] + errors.__all__
 
 
 def spec(

@@ -109,6 +109,16 @@ void checkRank(const frontend::ResolvedSpec &spec, int64_t rank) {
                            " ranks)");
 }
 
+/// Under a pipeline, the pp coordinate whose template `rank`'s plan needs
+/// (planSpec's `coordinates`); unset without one: every rank shares one.
+std::optional<std::vector<int64_t>>
+coordinatesOf(const frontend::ResolvedSpec &spec, int64_t rank) {
+  if (!spec.pipeline)
+    return std::nullopt;
+  return std::vector<int64_t>{spec.mesh->coordinateAt(
+      *spec.mesh->positionOf(rank), spec.pipeline->axisIndex)};
+}
+
 /// meshplan.plan: one rank's plan, or every rank's (a list, by rank).
 nb::object planOf(const SpecObject &spec, std::optional<int64_t> rank,
                   int64_t tokens, int64_t seqLen,
@@ -120,9 +130,8 @@ nb::object planOf(const SpecObject &spec, std::optional<int64_t> rank,
       compileOptions(spec, tokens, seqLen, contextParallel);
   // Under a pipeline, one rank needs only its pp coordinate's template.
   std::optional<std::vector<int64_t>> coordinates;
-  if (resolved.pipeline && rank)
-    coordinates = std::vector<int64_t>{resolved.mesh->coordinateAt(
-        *resolved.mesh->positionOf(*rank), resolved.pipeline->axisIndex)};
+  if (rank)
+    coordinates = coordinatesOf(resolved, *rank);
   int64_t world = resolved.mesh->size();
   std::vector<int64_t> ranks;
   if (rank)
@@ -668,14 +677,16 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
         nb::gil_scoped_release release;
         for (int i = 0; i < repeats; ++i) {
           auto start = std::chrono::steady_clock::now();
-          std::optional<std::vector<int64_t>> coordinates;
-          const frontend::ResolvedSpec &r = *spec.resolved;
-          if (r.pipeline)
-            coordinates = std::vector<int64_t>{r.mesh->coordinateAt(
-                *r.mesh->positionOf(rank), r.pipeline->axisIndex)};
-          auto planned = pipeline::planSpec(r, options, coordinates);
-          if (planned)
-            (void)planned->templateFor(rank).instantiate(rank);
+          {
+            // Planned, instantiated and dropped, as a Python statement
+            // `meshplan.plan(spec, rank)` does: the MLIR context's teardown
+            // is inside the time on both sides.
+            const frontend::ResolvedSpec &r = *spec.resolved;
+            auto coordinates = coordinatesOf(r, rank);
+            auto planned = pipeline::planSpec(r, options, coordinates);
+            if (planned)
+              (void)planned->templateFor(rank).instantiate(rank);
+          }
           seconds.push_back(std::chrono::duration<double>(
                                 std::chrono::steady_clock::now() - start)
                                 .count());

@@ -53,6 +53,20 @@ struct SessionObject {
       raise("ClosedError", "rank " + std::to_string(plan.plan->rank) +
                                ": the session is closed");
   }
+  /// Leaves the communicators (Session::close). While an exception unwinds
+  /// past the session, a failure to close is not raised over it.
+  void close(bool unwinding) {
+    if (closed)
+      return;
+    closed = true;
+    Result<void> ok;
+    {
+      nb::gil_scoped_release release;
+      ok = session->close();
+    }
+    if (!unwinding)
+      check("SessionError", ok);
+  }
   /// Keeps the first exception of a step; later ones are consequences.
   void record(nb::handle exception) {
     if (!pendingError.is_valid())
@@ -187,15 +201,10 @@ nb::object numpyArray(const TensorObject &t, bool raw) {
               "; use .torch() (or .numpy(raw=True) for the bit patterns)");
   std::vector<size_t> shape(t.view.localShape().begin(),
                             t.view.localShape().end());
-  nb::ndarray<nb::numpy> array(t.view.bytes.data(), shape.size(), shape.data(),
-                               t.owner, nullptr,
-                               dlpackType(t.view.dtype(), /*raw=*/true));
-  if (raw || !numpyHas(t.view.dtype()))
-    return array.cast();
-  nb::ndarray<nb::numpy> typed(t.view.bytes.data(), shape.size(), shape.data(),
-                               t.owner, nullptr,
-                               dlpackType(t.view.dtype(), /*raw=*/false));
-  return typed.cast();
+  nb::ndarray<nb::numpy> array(
+      t.view.bytes.data(), shape.size(), shape.data(), t.owner, nullptr,
+      dlpackType(t.view.dtype(), raw || !numpyHas(t.view.dtype())));
+  return array.cast();
 }
 
 /// A torch tensor over the view's bytes: DLPack from the numpy array, then
@@ -450,7 +459,8 @@ void meshplan::python::bindSession(nb::module_ &m) {
             nb::object a = numpyArray(t, false);
             if (!dtype.is_none())
               a = a.attr("astype")(dtype);
-            (void)copy;
+            else if (!copy.is_none() && PyObject_IsTrue(copy.ptr()) == 1)
+              a = a.attr("copy")();
             return a;
           },
           nb::arg("dtype") = nb::none(), nb::arg("copy") = nb::none())
@@ -686,40 +696,14 @@ void meshplan::python::bindSession(nb::module_ &m) {
              return s.session->createdCommunicators();
            })
       .def(
-          "close",
-          [](SessionObject &s) {
-            if (s.closed)
-              return;
-            s.closed = true;
-            Result<void> ok;
-            {
-              nb::gil_scoped_release release;
-              ok = s.session->close();
-            }
-            check("SessionError", ok);
-          },
+          "close", [](SessionObject &s) { s.close(/*unwinding=*/false); },
           "Leaves every communicator (a barrier on each); idempotent. Views "
           "raise afterwards.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
           "__exit__",
           [](SessionObject &s, nb::handle type, nb::handle, nb::handle) {
-            if (s.closed)
-              return;
-            s.closed = true;
-            if (!type.is_none()) {
-              // Unwinding an exception: the runtime's destructor closes
-              // without a barrier after a failed step; do not mask it.
-              nb::gil_scoped_release release;
-              (void)s.session->close();
-              return;
-            }
-            Result<void> ok;
-            {
-              nb::gil_scoped_release release;
-              ok = s.session->close();
-            }
-            check("SessionError", ok);
+            s.close(/*unwinding=*/!type.is_none());
           },
           nb::arg("type").none(), nb::arg("value").none(),
           nb::arg("traceback").none())
@@ -730,45 +714,29 @@ void meshplan::python::bindSession(nb::module_ &m) {
       });
 
   m.def(
-      "_bench_step_cpp",
-      [](const PlanObject &p, int steps) {
-        // The C++ API's step() with callbacks that do nothing, in this
-        // process (bench/python): the baseline of Session.step().
-        runtime::SessionOptions options;
-        std::string tmpl =
-            (fs::temp_directory_path() / "meshplan-bench-XXXXXX").string();
-        if (!mkdtemp(tmpl.data()))
-          raise("StoreError", "cannot make a store directory");
-        options.store.path = tmpl;
+      "_bench_steps_cpp",
+      [](SessionObject &s, int steps) {
+        // The C++ API's baseline for Session.step() (bench/bench-python.py):
+        // `steps` steps of this same session, called from C++, with a C++
+        // callback that does nothing in place of the Python ones (the
+        // caller registers its own again afterwards).
+        s.ensureOpen();
+        s.session->onCompute(
+            [](runtime::ComputeCall &) { return Result<void>(); });
         std::vector<double> seconds;
-        std::optional<Error> failure;
+        Result<void> ok;
         {
           nb::gil_scoped_release release;
-          auto s = runtime::Session::open(*p.plan, options);
-          if (!s) {
-            failure = s.error();
-          } else {
-            (*s)->onCompute(
-                [](runtime::ComputeCall &) { return Result<void>(); });
-            // One step untimed, as the Python side's warm-up: the first
-            // allocates the buffers.
-            if (auto ok = (*s)->step(); !ok)
-              failure = ok.error();
-            for (int i = 0; i < steps && !failure; ++i) {
-              auto start = std::chrono::steady_clock::now();
-              if (auto ok = (*s)->step(); !ok)
-                failure = ok.error();
-              seconds.push_back(std::chrono::duration<double>(
-                                    std::chrono::steady_clock::now() - start)
-                                    .count());
-            }
+          for (int i = 0; i < steps && ok; ++i) {
+            auto start = std::chrono::steady_clock::now();
+            ok = s.session->step();
+            seconds.push_back(std::chrono::duration<double>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count());
           }
         }
-        std::error_code ec;
-        fs::remove_all(tmpl, ec);
-        if (failure)
-          raise("StepError", *failure);
+        check("StepError", ok);
         return seconds;
       },
-      nb::arg("plan"), nb::arg("steps"));
+      nb::arg("session"), nb::arg("steps"));
 }
