@@ -1403,6 +1403,11 @@ Session::Impl::runPass(StepState &state,
           // perhaps the one this waits for through others) its own timeout
           // reports, naming the communicator and the peers: a better error
           // than this wait's. Only a wait with nothing running is stuck.
+          // Fault-tolerant sessions keep the plain timeout: their protocol
+          // (docs/fault-tolerance.md) was proven with it, and a cut-off
+          // group must give up its step on time.
+          if (ft && !inTime)
+            break;
           bool anyRunning = false;
           for (char r : state.running)
             anyRunning = anyRunning || r;
