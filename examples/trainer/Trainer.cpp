@@ -330,18 +330,9 @@ Result<std::vector<plan::Plan>> stagePlansOf(const Planned &planned,
 }
 
 Result<int64_t> dataParallelIndex(const Planned &planned, int64_t rank) {
-  const Mesh &mesh = *planned.spec.mesh;
-  auto coords = mesh.coordinate(rank);
-  if (!coords)
-    return coords.error();
-  int64_t d = 0;
-  const AxisRoles &r = planned.roles;
-  for (const auto *axes : {&r.replicate, &r.shard, &r.extra})
-    for (const std::string &a : *axes) {
-      int i = *mesh.findAxis(a);
-      d = d * mesh.axis(i).size + (*coords)[size_t(i)];
-    }
-  return d;
+  auto d = frontend::dataParallelRankOf(planned.spec, rank);
+  MESHPLAN_TRY(d);
+  return d->index;
 }
 
 std::map<std::string, const plan::Buffer *>

@@ -1668,9 +1668,32 @@ static Result<ResolvedSpec> load(std::string_view jsonText,
   inDocument = true;
   auto spec = parseSpec(jsonText, options);
   MESHPLAN_TRY(spec);
+  if (options.model)
+    return resolveSpec(std::move(*spec), options.model);
   auto model = loadModelOf(*spec, baseDir, inDocument);
   MESHPLAN_TRY(model);
   return resolveSpec(std::move(*spec), std::move(*model));
+}
+
+Result<DataParallelRank> dataParallelRankOf(const ResolvedSpec &spec,
+                                            int64_t rank) {
+  const Mesh &mesh = *spec.mesh;
+  auto coords = mesh.coordinate(rank);
+  MESHPLAN_TRY(coords);
+  DataParallelRank out;
+  for (const auto *axes :
+       {&spec.spec.dataParallel.replicateAxes,
+        &spec.spec.dataParallel.shardAxes, &spec.spec.extraAxes})
+    for (const std::string &name : *axes) {
+      auto i = mesh.findAxis(name);
+      if (!i)
+        return makeError("data-parallel axis " + quote(name) +
+                         " is not in the mesh");
+      int64_t size = mesh.axis(*i).size;
+      out.index = out.index * size + (*coords)[size_t(*i)];
+      out.size *= size;
+    }
+  return out;
 }
 
 Result<ResolvedSpec> loadSpec(std::string_view jsonText,

@@ -21,6 +21,7 @@ __all__ = [
     "CheckpointError",
     "ClosedError",
     "ViewError",
+    "ModuleError",
 ]
 
 _POINTER = re.compile(r"(?:^|: )(/[^\s:]*)(?=: )")
@@ -91,3 +92,14 @@ class ClosedError(Error, RuntimeError):
 class ViewError(Error, ValueError):
     """A write into a view with the wrong shape or dtype, or a dtype numpy
     cannot show."""
+
+
+class ModuleError(Error, ValueError):
+    """meshplan.torch: a torch module the plan cannot train as it is (tied
+    parameters, buffers that need syncing, a parameter no unit holds, a
+    shape the plan does not have, an in-place change of a parameter outside
+    the plan's update). ``name`` is the offending parameter or module."""
+
+    def __init__(self, message: str, name: str | None = None):
+        super().__init__(message)
+        self.name = name

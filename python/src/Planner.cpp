@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -54,11 +55,20 @@ nb::list stringList(const std::vector<std::string> &values) {
   return out;
 }
 
+/// `model`: a model document (docs/model.schema.json) that replaces the
+/// one the spec names (meshplan.torch describes a torch module).
 SpecObject specFromText(const std::string &text, const std::string &baseDir,
                         std::optional<int64_t> worldSize,
-                        const std::string &origin) {
+                        const std::string &origin,
+                        const std::optional<std::string> &model = {}) {
   frontend::SpecOptions options;
   options.worldSize = worldSize;
+  if (model) {
+    auto parsed = frontend::parseModel(*model);
+    if (!parsed)
+      raise("SpecError", parsed.error().within("model"));
+    options.model = std::make_shared<const frontend::Model>(std::move(*parsed));
+  }
   Result<frontend::ResolvedSpec> resolved = makeError("");
   {
     nb::gil_scoped_release release;
@@ -73,12 +83,13 @@ SpecObject specFromText(const std::string &text, const std::string &baseDir,
 }
 
 SpecObject specFromFile(const std::string &path,
-                        std::optional<int64_t> worldSize) {
+                        std::optional<int64_t> worldSize,
+                        const std::optional<std::string> &model) {
   auto text = plan::readTextFile(path);
   if (!text)
     raise("SpecError", text.error());
   std::string base = fs::path(path).parent_path().string();
-  return specFromText(*text, base.empty() ? "." : base, worldSize, path);
+  return specFromText(*text, base.empty() ? "." : base, worldSize, path, model);
 }
 
 /// The options `meshplan plan` compiles with, from plan()'s keywords.
@@ -444,18 +455,39 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
                          "(docs/spec-reference.md).")
       .def_static("from_file", &specFromFile, nb::arg("path"), nb::kw_only(),
                   nb::arg("world_size") = nb::none(),
+                  nb::arg("model") = nb::none(),
                   "Reads a spec file; a relative \"model\" path resolves "
-                  "against the file's directory.")
+                  "against the file's directory. `model` (a model JSON "
+                  "document) replaces the model the spec names.")
       .def_static(
           "from_json",
           [](const std::string &text, const std::string &baseDir,
-             std::optional<int64_t> worldSize) {
-            return specFromText(text, baseDir, worldSize, "<json>");
+             std::optional<int64_t> worldSize,
+             const std::optional<std::string> &model) {
+            return specFromText(text, baseDir, worldSize, "<json>", model);
           },
           nb::arg("text"), nb::kw_only(), nb::arg("base_dir") = ".",
-          nb::arg("world_size") = nb::none(),
+          nb::arg("world_size") = nb::none(), nb::arg("model") = nb::none(),
           "Parses a spec document; a relative \"model\" path resolves "
-          "against base_dir.")
+          "against base_dir. `model` (a model JSON document) replaces the "
+          "model the spec names.")
+      .def(
+          "data_parallel",
+          [](const SpecObject &s, int64_t rank) {
+            if (rank < 0 || rank >= s.resolved->mesh->size())
+              raise("SpecError", "rank " + std::to_string(rank) +
+                                     " is outside the mesh of " +
+                                     std::to_string(s.resolved->mesh->size()) +
+                                     " ranks");
+            auto d = frontend::dataParallelRankOf(*s.resolved, rank);
+            if (!d)
+              raise("SpecError", d.error());
+            return std::make_pair(d->index, d->size);
+          },
+          nb::arg("rank"),
+          "(index, size): the rank's place among the ranks that read "
+          "different data (replicate, then shard, then extra axes, "
+          "row-major).")
       .def_prop_ro(
           "text", [](const SpecObject &s) { return s.text; },
           "The spec's JSON document.")

@@ -217,6 +217,10 @@ struct SpecOptions {
   /// The world size the job runs with (e.g. from the command line); the mesh
   /// must have exactly this many devices. Checked as well as "world_size".
   std::optional<int64_t> worldSize;
+  /// A model given by the caller (the torch driver describes a torch module)
+  /// in place of the one the spec's "model" member names; "model" is then
+  /// not read, and may name anything.
+  std::shared_ptr<const Model> model;
 };
 
 /// Parses a spec document and checks everything that does not need the
@@ -307,6 +311,17 @@ struct ResolvedSpec {
 
 /// Checks a parsed spec against its model (see file comment).
 Result<ResolvedSpec> resolveSpec(Spec spec, std::shared_ptr<const Model> model);
+
+/// A rank's place among the data-parallel ranks: the ranks that read
+/// different data (the replicate, then shard, then extra axes, row-major over
+/// their coordinates). The ranks of one TP group or of one pipeline share an
+/// index.
+struct DataParallelRank {
+  int64_t index = 0; ///< in [0, size)
+  int64_t size = 1;  ///< the number of data-parallel ranks
+};
+Result<DataParallelRank> dataParallelRankOf(const ResolvedSpec &spec,
+                                            int64_t rank);
 
 /// The model a spec names: a preset, or a model file whose path is relative
 /// to `baseDir`. Errors about the name start with "/model"; errors inside a
