@@ -53,6 +53,7 @@ __all__ = [
     "default_segments",
     "describe",
     "Trainer",
+    "cross_entropy",
     "ModuleError",
 ]
 
@@ -309,7 +310,7 @@ class _Saved:
     leaves: dict[str, torch.Tensor] | None  # None: recompute in backward
 
 
-def _loss_default(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """torchtitan's cross entropy: over every token, in float32."""
     return nn.functional.cross_entropy(
         logits.flatten(0, -2).float(), targets.flatten(0, -1)
@@ -345,11 +346,12 @@ class Trainer:
         world_size: int | None = None,
         store: str | None = None,
         timeout: float | None = None,
+        job: str | None = None,
     ):
         self.model = model
         self.segments = list(segments) if segments is not None else default_segments(model)
         self.description = describe(model, self.segments)
-        self.loss_fn = loss_fn or _loss_default
+        self.loss_fn = loss_fn or cross_entropy
         if isinstance(spec, _mp.Spec):
             doc = json.loads(spec.text)
             base = os.path.dirname(spec.origin) if not spec.origin.startswith("<") else "."
@@ -396,6 +398,8 @@ class Trainer:
             kwargs["timeout"] = timeout
         if world_size is not None:
             kwargs["world_size"] = world_size
+        if job is not None:
+            kwargs["job"] = job
         self.session = _mp.Session(self.plan, rank=self.rank, **kwargs)
         self.session.on_compute(self._compute)
         self._versions = {n: p._version for n, p in model.named_parameters()}
