@@ -171,9 +171,39 @@ def _check_module(model: nn.Module) -> None:
             )
 
 
-def _describe_module(path: str, local: str, module: nn.Module, top_level: bool) -> dict:
+def _forward_order(segments: Sequence[Segment], example_input: Any) -> dict[int, int]:
+    """The order in which a forward on ``example_input`` first calls each
+    module (by id), through forward pre-hooks; no gradients are kept."""
+    order: dict[int, int] = {}
+
+    def seen(module, args):
+        order.setdefault(id(module), len(order))  # returns None: args unchanged
+
+    hooks = [
+        mod.register_forward_pre_hook(seen)
+        for seg in segments
+        for mod in seg.module.modules()
+    ]
+    try:
+        with torch.no_grad():
+            x = example_input
+            for seg in segments:
+                x = seg.module(x, *seg.args(x))
+    finally:
+        for h in hooks:
+            h.remove()
+    return order
+
+
+def _describe_module(
+    path: str, local: str, module: nn.Module, top_level: bool, order: dict[int, int]
+) -> dict:
     own = list(module.named_parameters(recurse=False))
-    children = list(module.named_children())
+    # Children in forward order where a traced forward saw them (registration
+    # order breaks ties and places modules the forward never called last).
+    children = sorted(
+        module.named_children(), key=lambda c: order.get(id(c[1]), len(order))
+    )
     kind = _kind(path, module, top_level)
     if kind is None and hasattr(module, "n_heads") and hasattr(module, "n_kv_heads"):
         kind = "attention"
@@ -223,7 +253,7 @@ def _describe_module(path: str, local: str, module: nn.Module, top_level: bool) 
     for cname, child in children:
         if any(True for _ in child.parameters()):
             entry["children"].append(
-                _describe_module(f"{path}.{cname}", cname, child, False)
+                _describe_module(f"{path}.{cname}", cname, child, False, order)
             )
     if not entry["children"]:
         raise ModuleError(f"module {path!r} holds no parameters", path)
@@ -234,12 +264,21 @@ def describe(
     model: nn.Module,
     segments: Sequence[Segment] | None = None,
     name: str | None = None,
+    example_input: Any = None,
 ) -> dict:
     """The model document (docs/model.schema.json) of a torch module: its
     segments' modules in forward order with every parameter's name, shape
-    and dtype. Works on a module on the meta device."""
+    and dtype. Works on a module on the meta device.
+
+    Within a segment, modules are listed in registration order, unless
+    ``example_input`` (what the first segment takes, e.g. token ids of shape
+    [1, 1]; meta tensors do for a meta module) is given: then a forward on
+    it orders them as the forward calls them (torchtitan's feed-forward
+    registers w1, w2, w3 and calls w1, w3, w2). The order decides only how
+    a unit's parameters are laid out in its collectives, not the result."""
     _check_module(model)
     segments = list(segments) if segments is not None else default_segments(model)
+    order = _forward_order(segments, example_input) if example_input is not None else {}
     paths = {id(m): n for n, m in model.named_modules()}
     covered: set[str] = set()
     modules: list[dict] = []
@@ -256,7 +295,7 @@ def describe(
             covered.add(f"{path}.{pname}")
         # A segment "layers.3" nests as layers > 3, as torchtitan names it.
         parts = path.split(".")
-        entry = _describe_module(path, parts[-1], seg.module, len(parts) == 1)
+        entry = _describe_module(path, parts[-1], seg.module, len(parts) == 1, order)
         if len(parts) == 1:
             modules.append(entry)
             continue
@@ -329,6 +368,7 @@ class Trainer:
 
     ``loss_fn(output, targets)`` gives a microbatch's loss (default:
     cross entropy over every token in float32, as torchtitan).
+    ``example_input``: see ``describe``.
     ``activation_checkpointing``: recompute each unit's forward in its
     backward instead of keeping its activations (default: the spec's
     ``activation_checkpointing``, on unless "none").
@@ -347,10 +387,11 @@ class Trainer:
         store: str | None = None,
         timeout: float | None = None,
         job: str | None = None,
+        example_input: Any = None,
     ):
         self.model = model
         self.segments = list(segments) if segments is not None else default_segments(model)
-        self.description = describe(model, self.segments)
+        self.description = describe(model, self.segments, example_input=example_input)
         self.loss_fn = loss_fn or cross_entropy
         if isinstance(spec, _mp.Spec):
             doc = json.loads(spec.text)
