@@ -1,0 +1,89 @@
+"""One rank of test_torch_ranks.py, run by `meshplan run -n WORLD` (RANK,
+WORLD_SIZE and MESHPLAN_STORE from the environment).
+
+    torch_worker.py float8 OUT        float8 all-gather + SR AdamW, 8 steps
+    torch_worker.py fail OUT RANK     RANK raises in layers.0's forward of step 2
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from common import SOURCE_DIR
+
+sys.path.insert(0, str(SOURCE_DIR / "examples" / "torch"))
+from llama import CONFIGS, Llama  # noqa: E402
+
+import meshplan.torch as mpt  # noqa: E402
+
+OPT = {"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+
+def spec(world: int, **extra) -> dict:
+    return {
+        "model": "torch",
+        "world_size": world,
+        "mesh": {"axes": [{"name": "fsdp", "size": world}]},
+        "data_parallel": {"shard_axes": ["fsdp"]},
+        "optimizer": OPT,
+        **extra,
+    }
+
+
+def data(dp: int):
+    g = torch.Generator().manual_seed(dp)
+    t = torch.randint(0, 256, (2, 17), generator=g)
+    return t[:, :-1], t[:, 1:]
+
+
+def main():
+    mode, out = sys.argv[1], sys.argv[2]
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    model = Llama(CONFIGS["tiny"])
+    model.init_weights(0)
+    result = {}
+    if mode == "float8":
+        bf16 = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+        doc = spec(world, mixed_precision=bf16,
+                   float8={"all_gather": True, "scaling": "tensorwise"},
+                   optimizer={**OPT, "param_dtype": "bfloat16", "stochastic_rounding": True, "seed": 5})
+        with mpt.Trainer(model, doc) as t:
+            result["dtypes"] = sorted({b["dtype"] for b in t.plan.buffers})
+            result["shards"] = sorted({p.dtype for p in t.session.parameters()})
+            x, y = data(t.data_parallel_rank)
+            result["losses"] = [t.step(x, y) for _ in range(8)]
+    else:
+        failing = int(sys.argv[3])
+        layer = model.layers["0"]
+        forward = layer.forward
+        calls = {"n": 0}
+
+        def flaky(*args):
+            calls["n"] += 1
+            if rank == failing and calls["n"] == 2:
+                raise RuntimeError("injected failure in layers.0")
+            return forward(*args)
+
+        layer.forward = flaky
+        t = mpt.Trainer(model, spec(world), timeout=120)
+        x, y = data(t.data_parallel_rank)
+        try:
+            for _ in range(3):
+                t.step(x, y)
+            result["raised"] = None
+        except Exception as e:  # noqa: BLE001 - the test reads what it was
+            result["raised"] = type(e).__name__
+            result["message"] = str(e)
+            result["rank"] = getattr(e, "rank", None)
+        t.close()
+    with open(f"{out}.rank{rank}", "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
