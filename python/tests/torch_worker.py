@@ -3,6 +3,10 @@ WORLD_SIZE and MESHPLAN_STORE from the environment).
 
     torch_worker.py float8 OUT        float8 all-gather + SR AdamW, 8 steps
     torch_worker.py fail OUT RANK     RANK raises in layers.0's forward of step 2
+    torch_worker.py cpp OUT SPEC CK0 CKN STEPS
+                                      from checkpoint CK0, STEPS steps on
+                                      meshplan-train's data; then compare with
+                                      meshplan-train's checkpoint CKN
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from common import SOURCE_DIR
 
 sys.path.insert(0, str(SOURCE_DIR / "examples" / "torch"))
+from data import TextData  # noqa: E402
 from llama import CONFIGS, Llama  # noqa: E402
 
 import meshplan.torch as mpt  # noqa: E402
@@ -57,6 +62,20 @@ def main():
             result["shards"] = sorted({p.dtype for p in t.session.parameters()})
             x, y = data(t.data_parallel_rank)
             result["losses"] = [t.step(x, y) for _ in range(8)]
+    elif mode == "cpp":
+        spec_file, ck0, ckn, steps = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+        text = TextData(str(SOURCE_DIR / "docs"))
+        with mpt.Trainer(model, spec_file) as t:
+            t.load_checkpoint(ck0)
+            dp = t.data_parallel_rank
+            result["losses"] = [
+                t.step(*text.rank_batch(0, s, t.microbatches, dp, 2, 32)) for s in range(1, steps + 1)
+            ]
+            mine = {p.tensor: p.torch().clone() for p in t.session.parameters()}
+            t.load_checkpoint(ckn)
+            theirs = {p.tensor: p.torch().clone() for p in t.session.parameters()}
+        result["worst"] = max((mine[n] - theirs[n]).abs().max().item() for n in mine if mine[n].numel())
+        result["scale"] = max(theirs[n].abs().max().item() for n in theirs if theirs[n].numel())
     else:
         failing = int(sys.argv[3])
         layer = model.layers["0"]
