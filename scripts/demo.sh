@@ -2,7 +2,9 @@
 # The README's main job: plan a training step from an example spec (every
 # rank's plan, verified across ranks, and explain's summary), execute the
 # plans of the same spec for the tiny model on 8 real processes, train the
-# tiny model with meshplan-train and compare it with one process, then walk
+# tiny model with meshplan-train and compare it with one process, train a
+# plain torch Llama under the same spec from Python (meshplan.torch) and
+# compare meshplan.torch with torch's FSDP2, then walk
 # through the failures that motivate meshplan (see docs/architecture.md),
 # each run through the `meshplan` CLI.
 set -euo pipefail
@@ -61,6 +63,28 @@ echo "$ meshplan-train --spec $SPEC --model tiny --steps 30 --reference ..."
   --save-params "$OUT/train-one"
 echo "$ meshplan-train --compare $OUT/train-ranks $OUT/train-one"
 "$TRAIN" --compare "$OUT/train-ranks" "$OUT/train-one"
+echo
+echo "The same spec on a plain torch module (examples/torch/llama.py) from Python: meshplan.torch"
+echo "runs each FSDP unit's forward and backward through autograd on the plan's gathered views:"
+PY=${PYTHON:-.venv/bin/python}
+run run -n 8 --timeout 120 -- "$PY" examples/torch/train.py --spec "$SPEC" --model tiny \
+  --steps 30 --log-every 5
+echo
+echo "And against torch's own FSDP2 (fully_shard over Gloo) on the same model, init and data,"
+echo "10 steps, FSDP 8 and HSDP 2x4 in float32 (float64 gives the scale of float32 noise):"
+cat > "$OUT/torch-fsdp8.json" <<'JSON'
+{"model": "torch", "world_size": 8, "mesh": {"axes": [{"name": "fsdp", "size": 8}]},
+ "data_parallel": {"shard_axes": ["fsdp"]},
+ "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}}
+JSON
+cat > "$OUT/torch-hsdp2x4.json" <<'JSON'
+{"model": "torch", "world_size": 8,
+ "mesh": {"axes": [{"name": "ddp", "size": 2}, {"name": "fsdp", "size": 4}]},
+ "data_parallel": {"replicate_axes": ["ddp"], "shard_axes": ["fsdp"]},
+ "optimizer": {"name": "adamw", "lr": 1e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}}
+JSON
+run run -n 8 --timeout 300 -- "$PY" examples/torch/compare_fsdp2.py --steps 10 \
+  --spec "$OUT/torch-fsdp8.json" --spec "$OUT/torch-hsdp2x4.json"
 echo
 echo "A spec with a typo is refused with the JSON pointer, and nothing is written:"
 mkdir -p "$OUT"
