@@ -34,9 +34,9 @@ Tensor and pipeline parallelism of torch modules are not supported yet.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -453,6 +453,13 @@ class Trainer:
         self._losses: list[float] = []
         self._pack: dict[int, str] = {}
         self._unpack: dict[str, torch.Tensor] | None = None
+        self._torch_s = 0.0
+        #: The last step's time split (seconds): ``wall`` (step() as the
+        #: caller sees it), ``callbacks`` (the runtime's time in compute
+        #: callbacks), ``torch`` (in the torch module's forward, autograd and
+        #: the gradient adds), ``overhead`` (this driver and the bindings:
+        #: callbacks - torch, plus step()'s own time around the runtime).
+        self.last_step: dict[str, float] = {}
 
     # -- set-up --------------------------------------------------------------
 
@@ -540,16 +547,29 @@ class Trainer:
                 f"batch of {inputs.shape[0]} does not split into the plan's {m} "
                 "microbatches"
             )
+        start = time.perf_counter()
         self._batch = (list(inputs.chunk(m)), list(targets.chunk(m)))
         self._losses = []
+        self._torch_s = 0.0
         try:
+            run_start = time.perf_counter()
             self.session.step()
+            run = time.perf_counter() - run_start
         finally:
             self._batch = None
             self._saved.clear()
             self._acts.clear()
             self._grads.clear()
-        return sum(self._losses) / max(len(self._losses), 1)
+        loss = sum(self._losses) / max(len(self._losses), 1)
+        wall = time.perf_counter() - start
+        callbacks = self.session.profile["callbacks"]
+        self.last_step = {
+            "wall": wall,
+            "callbacks": callbacks,
+            "torch": self._torch_s,
+            "overhead": max(callbacks - self._torch_s, 0.0) + (wall - run),
+        }
+        return loss
 
     def _check_untouched(self) -> None:
         for n, p in self.model.named_parameters():
@@ -644,6 +664,7 @@ class Trainer:
         leaves = self._leaves(call)
         versions = {n: t._version for n, t in leaves.items()}
         x = self._input(unit, mb)
+        start = time.perf_counter()
         if self.activation_checkpointing:
             with torch.no_grad():
                 y = self._finish(unit, mb, self._run(unit, leaves, x), last)
@@ -654,6 +675,7 @@ class Trainer:
                 y = self._finish(unit, mb, self._run(unit, leaves, x), last)
             self._pack = {}
             saved = _Saved(x, y, leaves)
+        self._torch_s += time.perf_counter() - start
         self._check_versions(unit, leaves, versions)
         self._saved[(unit.index, mb)] = saved
 
@@ -665,6 +687,7 @@ class Trainer:
         versions = {n: t._version for n, t in leaves.items()}
         grad_y = None if last else self._grads.pop(mb)
         x = saved.x
+        start = time.perf_counter()
         if saved.leaves is None:  # recompute the unit's forward
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 x = x.detach().requires_grad_(True)
@@ -686,6 +709,7 @@ class Trainer:
             )
         finally:
             self._unpack = None
+        self._torch_s += time.perf_counter() - start
         self._check_versions(unit, leaves, versions)
         out = {g.tensor: g for g in call.grads}
         for n, g in zip(names, grads):
@@ -695,7 +719,9 @@ class Trainer:
             if view is None:
                 raise ModuleError(f"backward of unit {unit.name!r} has no gradient buffer for {n!r}", n)
             dst = view.torch()
+            start = time.perf_counter()
             dst.add_(g.to(dst.dtype))
+            self._torch_s += time.perf_counter() - start
         if takes_x:
             self._grads[mb] = grads[-1]
 
