@@ -63,6 +63,11 @@ def test_the_driver_equals_meshplan_train_on_the_same_llama(tmp_path):
 
     from torch_worker import CONFIGS, Llama, mpt, spec
 
+    # A text of its own, so that the figures do not move when docs/ (the
+    # trainers' default data) changes.
+    data = tmp_path / "text.txt"
+    data.write_text("".join(f"line {i}: the {i % 7} quick {i % 5} brown foxes jump over {i % 11} lazy dogs.\n"
+                            for i in range(400)))
     doc = {**spec(2), "model": "tiny"}
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(doc))
@@ -74,20 +79,28 @@ def test_the_driver_equals_meshplan_train_on_the_same_llama(tmp_path):
     cpp = subprocess.run(
         [CLI, "run", "-n", "2", "--", trainer, "--spec", spec_file, "--load-checkpoint", tmp_path / "ck0",
          "--steps", "5", "--batch", "2", "--seq-len", "32", "--log-every", "1",
-         "--save-checkpoint", tmp_path / "ckn"],
+         "--save-checkpoint", tmp_path / "ckn", "--data", data],
         capture_output=True, text=True, timeout=300, cwd=SOURCE_DIR,  # its data: docs/
     )
     assert cpp.returncode == 0, cpp.stderr[-2000:]
     cpp_losses = [float(m) for m in re.findall(r"step \d+/5 loss ([0-9.]+)", cpp.stdout + cpp.stderr)]
     assert len(cpp_losses) == 5, cpp.stdout
     out = str(tmp_path / "py")
-    proc, _ = run(2, "cpp", out, str(spec_file), str(tmp_path / "ck0"), str(tmp_path / "ckn"), "5")
+    proc, _ = run(2, "cpp", out, str(spec_file), str(tmp_path / "ck0"), str(tmp_path / "ckn"), "5", str(data))
     assert proc.returncode == 0, proc.stderr[-2000:]
     ranks = [json.load(open(f"{out}.rank{r}")) for r in range(2)]
     # meshplan-train prints the mean over the data-parallel ranks, to 4 places.
     mean = [sum(r["losses"][s] for r in ranks) / 2 for s in range(5)]
     assert mean == pytest.approx(cpp_losses, abs=1e-4)
-    # After 5 AdamW steps of lr 1e-3 (parameters up to 2.0): within 1e-5,
-    # 1% of one step's update (measured 2.0e-6).
+    # The parameters after 5 steps, as the L2 size of the differences
+    # relative to the 5 steps' update (an elementwise max is dominated by
+    # AdamW dividing by near-zero gradients, where any rounding flips the
+    # sign of the update): no more than float32 noise, which the float64
+    # run measures. Measured: torch - C++ 0.85e-5 / 1.5e-5 (rank 0 / 1),
+    # torch - float64 0.51e-5 / 0.61e-5, C++ - float64 0.65e-5 / 1.05e-5.
+    # A modelling difference (a RoPE variant, a norm's epsilon) is 1e-3 or
+    # more.
     for r in ranks:
-        assert r["worst"] <= 1e-5, r
+        assert r["rel"] <= 4 * r["rel_fp64"], r
+        assert r["cpp_rel_fp64"] <= 4 * r["rel_fp64"], r
+        assert r["rel"] <= 1e-4, r

@@ -3,14 +3,18 @@ WORLD_SIZE and MESHPLAN_STORE from the environment).
 
     torch_worker.py float8 OUT        float8 all-gather + SR AdamW, 8 steps
     torch_worker.py fail OUT RANK     RANK raises in layers.0's forward of step 2
-    torch_worker.py cpp OUT SPEC CK0 CKN STEPS
+    torch_worker.py cpp OUT SPEC CK0 CKN STEPS DATA
                                       from checkpoint CK0, STEPS steps on
-                                      meshplan-train's data; then compare with
-                                      meshplan-train's checkpoint CKN
+                                      meshplan-train's data (the text DATA);
+                                      then compare with meshplan-train's
+                                      checkpoint CKN, and with float64 plain
+                                      torch on the global batch (the scale of
+                                      float32 noise)
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -63,19 +67,54 @@ def main():
             x, y = data(t.data_parallel_rank)
             result["losses"] = [t.step(x, y) for _ in range(8)]
     elif mode == "cpp":
-        spec_file, ck0, ckn, steps = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
-        text = TextData(str(SOURCE_DIR / "docs"))
+        spec_file, ck0, ckn, steps, path = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7]
+        text = TextData(path)
+        reference = copy.deepcopy(model).double()
         with mpt.Trainer(model, spec_file) as t:
             t.load_checkpoint(ck0)
-            dp = t.data_parallel_rank
+            dp, dps = t.data_parallel_rank, t.data_parallel_size
+            # The checkpoint's values, for the float64 run.
+            with torch.no_grad():
+                start = {p.tensor: (p.offset, p.torch().clone()) for p in t.session.parameters()}
             result["losses"] = [
                 t.step(*text.rank_batch(0, s, t.microbatches, dp, 2, 32)) for s in range(1, steps + 1)
             ]
-            mine = {p.tensor: p.torch().clone() for p in t.session.parameters()}
+            mine = {p.tensor: (p.offset, p.torch().clone()) for p in t.session.parameters()}
             t.load_checkpoint(ckn)
             theirs = {p.tensor: p.torch().clone() for p in t.session.parameters()}
-        result["worst"] = max((mine[n] - theirs[n]).abs().max().item() for n in mine if mine[n].numel())
-        result["scale"] = max(theirs[n].abs().max().item() for n in theirs if theirs[n].numel())
+        # float64 plain torch from the same values (every rank holds the
+        # whole init: it is the same on every rank) on the global batch.
+        params = dict(reference.named_parameters())
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                params[n].copy_(p.double())
+        opt = torch.optim.AdamW(reference.parameters(), lr=OPT["lr"], betas=OPT["betas"], eps=OPT["eps"],
+                                weight_decay=OPT["weight_decay"], foreach=False)
+        for s in range(1, steps + 1):
+            xs, ys = zip(*(text.rank_batch(0, s, 1, d, 2, 32) for d in range(dps)))
+            mpt.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+            opt.step()
+            opt.zero_grad()
+        # Over this rank's shards: the largest difference, and the relative
+        # L2 size of the differences against the 5 steps' update.
+        worst = noise = cpp_noise = 0.0
+        diff2 = diff64 = cpp64 = update2 = 0.0
+        for n, (offset, value) in mine.items():
+            if not value.numel():
+                continue
+            box = tuple(slice(o, o + k) for o, k in zip(offset, value.shape))
+            r64 = params[n].detach()[box]
+            d, d64, c64 = value - theirs[n], value.double() - r64, theirs[n].double() - r64
+            worst = max(worst, d.abs().max().item())
+            noise = max(noise, d64.abs().max().item())
+            cpp_noise = max(cpp_noise, c64.abs().max().item())
+            diff2 += d.double().square().sum().item()
+            diff64 += d64.square().sum().item()
+            cpp64 += c64.square().sum().item()
+            update2 += (value - start[n][1]).double().square().sum().item()
+        result.update(worst=worst, fp64_noise=noise, cpp_fp64_noise=cpp_noise,
+                      rel=(diff2 / update2) ** 0.5, rel_fp64=(diff64 / update2) ** 0.5,
+                      cpp_rel_fp64=(cpp64 / update2) ** 0.5)
     else:
         failing = int(sys.argv[3])
         layer = model.layers["0"]
