@@ -690,6 +690,45 @@ void meshplan::python::bindSession(nb::module_ &m) {
           },
           "Fault-tolerant sessions: epoch, live groups, this step's data "
           "ranks; None otherwise.")
+      .def(
+          "trainer_all_reduce",
+          [](SessionObject &s, const std::string &comm,
+             nb::ndarray<float, nb::c_contig, nb::device::cpu> data,
+             const std::string &op) {
+            s.ensureOpen();
+            ReduceOp reduce;
+            if (op == "avg")
+              reduce = ReduceOp::Avg;
+            else if (op == "sum")
+              reduce = ReduceOp::Sum;
+            else if (op == "max")
+              reduce = ReduceOp::Max;
+            else
+              raise("SessionError", "trainer_all_reduce: op \"" + op +
+                                        "\" is none of avg, sum, max");
+            Result<void> done = makeError("");
+            {
+              nb::gil_scoped_release release;
+              auto c = s.session->trainerCommunicator(comm);
+              if (!c)
+                done = c.error();
+              else if ((*c)->memoryKind() != runtime::MemoryKind::Host)
+                done = makeError("trainer_all_reduce: communicator \"" + comm +
+                                 "\" is on a device; it takes host arrays "
+                                 "only");
+              else
+                done = (*c)->allReduce(data.data(), int64_t(data.size()),
+                                       plan::DType::Float32, reduce);
+            }
+            if (!done)
+              raise("StepError", done.error());
+          },
+          nb::arg("comm"), nb::arg("data"), nb::arg("op") = "avg",
+          "In place over a float32 host array: a collective of the "
+          "trainer's own on a communicator the plan declares for it (the "
+          "`trainer_<axis>` ones: the extra axes' gradient averages, a "
+          "loss). Every member must call it, in the same order; from a "
+          "compute callback or between steps.")
       .def("created_communicators",
            [](const SessionObject &s) {
              s.ensureOpen();

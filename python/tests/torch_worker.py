@@ -3,6 +3,9 @@ WORLD_SIZE and MESHPLAN_STORE from the environment).
 
     torch_worker.py float8 OUT        float8 all-gather + SR AdamW, 8 steps
     torch_worker.py fail OUT RANK     RANK raises in layers.0's forward of step 2
+    torch_worker.py extra OUT         FSDP 2 x an extra axis of 2, accumulating
+                                      2 microbatches, against float64 plain
+                                      torch on the global batch
     torch_worker.py cpp OUT SPEC CK0 CKN STEPS DATA
                                       from checkpoint CK0, STEPS steps on
                                       meshplan-train's data (the text DATA);
@@ -66,6 +69,37 @@ def main():
             result["shards"] = sorted({p.dtype for p in t.session.parameters()})
             x, y = data(t.data_parallel_rank)
             result["losses"] = [t.step(x, y) for _ in range(8)]
+    elif mode == "extra":
+        doc = spec(world, mesh={"axes": [{"name": "fsdp", "size": world // 2}, {"name": "abcd", "size": 2}]},
+                   extra_axes=["abcd"], gradient_accumulation={"steps": 2, "reduce": "every_microbatch"})
+        reference = copy.deepcopy(model).double()
+        steps = 4
+
+        def rows(step, dp):
+            g = torch.Generator().manual_seed(100 * step + dp)
+            t = torch.randint(0, 256, (4, 17), generator=g)
+            return t[:, :-1], t[:, 1:]
+
+        with mpt.Trainer(model, doc) as t:
+            dp, dps = t.data_parallel_rank, t.data_parallel_size
+            result["dp"] = [dp, dps, t.microbatches]
+            result["losses"] = [t.step(*rows(s, dp)) for s in range(1, steps + 1)]
+            mine = {p.tensor: (p.offset, p.torch().clone()) for p in t.session.parameters()}
+        opt = torch.optim.AdamW(reference.parameters(), lr=OPT["lr"], betas=OPT["betas"], eps=OPT["eps"],
+                                weight_decay=OPT["weight_decay"], foreach=False)
+        initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
+        for s in range(1, steps + 1):
+            xs, ys = zip(*(rows(s, d) for d in range(dps)))
+            mpt.cross_entropy(reference(torch.cat(xs)), torch.cat(ys)).backward()
+            opt.step()
+            opt.zero_grad()
+        ref = dict(reference.named_parameters())
+        diff2 = update2 = 0.0
+        for n, (offset, value) in mine.items():
+            box = tuple(slice(o, o + k) for o, k in zip(offset, value.shape))
+            diff2 += (value.double() - ref[n].detach()[box]).square().sum().item()
+            update2 += (ref[n].detach()[box] - initial[n][box]).square().sum().item()
+        result["rel_fp64"] = (diff2 / update2) ** 0.5
     elif mode == "cpp":
         spec_file, ck0, ckn, steps, path = sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]), sys.argv[7]
         text = TextData(path)

@@ -426,6 +426,18 @@ class Trainer:
         self.activation_checkpointing = bool(activation_checkpointing)
 
         self.plan = _mp.plan(spec, self.rank)
+        # Extra axes replicate the parameters, and the plan does not reduce
+        # gradients over them (docs/semantics.md): each of their ranks reads
+        # other data, so the driver averages each unit's gradients over them
+        # on the communicator the plan declares for the trainer
+        # (`trainer_<axis>`), as meshplan-train does.
+        self._extra_comms = []
+        for axis in doc.get("extra_axes", []):
+            over = [c["id"] for c in self.plan.communicators if c["axes"] == [axis]]
+            trainer = [c for c in over if c.startswith("trainer_")]
+            if not over:
+                raise SpecError(f"/extra_axes: the plan has no communicator over extra axis {axis!r}")
+            self._extra_comms.append((trainer or over)[-1])
         self.microbatches = 1 + max(
             (i["microbatch"] for i in self.plan.program if i["op"] == "compute"),
             default=0,
@@ -711,6 +723,8 @@ class Trainer:
             self._unpack = None
         self._torch_s += time.perf_counter() - start
         self._check_versions(unit, leaves, versions)
+        if self._extra_comms:
+            grads = self._average_over_extra_axes(names, grads)
         out = {g.tensor: g for g in call.grads}
         for n, g in zip(names, grads):
             if g is None:
@@ -724,6 +738,25 @@ class Trainer:
             self._torch_s += time.perf_counter() - start
         if takes_x:
             self._grads[mb] = grads[-1]
+
+    def _average_over_extra_axes(self, names, grads):
+        # One flat float32 all-reduce per extra axis and unit; an unused
+        # parameter's gradient counts as zero (every rank must send the same
+        # count).
+        params = dict(self.model.named_parameters())
+        parts = [
+            (g if g is not None else torch.zeros(params[n].shape)).float().reshape(-1)
+            for n, g in zip(names, grads[: len(names)])
+        ]
+        flat = torch.cat(parts).contiguous()
+        for comm in self._extra_comms:
+            self.session.trainer_all_reduce(comm, flat.numpy(), "avg")
+        out, at = [], 0
+        for n, g in zip(names, grads[: len(names)]):
+            k = params[n].numel()
+            out.append(flat[at : at + k].view(params[n].shape))
+            at += k
+        return out + list(grads[len(names) :])
 
     def _finish_again(self, unit: _Unit, mb: int, y, last: bool):
         # The recomputed forward: the same loss, not counted twice.
