@@ -248,3 +248,18 @@ def test_a_forward_that_writes_its_parameter_is_refused():
         x, y = next(batches(1))
         with pytest.raises(Exception, match="changed parameter '1.weight' in place"):
             t.step(x % 32, y % 32)
+
+
+def test_a_module_that_does_not_fit_the_spec_model_is_refused_by_parameter():
+    # model_from_spec: the spec's own model ("tiny") is planned, and the
+    # module must fit it.
+    spec = {**one_rank(), "model": "tiny"}
+    with mpt.Trainer(tiny(), spec, model_from_spec=True) as t:
+        t.step(*next(batches(1)))
+    wide = Llama(CONFIGS["wide"])
+    with pytest.raises(ModuleError, match=r"'tok_embeddings.weight' has shape \[256, 512\] but the plan has \[256, 64\]") as e:
+        mpt.Trainer(wide, spec, model_from_spec=True)
+    assert e.value.name == "tok_embeddings.weight"
+    short = Llama(type(CONFIGS["tiny"])(n_layers=1))
+    with pytest.raises(ModuleError, match="the plan's parameter 'layers.1.attention_norm.weight' is not a parameter"):
+        mpt.Trainer(short, spec, model_from_spec=True)

@@ -368,7 +368,10 @@ class Trainer:
 
     ``loss_fn(output, targets)`` gives a microbatch's loss (default:
     cross entropy over every token in float32, as torchtitan).
-    ``example_input``: see ``describe``.
+    ``example_input``: see ``describe``. ``model_from_spec``: plan the model
+    the spec names (a preset or model file) instead, and refuse a module
+    that does not fit it (a parameter it lacks or has extra, a shape that
+    differs), naming the parameter.
     ``activation_checkpointing``: recompute each unit's forward in its
     backward instead of keeping its activations (default: the spec's
     ``activation_checkpointing``, on unless "none").
@@ -388,15 +391,17 @@ class Trainer:
         timeout: float | None = None,
         job: str | None = None,
         example_input: Any = None,
+        model_from_spec: bool = False,
     ):
         self.model = model
         self.segments = list(segments) if segments is not None else default_segments(model)
         self.description = describe(model, self.segments, example_input=example_input)
         self.loss_fn = loss_fn or cross_entropy
+        override = None if model_from_spec else self.description
         if isinstance(spec, _mp.Spec):
             doc = json.loads(spec.text)
             base = os.path.dirname(spec.origin) if not spec.origin.startswith("<") else "."
-            spec = _mp.spec(doc, base_dir=base, model=self.description)
+            spec = _mp.spec(doc, base_dir=base, model=override)
         else:
             doc = None
             if isinstance(spec, Mapping):
@@ -404,7 +409,7 @@ class Trainer:
             else:
                 with open(os.fspath(spec)) as f:
                     doc = json.load(f)
-            spec = _mp.spec(spec, model=self.description)
+            spec = _mp.spec(spec, model=override)
         for key, what in (
             ("tensor_parallel", "tensor parallelism"),
             ("pipeline_parallel", "pipeline parallelism"),
@@ -442,8 +447,8 @@ class Trainer:
             (i["microbatch"] for i in self.plan.program if i["op"] == "compute"),
             default=0,
         )
-        self._units = self._map_units(spec.units)
         self._check_plan_fits()
+        self._units = self._map_units(spec.units)
         kwargs: dict[str, Any] = {}
         if store is not None:
             kwargs["store"] = store
