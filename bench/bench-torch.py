@@ -105,8 +105,9 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = os.environ["MESHPLAN_STORE"].removeprefix("file:")
-    dist.init_process_group("gloo", init_method=f"file://{store}/torch-dist", rank=rank, world_size=world)
+    # torch's env:// rendezvous: `meshplan run` sets MASTER_ADDR and
+    # MASTER_PORT as torchrun does.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     results = [bench_model(m, args.steps, args.tokens, rank, world) for m in args.models.split(",")]
     dist.destroy_process_group()
     if rank == 0:

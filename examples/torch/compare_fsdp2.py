@@ -158,8 +158,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = os.environ["MESHPLAN_STORE"].removeprefix("file:")
-    dist.init_process_group("gloo", init_method=f"file://{store}/torch-dist", rank=rank, world_size=world)
+    # torch's env:// rendezvous: `meshplan run` sets MASTER_ADDR and
+    # MASTER_PORT as torchrun does.
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     summary = []
     for case, source in enumerate(args.spec):
         if source.lstrip().startswith("{"):

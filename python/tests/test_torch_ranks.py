@@ -122,3 +122,15 @@ def test_the_driver_equals_meshplan_train_on_the_same_llama(tmp_path):
         assert r["rel"] <= 4 * r["rel_fp64"], r
         assert r["cpp_rel_fp64"] <= 4 * r["rel_fp64"], r
         assert r["rel"] <= 1e-4, r
+
+
+def test_a_plain_torch_distributed_program_runs_under_meshplan_run():
+    # `meshplan run` sets MASTER_ADDR and MASTER_PORT as torchrun does, so
+    # torch's env:// rendezvous needs nothing else.
+    program = ("import os, torch, torch.distributed as d; d.init_process_group('gloo'); "
+               "t = torch.ones(1) * (d.get_rank() + 1); d.all_reduce(t); "
+               "print('sum', int(t.item()), os.environ['MASTER_ADDR'])")
+    proc = subprocess.run([CLI, "run", "-n", "3", "--timeout", "60", "--", sys.executable, "-c", program],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("sum 6 127.0.0.1") == 3, proc.stdout

@@ -29,10 +29,12 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <memory>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <unordered_map>
@@ -357,6 +359,25 @@ std::vector<std::string> baseEnvironment() {
   return env;
 }
 
+/// A TCP port that was free on the loopback a moment ago (bound to port 0
+/// and closed, as torchrun picks MASTER_PORT for a standalone job); 0 when
+/// none could be had.
+int freeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
+}
+
 /// Everything the child needs between fork and exec, prepared beforehand:
 /// only async-signal-safe calls happen in the child.
 struct ChildSetup {
@@ -641,6 +662,23 @@ int Job::run(const std::string &storeAddress,
   env.push_back("NODE_RANK=" + std::to_string(nodeRank));
   env.push_back("GROUP_WORLD_SIZE=" + std::to_string(nnodes));
   env.push_back("MESHPLAN_STORE=" + storeAddress);
+  // What torch.distributed's env:// rendezvous reads, as torchrun sets it,
+  // so that a plain torch program runs under `meshplan run` too. One node:
+  // the loopback and a free port. Several: the caller's MASTER_ADDR and
+  // MASTER_PORT pass through (node 0's address; torchrun's
+  // --rdzv-endpoint), and are not invented.
+  auto has = [&](const char *key) {
+    std::string prefix = std::string(key) + "=";
+    return std::any_of(env.begin(), env.end(), [&](const std::string &e) {
+      return e.rfind(prefix, 0) == 0;
+    });
+  };
+  if (nnodes == 1 && !has("MASTER_ADDR") && !has("MASTER_PORT")) {
+    if (int port = freeLoopbackPort()) {
+      env.push_back("MASTER_ADDR=127.0.0.1");
+      env.push_back("MASTER_PORT=" + std::to_string(port));
+    }
+  }
   if (timeout) {
     std::erase_if(env, [](const std::string &e) {
       return e.rfind("MESHPLAN_TIMEOUT=", 0) == 0;
