@@ -319,6 +319,9 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
                                : "--rank: give --rank R or --all");
   if (options.outDir.empty())
     throw CliError("-o: an output directory is required");
+  if (options.outDir == "-")
+    throw CliError("-o: plan writes a directory (one rank<R>.json per rank); "
+                   "\"-\" (standard output) names no directory");
   if (options.progress != "auto" && options.progress != "always" &&
       options.progress != "never")
     throw CliError("--progress: expected auto, always or never, not \"" +
