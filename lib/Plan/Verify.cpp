@@ -4,8 +4,12 @@
 
 #include "meshplan/Core/Text.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <array>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 namespace meshplan::plan {
@@ -24,6 +28,18 @@ std::string_view failureKindName(FailureKind kind) {
     return "stream cycle";
   case FailureKind::Deadlock:
     return "deadlock";
+  case FailureKind::OperandMismatch:
+    return "operand mismatch";
+  case FailureKind::ParameterMismatch:
+    return "parameter mismatch";
+  case FailureKind::Reduction:
+    return "gradient reduction";
+  case FailureKind::Microbatch:
+    return "microbatch";
+  case FailureKind::Ownership:
+    return "ownership";
+  case FailureKind::Lifetime:
+    return "buffer lifetime";
   }
   return "failure";
 }
@@ -127,7 +143,8 @@ std::string ordinal(int64_t k) { return "#" + std::to_string(k + 1); }
 
 class Verifier {
 public:
-  explicit Verifier(const std::vector<Plan> &plans) : plans(plans) {}
+  Verifier(const std::vector<Plan> &plans, const PlanSetFacts &facts)
+      : plans(plans), facts(facts) {}
 
   Result<VerifyResult> run();
 
@@ -139,8 +156,44 @@ private:
   std::optional<VerifyFailure> matchPointToPoint();
   std::optional<VerifyFailure> checkStreamCycles();
   std::optional<VerifyFailure> simulate();
+  // (d): what the step computes (docs/plan-format.md).
+  std::optional<VerifyFailure> checkFacts();
+  std::optional<VerifyFailure> checkOperands();
+  std::optional<VerifyFailure> checkTransferOperands();
+  std::optional<VerifyFailure> checkParameters();
+  std::optional<VerifyFailure> checkReductions();
+  std::optional<VerifyFailure> checkMicrobatches();
+  std::optional<VerifyFailure> checkOwnership();
+  std::optional<VerifyFailure> checkLifetimes();
+
+  // Facts of plan p (a plan index).
+  const PlanFacts &factsOf(int32_t p) const { return facts.plans[p]; }
+  const BufferFacts &bufferOf(int32_t p, int32_t local) const {
+    return facts.buffers[facts.plans[p].buffers[local]];
+  }
+  std::string_view text(int32_t s) const {
+    return s < 0 ? std::string_view() : std::string_view(facts.strings[s]);
+  }
+  /// `/program/3 "ag.w" ("all-gather w")`: where() with the label.
+  std::string whereLabeled(int32_t p, int64_t i) const;
+  /// `"w.full" (gathered bfloat16 [8,4] of "layers.0.weight", layout
+  /// "[{}, {}]")`.
+  std::string describeBuffer(const BufferFacts &b) const;
+  /// The first field two buffer descriptions differ in, for both sides:
+  /// {"tensor \"a\"", "tensor \"b\""}; empty when equal.
+  std::pair<std::string, std::string>
+  bufferDifference(const BufferFacts &a, const BufferFacts &b) const;
+  VerifyFailure failureAt(FailureKind kind, int32_t p, int64_t i) const;
+  /// The layout a buffer names, parsed once per distinct text.
+  const Layout *layoutOf(int32_t text);
+  /// A communicator's axes as core refs, parsed once per communicator.
+  const AxisRefList *refsOf(int32_t globalComm);
 
   const std::vector<Plan> &plans;
+  const PlanSetFacts &facts;
+  std::shared_ptr<const Mesh> sharedMesh;
+  std::unordered_map<int32_t, std::optional<Layout>> layouts;
+  std::unordered_map<int32_t, std::optional<AxisRefList>> commRefs;
   std::optional<Mesh> mesh;
   std::vector<int32_t> planOfPosition; ///< mesh position -> plan index
   std::vector<int32_t> order;          ///< plan indices by rank id
@@ -782,6 +835,804 @@ std::optional<VerifyFailure> Verifier::simulate() {
   return f;
 }
 
+//===----------------------------------------------------------------------===//
+// (d) What the step computes
+//===----------------------------------------------------------------------===//
+
+std::string Verifier::whereLabeled(int32_t p, int64_t i) const {
+  std::string s = where(plans[p], i);
+  const PlanFacts &f = factsOf(p);
+  if (static_cast<size_t>(i) < f.label.size() && f.label[i] >= 0)
+    s += " (" + quote(text(f.label[i])) + ")";
+  return s;
+}
+
+std::string Verifier::describeBuffer(const BufferFacts &b) const {
+  std::string s =
+      quote(text(b.id)) + " (" + std::string(bufferKindName(b.kind)) + " " +
+      std::string(dtypeName(b.dtype)) + " [" + joinInts(b.globalShape) + "]";
+  if (b.tensor >= 0)
+    s += " of " + quote(text(b.tensor));
+  if (b.tensorId)
+    s += " tensor_id " + std::to_string(*b.tensorId);
+  return s + ", layout " + quote(text(b.layout)) + ")";
+}
+
+std::pair<std::string, std::string>
+Verifier::bufferDifference(const BufferFacts &a, const BufferFacts &b) const {
+  auto tensorText = [&](const BufferFacts &x) {
+    return x.tensor < 0 ? std::string("no tensor") : quote(text(x.tensor));
+  };
+  if (a.tensor != b.tensor)
+    return {"tensor " + tensorText(a), "tensor " + tensorText(b)};
+  if (a.layout != b.layout)
+    return {"layout " + quote(text(a.layout)),
+            "layout " + quote(text(b.layout))};
+  if (a.globalShape != b.globalShape)
+    return {"global shape [" + joinInts(a.globalShape) + "]",
+            "global shape [" + joinInts(b.globalShape) + "]"};
+  if (a.dtype != b.dtype)
+    return {"dtype " + std::string(dtypeName(a.dtype)),
+            "dtype " + std::string(dtypeName(b.dtype))};
+  if (a.kind != b.kind)
+    return {"kind " + std::string(bufferKindName(a.kind)),
+            "kind " + std::string(bufferKindName(b.kind))};
+  auto idText = [](const std::optional<int64_t> &t) {
+    return t ? std::to_string(*t) : std::string("none");
+  };
+  if (a.tensorId != b.tensorId)
+    return {"tensor_id " + idText(a.tensorId),
+            "tensor_id " + idText(b.tensorId)};
+  if (a.id != b.id)
+    return {"buffer " + quote(text(a.id)), "buffer " + quote(text(b.id))};
+  if (!(a == b)) {
+    auto scaleText = [&](const BufferFacts &x) {
+      return x.scaleAmax < 0 ? std::string("no scale")
+                             : "scale " + quote(text(x.scaleAmax)) + "[" +
+                                   std::to_string(x.scaleIndex) + "]" +
+                                   (x.scalePowerOf2 ? " power_of_2" : "");
+    };
+    return {scaleText(a), scaleText(b)};
+  }
+  return {};
+}
+
+VerifyFailure Verifier::failureAt(FailureKind kind, int32_t p,
+                                  int64_t i) const {
+  VerifyFailure f;
+  f.kind = kind;
+  f.rank = plans[p].rank;
+  f.index = i;
+  if (i >= 0) {
+    f.instruction = plans[p].program[i].id;
+    if (isCollective(plans[p].program[i].op))
+      f.comm = plans[p].program[i].comm;
+  }
+  return f;
+}
+
+const Layout *Verifier::layoutOf(int32_t t) {
+  auto [it, fresh] = layouts.try_emplace(t);
+  if (fresh) {
+    if (!sharedMesh)
+      sharedMesh = std::make_shared<const Mesh>(*mesh);
+    Result<Layout> l =
+        parseLayout(View::root(sharedMesh), AxisNamespace(sharedMesh), text(t));
+    // validatePlan parsed every layout already; one that does not parse
+    // here is not judged by (d).
+    if (l)
+      it->second = std::move(*l);
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+const AxisRefList *Verifier::refsOf(int32_t c) {
+  auto [it, fresh] = commRefs.try_emplace(c);
+  if (fresh) {
+    AxisRefList refs;
+    bool ok = !comms[c].def->axes.empty();
+    for (const std::string &a : comms[c].def->axes) {
+      Result<AxisRef> r = parseAxisRefText(*mesh, a);
+      if (!r) {
+        ok = false;
+        break;
+      }
+      refs.push_back(*r);
+    }
+    if (ok)
+      it->second = std::move(refs);
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+std::optional<VerifyFailure> Verifier::checkOperands() {
+  // The members of a collective must hand it the same tensor in the same
+  // layout: counts alone let two same-sized buffers swap on one rank and
+  // train on the wrong data. Buffers are interned per set, so "the same"
+  // is one integer per operand.
+  std::vector<int32_t> key, firstKey;
+  std::optional<VerifyFailure> best;
+  auto operandsOf = [&](int32_t p, int64_t i, std::vector<int32_t> &out) {
+    const PlanFacts &f = factsOf(p);
+    out.clear();
+    out.push_back(f.inputCount[i]);
+    for (int32_t o = f.operandStart[i]; o < f.operandStart[i + 1]; ++o)
+      out.push_back(f.operands[o] < 0 ? -1 : f.buffers[f.operands[o]]);
+  };
+  for (const GlobalComm &g : comms) {
+    size_t n = g.memberPlan.size();
+    if (n < 2)
+      continue;
+    const std::vector<int32_t> &seq0 =
+        info[g.memberPlan[0]].seqs[g.memberLocal[0]];
+    for (size_t pos = 0; pos < seq0.size(); ++pos) {
+      operandsOf(g.memberPlan[0], seq0[pos], firstKey);
+      size_t k = 1;
+      for (; k < n; ++k) {
+        int32_t mp = g.memberPlan[k];
+        operandsOf(mp, info[mp].seqs[g.memberLocal[k]][pos], key);
+        if (key != firstKey)
+          break;
+      }
+      if (k == n)
+        continue;
+      // Majority over the members' operand lists; the first member outside
+      // it is blamed, the first inside it is the reference.
+      std::vector<std::pair<std::vector<int32_t>, size_t>> tally;
+      std::vector<size_t> tallyOf(n);
+      for (size_t m = 0; m < n; ++m) {
+        int32_t mp = g.memberPlan[m];
+        operandsOf(mp, info[mp].seqs[g.memberLocal[m]][pos], key);
+        auto it = std::find_if(tally.begin(), tally.end(),
+                               [&](auto &t) { return t.first == key; });
+        if (it == tally.end()) {
+          tally.push_back({key, 1});
+          it = tally.end() - 1;
+        } else {
+          ++it->second;
+        }
+        tallyOf[m] = static_cast<size_t>(it - tally.begin());
+      }
+      size_t major = 0;
+      for (size_t t = 1; t < tally.size(); ++t)
+        if (tally[t].second > tally[major].second)
+          major = t;
+      size_t blamed = n, other = n;
+      for (size_t m = 0; m < n; ++m) {
+        if (tallyOf[m] != major && blamed == n)
+          blamed = m;
+        if (tallyOf[m] == major && other == n)
+          other = m;
+      }
+      int32_t bp = g.memberPlan[blamed], op = g.memberPlan[other];
+      int64_t bi = info[bp].seqs[g.memberLocal[blamed]][pos];
+      int64_t oi = info[op].seqs[g.memberLocal[other]][pos];
+      const PlanFacts &bf = factsOf(bp), &of = factsOf(op);
+      VerifyFailure f = failureAt(FailureKind::OperandMismatch, bp, bi);
+      f.otherRank = plans[op].rank;
+      std::string head = "rank " + std::to_string(plans[bp].rank) + " " +
+                         whereLabeled(bp, bi) + ": " +
+                         std::string(opKindName(plans[bp].program[bi].op)) +
+                         " " + ordinal(static_cast<int64_t>(pos)) +
+                         " on communicator " + quote(g.def->id);
+      std::string otherAt =
+          "rank " + std::to_string(plans[op].rank) + " " + whereLabeled(op, oi);
+      int32_t bn = bf.operandStart[bi + 1] - bf.operandStart[bi];
+      int32_t on = of.operandStart[oi + 1] - of.operandStart[oi];
+      if (bf.inputCount[bi] != of.inputCount[oi] || bn != on) {
+        f.message = head + " has " + std::to_string(bf.inputCount[bi]) +
+                    " inputs and " + std::to_string(bn - bf.inputCount[bi]) +
+                    " outputs, but " + otherAt + " has " +
+                    std::to_string(of.inputCount[oi]) + " and " +
+                    std::to_string(on - of.inputCount[oi]);
+      } else {
+        for (int32_t o = 0; o < bn; ++o) {
+          int32_t lb = bf.operands[bf.operandStart[bi] + o];
+          int32_t lo = of.operands[of.operandStart[oi] + o];
+          const BufferFacts &a = bufferOf(bp, lb), &b = bufferOf(op, lo);
+          if (&a == &b)
+            continue;
+          bool input = o < bf.inputCount[bi];
+          std::string which = (input ? "input " : "output ") +
+                              std::to_string(input ? o : o - bf.inputCount[bi]);
+          auto [mine, theirs] = bufferDifference(a, b);
+          f.tensor = a.tensor >= 0 ? std::string(text(a.tensor)) : "";
+          f.message = head + ": its " + which + " is " + describeBuffer(a) +
+                      ", but " + otherAt + " has " + describeBuffer(b) +
+                      "; they differ in " + mine + " vs " + theirs +
+                      ", so the members would " +
+                      (input ? "contribute" : "receive") + " different tensors";
+          break;
+        }
+      }
+      if (!best ||
+          std::pair(f.rank, f.index) < std::pair(best->rank, best->index))
+        best = std::move(f);
+      break;
+    }
+  }
+  return best;
+}
+
+std::optional<VerifyFailure> Verifier::checkTransferOperands() {
+  // A send delivers its one input into the recv's one output: the same
+  // activation of the same microbatch (the receiver names the buffer as its
+  // producer does), of the same shape and layout.
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const RankInfo &ri = info[p];
+    const PlanFacts &pf = factsOf(p);
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      if (plan.program[i].op != OpKind::Send || ri.partner[i] < 0)
+        continue;
+      int64_t h = ri.partner[i];
+      int32_t q = 0;
+      // The partner's plan: the other member of the pair.
+      const GlobalComm &g = comms[ri.globalComm[ri.localComm[i]]];
+      q = g.memberPlan[g.memberPlan[0] == p ? 1 : 0];
+      int64_t j = h - info[q].base;
+      const PlanFacts &qf = factsOf(q);
+      if (pf.inputCount[i] < 1 ||
+          qf.operandStart[j + 1] - qf.operandStart[j] - qf.inputCount[j] < 1)
+        continue; // validatePlan requires them; nothing to compare
+      int32_t sb = pf.operands[pf.operandStart[i]];
+      int32_t rb = qf.operands[qf.operandStart[j] + qf.inputCount[j]];
+      if (sb < 0 || rb < 0 || pf.buffers[sb] == qf.buffers[rb])
+        continue;
+      const BufferFacts &a = bufferOf(p, sb), &b = bufferOf(q, rb);
+      auto [mine, theirs] = bufferDifference(a, b);
+      VerifyFailure f =
+          failureAt(FailureKind::OperandMismatch, p, static_cast<int64_t>(i));
+      f.otherRank = plans[q].rank;
+      f.tensor = a.tensor >= 0 ? std::string(text(a.tensor)) : "";
+      f.message = "rank " + std::to_string(plan.rank) + " " +
+                  whereLabeled(p, static_cast<int64_t>(i)) + " (send " +
+                  quote(plan.program[i].tag) + " on " +
+                  quote(plan.program[i].comm) + ") sends " + describeBuffer(a) +
+                  ", but rank " + std::to_string(plans[q].rank) + " " +
+                  whereLabeled(q, j) + " receives it into " +
+                  describeBuffer(b) + "; they differ in " + mine + " vs " +
+                  theirs;
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
+/// An optimizer record as its fields (key, JSON value), as writePlan writes
+/// it: compared field by field, so a field added to the record (and to the
+/// writer, as the round-trip tests require) is compared without a change
+/// here.
+std::vector<std::pair<std::string, std::string>>
+optimizerFields(const OptimizerConfig &o) {
+  Plan carrier;
+  carrier.optimizer = o;
+  nlohmann::json doc = nlohmann::json::parse(writePlan(carrier), nullptr,
+                                             /*allow_exceptions=*/false);
+  std::vector<std::pair<std::string, std::string>> out;
+  if (doc.is_object() && doc.contains("optimizer"))
+    for (auto &[k, v] : doc["optimizer"].items())
+      out.emplace_back(k, v.dump());
+  return out;
+}
+
+std::optional<VerifyFailure> Verifier::checkParameters() {
+  // Every piece of a parameter is one tensor: the same tensor_id (stochastic
+  // rounding keys its bits with it), shape, dtype and layout on every rank
+  // that holds a piece, and a tensor_id names one tensor.
+  struct Holder {
+    int32_t buffer = -1; ///< set buffer index
+    int32_t plan = -1;
+  };
+  std::unordered_map<int32_t, Holder> byTensor;
+  std::unordered_map<int64_t, Holder> byId;
+  std::vector<uint8_t> seenBuffer(facts.buffers.size(), 0);
+  for (int32_t p : order) {
+    const PlanFacts &pf = factsOf(p);
+    for (size_t b = 0; b < pf.buffers.size(); ++b) {
+      int32_t sb = pf.buffers[b];
+      const BufferFacts &x = facts.buffers[sb];
+      if (x.kind != BufferKind::ParamShard || seenBuffer[sb])
+        continue;
+      seenBuffer[sb] = 1;
+      auto [it, fresh] = byTensor.emplace(x.tensor, Holder{sb, p});
+      const BufferFacts &y = facts.buffers[it->second.buffer];
+      std::pair<std::string, std::string> diff;
+      if (!fresh && (x.tensorId != y.tensorId || x.dtype != y.dtype ||
+                     x.globalShape != y.globalShape || x.layout != y.layout))
+        diff = bufferDifference(x, y);
+      int32_t q = it->second.plan;
+      if (diff.first.empty() && x.tensorId) {
+        auto [jt, freshId] = byId.emplace(*x.tensorId, Holder{sb, p});
+        const BufferFacts &z = facts.buffers[jt->second.buffer];
+        if (!freshId && z.tensor != x.tensor) {
+          diff = {"tensor " + quote(text(x.tensor)),
+                  "tensor " + quote(text(z.tensor))};
+          q = jt->second.plan;
+          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, -1);
+          f.otherRank = plans[q].rank;
+          f.tensor = std::string(text(x.tensor));
+          f.message = "rank " + std::to_string(plans[p].rank) +
+                      ": parameter shard " + describeBuffer(x) +
+                      " has tensor_id " + std::to_string(*x.tensorId) +
+                      ", but rank " + std::to_string(plans[q].rank) +
+                      " gives tensor_id " + std::to_string(*x.tensorId) +
+                      " to " + quote(text(z.tensor)) +
+                      ": a tensor_id names one parameter (stochastic "
+                      "rounding and checkpoints key by it)";
+          return f;
+        }
+      }
+      if (diff.first.empty())
+        continue;
+      VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, -1);
+      f.otherRank = plans[q].rank;
+      f.tensor = std::string(text(x.tensor));
+      f.message = "rank " + std::to_string(plans[p].rank) +
+                  ": parameter shard " + describeBuffer(x) + " has " +
+                  diff.first + ", but rank " + std::to_string(plans[q].rank) +
+                  " holds a piece of the same parameter with " + diff.second;
+      return f;
+    }
+  }
+
+  // Every parameter shard of a rank that updates parameters is updated
+  // exactly once, from its own gradient and optimizer state, fully reduced,
+  // by the same optimizer record on every rank that holds a piece of it.
+  std::unordered_map<int32_t, std::pair<int32_t, int64_t>>
+      recordOf; // tensor -> (plan, instruction)
+  std::vector<int32_t> updatedBy;
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const PlanFacts &pf = factsOf(p);
+    updatedBy.assign(pf.buffers.size(), -1);
+    bool updates = false;
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      if (plan.program[i].op != OpKind::OptimizerUpdate)
+        continue;
+      updates = true;
+      int64_t ii = static_cast<int64_t>(i);
+      int32_t start = pf.operandStart[i];
+      for (int32_t k = 0; k + 3 < pf.inputCount[i]; k += 4) {
+        int32_t lp = pf.operands[start + k];
+        if (lp < 0)
+          continue;
+        const BufferFacts &param = bufferOf(p, lp);
+        static constexpr const char *kRole[] = {"parameter", "gradient",
+                                                "exp_avg", "exp_avg_sq"};
+        static constexpr BufferKind kKind[] = {
+            BufferKind::ParamShard, BufferKind::Gradient,
+            BufferKind::OptimizerState, BufferKind::OptimizerState};
+        for (int32_t r = 1; r < 4; ++r) {
+          int32_t lb = pf.operands[start + k + r];
+          if (lb < 0)
+            continue;
+          const BufferFacts &x = bufferOf(p, lb);
+          if (x.tensor == param.tensor && x.kind == kKind[r])
+            continue;
+          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+          f.tensor = std::string(text(param.tensor));
+          f.message = "rank " + std::to_string(plan.rank) + " " +
+                      whereLabeled(p, ii) + ": updates " +
+                      describeBuffer(param) + " with " + kRole[r] + " " +
+                      describeBuffer(x) + ", which is not the " + kRole[r] +
+                      " (" + std::string(bufferKindName(kKind[r])) + ") of " +
+                      quote(text(param.tensor));
+          return f;
+        }
+        if (param.kind != kKind[0])
+          continue; // validatePlan requires a param_shard
+        if (updatedBy[lp] >= 0) {
+          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+          f.tensor = std::string(text(param.tensor));
+          f.message = "rank " + std::to_string(plan.rank) + " " +
+                      whereLabeled(p, ii) + ": updates " +
+                      describeBuffer(param) + " a second time (also " +
+                      whereLabeled(p, updatedBy[lp]) +
+                      "); each parameter shard is updated once per step";
+          return f;
+        }
+        updatedBy[lp] = static_cast<int32_t>(i);
+        // The gradient the update reads must be reduced over every axis.
+        int32_t lg = pf.operands[start + k + 1];
+        if (lg >= 0) {
+          const BufferFacts &grad = bufferOf(p, lg);
+          const Layout *l = layoutOf(grad.layout);
+          if (l && !l->partial.empty()) {
+            VerifyFailure f = failureAt(FailureKind::Reduction, p, ii);
+            f.tensor = std::string(text(param.tensor));
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": updates " +
+                        quote(text(param.id)) + " from gradient " +
+                        describeBuffer(grad) +
+                        ", which is still partial: every partial axis must "
+                        "be reduced before the optimizer reads it";
+            return f;
+          }
+        }
+        auto [it, fresh] = recordOf.emplace(param.tensor, std::pair(p, ii));
+        if (fresh || factsOf(it->second.first).optimizer == pf.optimizer)
+          continue;
+        int32_t q = it->second.first;
+        const OptimizerConfig &mine = facts.optimizers[pf.optimizer];
+        const OptimizerConfig &theirs = facts.optimizers[factsOf(q).optimizer];
+        auto a = optimizerFields(mine), b = optimizerFields(theirs);
+        std::map<std::string, std::pair<std::string, std::string>> fields;
+        for (auto &[key, v] : a)
+          fields[key].first = v;
+        for (auto &[key, v] : b)
+          fields[key].second = v;
+        std::string differs;
+        for (auto &[key, v] : fields)
+          if (v.first != v.second)
+            differs += std::string(differs.empty() ? "" : ", ") + key + " " +
+                       (v.first.empty() ? "absent" : v.first) + " vs " +
+                       (v.second.empty() ? "absent" : v.second);
+        VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+        f.otherRank = plans[q].rank;
+        f.tensor = std::string(text(param.tensor));
+        f.message =
+            "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
+            ": updates its piece of " + quote(text(param.tensor)) +
+            " with another optimizer record than rank " +
+            std::to_string(plans[q].rank) + " " +
+            whereLabeled(q, it->second.second) + " updates its piece: " +
+            (differs.empty() ? std::string("(records differ)") : differs) +
+            " (rank " + std::to_string(plan.rank) + " vs rank " +
+            std::to_string(plans[q].rank) + ")";
+        return f;
+      }
+    }
+    if (!updates)
+      continue;
+    for (size_t b = 0; b < pf.buffers.size(); ++b) {
+      const BufferFacts &x = bufferOf(p, static_cast<int32_t>(b));
+      if (x.kind != BufferKind::ParamShard || updatedBy[b] >= 0)
+        continue;
+      VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, -1);
+      f.tensor = std::string(text(x.tensor));
+      f.message = "rank " + std::to_string(plan.rank) + ": parameter shard " +
+                  describeBuffer(x) +
+                  " is never updated, but the rank updates its other "
+                  "parameters: every optimizer_update group must cover it";
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkReductions() {
+  // A reduction over a communicator reduces exactly its axes of the input's
+  // pending (partial) axes, with the input's reduce op, and the output
+  // keeps the rest pending: then a gradient the optimizer reads with no
+  // partial axis left has been reduced over each axis exactly once.
+  auto refsText = [&](const AxisRefList &refs) {
+    std::string s;
+    for (const AxisRef &r : refs)
+      s += (s.empty() ? "" : ",") + formatAxisRef(*mesh, r);
+    return "{" + s + "}";
+  };
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const RankInfo &ri = info[p];
+    const PlanFacts &pf = factsOf(p);
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      const Instruction &in = plan.program[i];
+      if (!isReduction(in.op) || ri.localComm[i] < 0)
+        continue;
+      int64_t ii = static_cast<int64_t>(i);
+      const AxisRefList *axes = refsOf(ri.globalComm[ri.localComm[i]]);
+      if (!axes)
+        continue; // a group not derived from axes: nothing to compare
+      int32_t nin = pf.inputCount[i];
+      int32_t nout = pf.operandStart[i + 1] - pf.operandStart[i] - nin;
+      for (int32_t k = 0; k < nin && k < nout; ++k) {
+        int32_t li = pf.operands[pf.operandStart[i] + k];
+        int32_t lo = pf.operands[pf.operandStart[i] + nin + k];
+        if (li < 0 || lo < 0)
+          continue;
+        const BufferFacts &a = bufferOf(p, li), &b = bufferOf(p, lo);
+        const Layout *la = layoutOf(a.layout), *lb = layoutOf(b.layout);
+        if (!la || !lb)
+          continue;
+        std::string problem;
+        AxisRefList left;
+        for (const AxisRef &r : la->partial)
+          if (std::find(axes->begin(), axes->end(), r) == axes->end())
+            left.push_back(r);
+        for (const AxisRef &r : *axes)
+          if (std::find(la->partial.begin(), la->partial.end(), r) ==
+              la->partial.end()) {
+            problem = "its input " + describeBuffer(a) +
+                      " is not partial over " + formatAxisRef(*mesh, r) +
+                      " (a reduction over an axis the input is not partial "
+                      "over counts that axis's contribution again)";
+            break;
+          }
+        if (problem.empty() && !la->partial.empty() &&
+            la->reduceOp != *in.reduce)
+          problem = "it reduces with " + std::string(reduceOpName(*in.reduce)) +
+                    ", but its input " + describeBuffer(a) + " is partial(" +
+                    std::string(reduceOpName(la->reduceOp)) + ")";
+        if (problem.empty()) {
+          AxisRefList got = lb->partial, want = left;
+          std::sort(got.begin(), got.end());
+          std::sort(want.begin(), want.end());
+          if (got != want)
+            problem = "its output " + describeBuffer(b) + " leaves partial " +
+                      refsText(lb->partial) + ", but reducing " +
+                      refsText(*axes) + " of the input's " +
+                      refsText(la->partial) + " leaves " + refsText(left);
+        }
+        if (problem.empty())
+          continue;
+        VerifyFailure f = failureAt(FailureKind::Reduction, p, ii);
+        f.tensor = a.tensor >= 0 ? std::string(text(a.tensor)) : "";
+        f.message = "rank " + std::to_string(plan.rank) + " " +
+                    whereLabeled(p, ii) + ": " +
+                    std::string(opKindName(in.op)) + " over " +
+                    refsText(*axes) + " on " + quote(in.comm) + ": " + problem;
+        return f;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkMicrobatches() {
+  // Every unit's callback runs each microbatch exactly once per phase on
+  // every rank that runs the unit, and every rank runs the same number of
+  // microbatches: a microbatch run twice is accumulated twice, one never
+  // run is missing from the mean.
+  // The step's microbatch count: what most ranks run (a rank that runs a
+  // microbatch beyond it is blamed, not every rank that lacks it).
+  std::map<int64_t, std::pair<int64_t, int32_t>> countOf; // M -> (ranks, first)
+  for (int32_t p : order) {
+    const PlanFacts &pf = factsOf(p);
+    int64_t m = 0;
+    for (size_t i = 0; i < pf.phase.size(); ++i)
+      if (pf.phase[i] != Phase::None)
+        m = std::max(m, pf.microbatch[i] + 1);
+    if (m == 0)
+      continue;
+    auto [it, fresh] = countOf.try_emplace(m, 0, p);
+    ++it->second.first;
+  }
+  if (countOf.empty())
+    return std::nullopt;
+  int64_t microbatches = 0, most = 0;
+  int32_t widest = -1;
+  for (auto &[m, n] : countOf)
+    if (n.first > most) {
+      most = n.first;
+      microbatches = m;
+      widest = n.second;
+    }
+  for (int32_t p : order) {
+    const PlanFacts &pf = factsOf(p);
+    for (size_t i = 0; i < pf.phase.size(); ++i) {
+      if (pf.phase[i] == Phase::None || pf.microbatch[i] < microbatches)
+        continue;
+      int64_t ii = static_cast<int64_t>(i);
+      VerifyFailure f = failureAt(FailureKind::Microbatch, p, ii);
+      f.otherRank = plans[widest].rank;
+      f.message =
+          "rank " + std::to_string(plans[p].rank) + " " + whereLabeled(p, ii) +
+          ": " + std::string(phaseName(pf.phase[i])) + " of unit " +
+          quote(text(pf.unit[i])) + " runs microbatch " +
+          std::to_string(pf.microbatch[i]) + ", but the step has " +
+          std::to_string(microbatches) + " microbatches (" +
+          std::to_string(most) + " ranks, e.g. rank " +
+          std::to_string(plans[widest].rank) + ", run microbatches 0.." +
+          std::to_string(microbatches - 1) + ")";
+      return f;
+    }
+  }
+  // Per (unit, phase): microbatch -> its instruction (a map: microbatch
+  // numbers are untrusted and may be huge).
+  std::map<std::pair<int32_t, Phase>, std::map<int64_t, int32_t>> runs;
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const PlanFacts &pf = factsOf(p);
+    runs.clear();
+    for (size_t i = 0; i < pf.phase.size(); ++i) {
+      if (pf.phase[i] == Phase::None)
+        continue;
+      int64_t mb = pf.microbatch[i];
+      auto [it, fresh] =
+          runs[{pf.unit[i], pf.phase[i]}].emplace(mb, static_cast<int32_t>(i));
+      if (fresh)
+        continue;
+      int64_t ii = static_cast<int64_t>(i);
+      VerifyFailure f = failureAt(FailureKind::Microbatch, p, ii);
+      f.message =
+          "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
+          ": " + std::string(phaseName(pf.phase[i])) + " of unit " +
+          quote(text(pf.unit[i])) + " runs microbatch " + std::to_string(mb) +
+          " again (also " + whereLabeled(p, it->second) + "); each runs once";
+      return f;
+    }
+    // A backward of a microbatch follows its forward (zbv's
+    // backward_weight its backward_input) in program order: it reads what
+    // the forward left.
+    for (auto &[key, at] : runs) {
+      Phase before = key.second == Phase::BackwardWeight &&
+                             runs.count({key.first, Phase::BackwardInput})
+                         ? Phase::BackwardInput
+                         : Phase::Forward;
+      if (key.second == Phase::Forward)
+        continue;
+      auto pred = runs.find({key.first, before});
+      if (pred == runs.end())
+        continue;
+      for (auto &[mb, index] : at) {
+        auto it = pred->second.find(mb);
+        if (it == pred->second.end() || it->second < index)
+          continue;
+        VerifyFailure f = failureAt(FailureKind::Microbatch, p, index);
+        f.message =
+            "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, index) +
+            ": " + std::string(phaseName(key.second)) + " of unit " +
+            quote(text(key.first)) + " microbatch " + std::to_string(mb) +
+            " runs before its " + std::string(phaseName(before)) + " " +
+            whereLabeled(p, it->second);
+        return f;
+      }
+    }
+    for (auto &[key, at] : runs) {
+      if (static_cast<int64_t>(at.size()) == microbatches)
+        continue; // distinct, each < microbatches: all of them
+      int64_t missing = 0;
+      for (auto &[mb, index] : at) {
+        if (mb != missing)
+          break;
+        ++missing;
+      }
+      int32_t any = at.begin()->second;
+      VerifyFailure f = failureAt(FailureKind::Microbatch, p, any);
+      f.otherRank = plans[widest].rank;
+      f.message = "rank " + std::to_string(plan.rank) + ": " +
+                  std::string(phaseName(key.second)) + " of unit " +
+                  quote(text(key.first)) + " never runs microbatch " +
+                  std::to_string(missing) + " (it runs " +
+                  std::to_string(at.size()) + ", e.g. " + whereLabeled(p, any) +
+                  "), but the step has " + std::to_string(microbatches) +
+                  " microbatches (rank " + std::to_string(plans[widest].rank) +
+                  " runs microbatch " + std::to_string(microbatches - 1) + ")";
+      return f;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkOwnership() {
+  // Parameter shards and optimizer state change only in the optimizer
+  // update; a forward writes only activations and scratch, a backward also
+  // gradients (zbv's backward_input only the input activation's gradient).
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const PlanFacts &pf = factsOf(p);
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      OpKind op = plan.program[i].op;
+      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+           o < pf.operandStart[i + 1]; ++o) {
+        if (pf.operands[o] < 0)
+          continue;
+        const BufferFacts &b = bufferOf(p, pf.operands[o]);
+        std::string rule;
+        bool persistent = b.kind == BufferKind::ParamShard ||
+                          b.kind == BufferKind::OptimizerState;
+        if (persistent && op != OpKind::OptimizerUpdate)
+          rule = std::string(bufferKindName(b.kind)) +
+                 " buffers change only in optimizer_update";
+        else if (op == OpKind::Compute) {
+          Phase ph = pf.phase[i];
+          bool grad = b.kind == BufferKind::Gradient;
+          bool local =
+              b.kind == BufferKind::Activation || b.kind == BufferKind::Scratch;
+          if (ph == Phase::Forward && !local)
+            rule = "a forward writes only activation and scratch buffers";
+          else if (ph == Phase::BackwardInput && !local)
+            rule = "a backward_input writes only activation and scratch "
+                   "buffers";
+          else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
+                   !local && !grad)
+            rule = "a backward writes only gradient, activation and scratch "
+                   "buffers";
+        }
+        if (rule.empty())
+          continue;
+        int64_t ii = static_cast<int64_t>(i);
+        VerifyFailure f = failureAt(FailureKind::Ownership, p, ii);
+        f.tensor = b.tensor >= 0 ? std::string(text(b.tensor)) : "";
+        std::string what =
+            op == OpKind::Compute
+                ? std::string(phaseName(pf.phase[i])) + " compute"
+                : std::string(opKindName(op));
+        f.message = "rank " + std::to_string(plan.rank) + " " +
+                    whereLabeled(p, ii) + ": " + what + " writes " +
+                    describeBuffer(b) + ", but " + rule;
+        return f;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkLifetimes() {
+  // In program order a buffer that is not persistent (parameter shards and
+  // optimizer state are) holds nothing until an instruction writes it, and
+  // nothing again from its free until it is written again (a re-gather).
+  // Reading it then reads zeros, stale data or memory the runtime handed to
+  // another buffer: a gather whose output an edit dropped would feed the
+  // forward whatever the buffer held.
+  enum : uint8_t { Unwritten, Written, Freed };
+  std::vector<uint8_t> state;
+  std::vector<int32_t> freedAt;
+  for (int32_t p : order) {
+    const Plan &plan = plans[p];
+    const PlanFacts &pf = factsOf(p);
+    state.assign(pf.buffers.size(), Unwritten);
+    freedAt.assign(pf.buffers.size(), -1);
+    for (size_t b = 0; b < pf.buffers.size(); ++b) {
+      BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
+      if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
+        state[b] = Written;
+    }
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
+              end = pf.operandStart[i + 1];
+      if (plan.program[i].op == OpKind::Free) {
+        for (int32_t o = start; o < mid; ++o)
+          if (pf.operands[o] >= 0) {
+            state[pf.operands[o]] = Freed;
+            freedAt[pf.operands[o]] = static_cast<int32_t>(i);
+          }
+        continue;
+      }
+      for (int32_t o = start; o < mid; ++o) {
+        int32_t b = pf.operands[o];
+        if (b < 0 || state[b] == Written)
+          continue;
+        int64_t ii = static_cast<int64_t>(i);
+        const BufferFacts &x = bufferOf(p, b);
+        VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+        f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+        f.message = "rank " + std::to_string(plan.rank) + " " +
+                    whereLabeled(p, ii) + ": reads " + describeBuffer(x) +
+                    (state[b] == Freed
+                         ? " after " + whereLabeled(p, freedAt[b]) +
+                               " freed it, and no instruction writes it in "
+                               "between"
+                         : " before any instruction writes it");
+        return f;
+      }
+      for (int32_t o = mid; o < end; ++o)
+        if (pf.operands[o] >= 0)
+          state[pf.operands[o]] = Written;
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkFacts() {
+  if (facts.plans.size() != plans.size())
+    return std::nullopt;
+  if (auto f = checkOperands())
+    return f;
+  if (auto f = checkTransferOperands())
+    return f;
+  if (auto f = checkParameters())
+    return f;
+  if (auto f = checkReductions())
+    return f;
+  if (auto f = checkMicrobatches())
+    return f;
+  if (auto f = checkOwnership())
+    return f;
+  return checkLifetimes();
+}
+
 Result<VerifyResult> Verifier::run() {
   MESHPLAN_TRY(indexRanks());
   VerifyResult result;
@@ -895,14 +1746,23 @@ Result<VerifyResult> Verifier::run() {
     return result;
   if ((result.failure = checkStreamCycles()))
     return result;
-  result.failure = simulate();
+  if ((result.failure = simulate()))
+    return result;
+  result.failure = checkFacts();
   return result;
 }
 
 } // namespace
 
 Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans) {
-  Verifier v(plans);
+  PlanSetFacts facts = factsOf(plans);
+  Verifier v(plans, facts);
+  return v.run();
+}
+
+Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans,
+                                 const PlanSetFacts &facts) {
+  Verifier v(plans, facts);
   return v.run();
 }
 
