@@ -1505,13 +1505,48 @@ std::optional<VerifyFailure> Verifier::checkMicrobatches() {
   return std::nullopt;
 }
 
+/// Whether instruction i of plan p reads a parameter of `tensor`: its
+/// shard, its gathered copy, or a cast or float8 copy (scratch).
+static bool readsParameter(const PlanSetFacts &facts, const PlanFacts &pf,
+                           size_t i, int32_t tensor) {
+  for (int32_t o = pf.operandStart[i];
+       o < pf.operandStart[i] + pf.inputCount[i]; ++o) {
+    if (pf.operands[o] < 0)
+      continue;
+    const BufferFacts &b = facts.buffers[pf.buffers[pf.operands[o]]];
+    if (b.tensor == tensor &&
+        (b.kind == BufferKind::Gathered || b.kind == BufferKind::ParamShard ||
+         b.kind == BufferKind::Scratch))
+      return true;
+  }
+  return false;
+}
+
 std::optional<VerifyFailure> Verifier::checkOwnership() {
+  auto readsTensor = [&](int32_t p, size_t i, int32_t tensor) {
+    return readsParameter(facts, factsOf(p), i, tensor);
+  };
   // Parameter shards and optimizer state change only in the optimizer
   // update; a forward writes only activations and scratch, a backward also
   // gradients (zbv's backward_input only the input activation's gradient).
+  // A gradient buffer holds either what a backward computes or what a
+  // reduction, sum, accumulate or cast made of such a buffer, never both:
+  // a backward that also adds into a reduced buffer adds its microbatch to
+  // a sum that already holds it (or that the reduction then overwrites).
+  std::vector<int32_t> derivedBy;
   for (int32_t p : order) {
     const Plan &plan = plans[p];
     const PlanFacts &pf = factsOf(p);
+    derivedBy.assign(pf.buffers.size(), -1);
+    for (size_t i = 0; i < plan.program.size(); ++i) {
+      OpKind op = plan.program[i].op;
+      if (op == OpKind::Compute || op == OpKind::OptimizerUpdate)
+        continue;
+      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+           o < pf.operandStart[i + 1]; ++o)
+        if (pf.operands[o] >= 0 && derivedBy[pf.operands[o]] < 0)
+          derivedBy[pf.operands[o]] = static_cast<int32_t>(i);
+    }
     for (size_t i = 0; i < plan.program.size(); ++i) {
       OpKind op = plan.program[i].op;
       for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
@@ -1539,6 +1574,19 @@ std::optional<VerifyFailure> Verifier::checkOwnership() {
                    !local && !grad)
             rule = "a backward writes only gradient, activation and scratch "
                    "buffers";
+          else if (grad && !readsTensor(p, i, b.tensor))
+            // The callback computes the gradients of the parameters it is
+            // handed; a gradient of another tensor would be left as is or
+            // clobber another reduction's buffer.
+            rule = "a backward writes the gradients of the parameters it "
+                   "reads, and it reads no parameter of " +
+                   quote(text(b.tensor));
+          else if (grad && derivedBy[pf.operands[o]] >= 0)
+            rule = "a backward writes the gradient it computes, and " +
+                   whereLabeled(p, derivedBy[pf.operands[o]]) + " (" +
+                   std::string(
+                       opKindName(plan.program[derivedBy[pf.operands[o]]].op)) +
+                   ") writes this buffer from other gradients";
         }
         if (rule.empty())
           continue;
