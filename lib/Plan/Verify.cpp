@@ -160,6 +160,7 @@ private:
   std::optional<VerifyFailure> checkFacts();
   std::optional<VerifyFailure> checkOperands();
   std::optional<VerifyFailure> checkTransferOperands();
+  std::optional<VerifyFailure> checkBuffers();
   std::optional<VerifyFailure> checkParameters();
   std::optional<VerifyFailure> checkReductions();
   std::optional<VerifyFailure> checkMicrobatches();
@@ -1116,6 +1117,55 @@ optimizerFields(const OptimizerConfig &o) {
   return out;
 }
 
+std::optional<VerifyFailure> Verifier::checkBuffers() {
+  // A buffer id names one tensor version on every rank: the same tensor,
+  // kind, dtype, global shape, layout, tensor_id and scale (validatePlan
+  // checked each rank's box against the layout). Buffers are interned, so
+  // two ranks that describe one id differently hold two entries with it.
+  // In rank order, so that the report does not depend on which reading
+  // thread interned what first.
+  std::vector<int32_t> firstOfId(facts.strings.size(), -1);
+  int32_t clash = -1, first = -1;
+  for (size_t o = 0; o < order.size() && clash < 0; ++o)
+    for (int32_t sb : factsOf(order[o]).buffers) {
+      int32_t &f = firstOfId[facts.buffers[sb].id];
+      if (f < 0) {
+        f = sb;
+      } else if (f != sb) {
+        clash = sb;
+        first = f;
+        break;
+      }
+    }
+  if (clash < 0)
+    return std::nullopt;
+  // The ranks holding each description: the lowest rank holding the less
+  // common one is blamed.
+  int64_t count[2] = {0, 0};
+  int32_t holder[2] = {-1, -1};
+  for (int32_t p : order)
+    for (int32_t sb : factsOf(p).buffers)
+      for (int k = 0; k < 2; ++k)
+        if (sb == (k ? clash : first)) {
+          ++count[k];
+          if (holder[k] < 0)
+            holder[k] = p;
+        }
+  int blamed = count[1] <= count[0] ? 1 : 0;
+  const BufferFacts &a = facts.buffers[blamed ? clash : first];
+  const BufferFacts &b = facts.buffers[blamed ? first : clash];
+  auto [mine, theirs] = bufferDifference(a, b);
+  VerifyFailure f = failureAt(FailureKind::OperandMismatch, holder[blamed], -1);
+  f.otherRank = plans[holder[1 - blamed]].rank;
+  f.tensor = a.tensor >= 0 ? std::string(text(a.tensor)) : "";
+  f.message = "rank " + std::to_string(plans[holder[blamed]].rank) +
+              ": buffer " + describeBuffer(a) + " has " + mine + ", but rank " +
+              std::to_string(f.otherRank) + " describes the same buffer with " +
+              theirs + " (" + std::to_string(count[1 - blamed]) + " ranks to " +
+              std::to_string(count[blamed]) + ")";
+  return f;
+}
+
 std::optional<VerifyFailure> Verifier::checkParameters() {
   // Every piece of a parameter is one tensor: the same tensor_id (stochastic
   // rounding keys its bits with it), shape, dtype and layout on every rank
@@ -1232,6 +1282,16 @@ std::optional<VerifyFailure> Verifier::checkParameters() {
                       "); each parameter shard is updated once per step";
           return f;
         }
+        if (pf.operands[start + k + 2] == pf.operands[start + k + 3]) {
+          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+          f.tensor = std::string(text(param.tensor));
+          f.message = "rank " + std::to_string(plan.rank) + " " +
+                      whereLabeled(p, ii) + ": updates " +
+                      quote(text(param.id)) + " with one buffer " +
+                      describeBuffer(bufferOf(p, pf.operands[start + k + 2])) +
+                      " as both exp_avg and exp_avg_sq";
+          return f;
+        }
         updatedBy[lp] = static_cast<int32_t>(i);
         // The gradient the update reads must be reduced over every axis.
         int32_t lg = pf.operands[start + k + 1];
@@ -1251,9 +1311,37 @@ std::optional<VerifyFailure> Verifier::checkParameters() {
           }
         }
         auto [it, fresh] = recordOf.emplace(param.tensor, std::pair(p, ii));
-        if (fresh || factsOf(it->second.first).optimizer == pf.optimizer)
-          continue;
         int32_t q = it->second.first;
+        if (!fresh) {
+          // The same roles on every rank: a rank whose exp_avg is another
+          // rank's exp_avg_sq updates with the moments exchanged.
+          const PlanFacts &qf = factsOf(q);
+          int64_t qi = it->second.second;
+          for (int32_t r = 1; r < 4; ++r) {
+            int32_t qb = -1;
+            for (int32_t qk = 0; qk + 3 < qf.inputCount[qi]; qk += 4) {
+              int32_t qp = qf.operands[qf.operandStart[qi] + qk];
+              if (qp >= 0 && bufferOf(q, qp).tensor == param.tensor)
+                qb = qf.operands[qf.operandStart[qi] + qk + r];
+            }
+            int32_t lb = pf.operands[start + k + r];
+            if (qb < 0 || lb < 0 || bufferOf(q, qb).id == bufferOf(p, lb).id)
+              continue;
+            VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+            f.otherRank = plans[q].rank;
+            f.tensor = std::string(text(param.tensor));
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": updates its piece of " +
+                        quote(text(param.tensor)) + " with " + kRole[r] + " " +
+                        quote(text(bufferOf(p, lb).id)) + ", but rank " +
+                        std::to_string(plans[q].rank) + " " +
+                        whereLabeled(q, qi) + " uses " +
+                        quote(text(bufferOf(q, qb).id)) + " as its " + kRole[r];
+            return f;
+          }
+        }
+        if (fresh || factsOf(q).optimizer == pf.optimizer)
+          continue;
         const OptimizerConfig &mine = facts.optimizers[pf.optimizer];
         const OptimizerConfig &theirs = facts.optimizers[factsOf(q).optimizer];
         auto a = optimizerFields(mine), b = optimizerFields(theirs);
@@ -1561,19 +1649,18 @@ std::optional<VerifyFailure> Verifier::checkOwnership() {
           rule = std::string(bufferKindName(b.kind)) +
                  " buffers change only in optimizer_update";
         else if (op == OpKind::Compute) {
+          // What the callbacks of generated plans write: the runtime hands a
+          // callback its gradients and activations, nothing else.
           Phase ph = pf.phase[i];
           bool grad = b.kind == BufferKind::Gradient;
-          bool local =
-              b.kind == BufferKind::Activation || b.kind == BufferKind::Scratch;
-          if (ph == Phase::Forward && !local)
-            rule = "a forward writes only activation and scratch buffers";
-          else if (ph == Phase::BackwardInput && !local)
-            rule = "a backward_input writes only activation and scratch "
-                   "buffers";
+          bool act = b.kind == BufferKind::Activation;
+          if (ph == Phase::Forward && !act)
+            rule = "a forward writes only activation buffers";
+          else if (ph == Phase::BackwardInput && !act)
+            rule = "a backward_input writes only activation buffers";
           else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
-                   !local && !grad)
-            rule = "a backward writes only gradient, activation and scratch "
-                   "buffers";
+                   !act && !grad)
+            rule = "a backward writes only gradient and activation buffers";
           else if (grad && !readsTensor(p, i, b.tensor))
             // The callback computes the gradients of the parameters it is
             // handed; a gradient of another tensor would be left as is or
@@ -1669,6 +1756,8 @@ std::optional<VerifyFailure> Verifier::checkFacts() {
   if (auto f = checkOperands())
     return f;
   if (auto f = checkTransferOperands())
+    return f;
+  if (auto f = checkBuffers())
     return f;
   if (auto f = checkParameters())
     return f;
