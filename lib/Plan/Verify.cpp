@@ -1602,7 +1602,7 @@ static bool readsParameter(const PlanSetFacts &facts, const PlanFacts &pf,
     if (pf.operands[o] < 0)
       continue;
     const BufferFacts &b = facts.buffers[pf.buffers[pf.operands[o]]];
-    if (b.tensor == tensor &&
+    if ((b.tensor == tensor || (tensor == -2 && b.tensor >= 0)) &&
         (b.kind == BufferKind::Gathered || b.kind == BufferKind::ParamShard ||
          b.kind == BufferKind::Scratch))
       return true;
@@ -1661,10 +1661,12 @@ std::optional<VerifyFailure> Verifier::checkOwnership() {
           else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
                    !act && !grad)
             rule = "a backward writes only gradient and activation buffers";
-          else if (grad && !readsTensor(p, i, b.tensor))
+          else if (grad && !readsTensor(p, i, b.tensor) &&
+                   readsTensor(p, i, -2))
             // The callback computes the gradients of the parameters it is
             // handed; a gradient of another tensor would be left as is or
-            // clobber another reduction's buffer.
+            // clobber another reduction's buffer. (A backward that lists no
+            // parameter, as hand-written plans may, is not judged.)
             rule = "a backward writes the gradients of the parameters it "
                    "reads, and it reads no parameter of " +
                    quote(text(b.tensor));
