@@ -164,6 +164,7 @@ private:
   std::optional<VerifyFailure> checkParameters();
   std::optional<VerifyFailure> checkReductions();
   std::optional<VerifyFailure> checkMicrobatches();
+  std::optional<VerifyFailure> checkComputeOrder();
   std::optional<VerifyFailure> checkOwnership();
   std::optional<VerifyFailure> checkLifetimes();
 
@@ -1610,6 +1611,85 @@ static bool readsParameter(const PlanSetFacts &facts, const PlanFacts &pf,
   return false;
 }
 
+std::optional<VerifyFailure> Verifier::checkComputeOrder() {
+  // The trainer owns the activations between units, so the order of the
+  // callbacks is part of the step: every rank that runs the same callbacks
+  // (a pipeline stage's ranks, or every rank without a pipeline) runs them
+  // in the same order. Ranks are grouped by the multiset of their
+  // (unit, phase, microbatch) calls; within a group the order most ranks
+  // use is the reference.
+  auto callHash = [&](const PlanFacts &pf, size_t i) {
+    uint64_t h = static_cast<uint64_t>(pf.unit[i]) * 0x9E3779B97F4A7C15ull;
+    h ^= (static_cast<uint64_t>(pf.phase[i]) + 1) * 0xBF58476D1CE4E5B9ull;
+    h ^= static_cast<uint64_t>(pf.microbatch[i]) * 0x94D049BB133111EBull;
+    return h ^ (h >> 29);
+  };
+  struct Seq {
+    uint64_t set = 0, ordered = 0;
+  };
+  std::vector<Seq> seqs(plans.size());
+  for (int32_t p : order) {
+    const PlanFacts &pf = factsOf(p);
+    for (size_t i = 0; i < pf.phase.size(); ++i) {
+      if (pf.phase[i] == Phase::None)
+        continue;
+      uint64_t h = callHash(pf, i);
+      seqs[p].set += h;
+      seqs[p].ordered = (seqs[p].ordered ^ h) * 0x100000001B3ull;
+    }
+  }
+  std::map<uint64_t, std::map<uint64_t, std::vector<int32_t>>> groups;
+  for (int32_t p : order)
+    groups[seqs[p].set][seqs[p].ordered].push_back(p);
+  for (auto &[set, orders] : groups) {
+    if (orders.size() < 2)
+      continue;
+    const std::vector<int32_t> *major = nullptr;
+    for (auto &[h, ranks] : orders)
+      if (!major || ranks.size() > major->size())
+        major = &ranks;
+    int32_t q = major->front(), p = -1;
+    for (auto &[h, ranks] : orders)
+      if (&ranks != major &&
+          (p < 0 || plans[ranks.front()].rank < plans[p].rank))
+        p = ranks.front();
+    // The first call where p and q differ.
+    const PlanFacts &pf = factsOf(p), &qf = factsOf(q);
+    size_t i = 0, j = 0;
+    for (;;) {
+      while (i < pf.phase.size() && pf.phase[i] == Phase::None)
+        ++i;
+      while (j < qf.phase.size() && qf.phase[j] == Phase::None)
+        ++j;
+      if (i >= pf.phase.size() || j >= qf.phase.size())
+        break;
+      if (callHash(pf, i) != callHash(qf, j))
+        break;
+      ++i;
+      ++j;
+    }
+    if (i >= pf.phase.size() || j >= qf.phase.size())
+      continue; // a hash collision of equal sequences: nothing to report
+    int64_t ii = static_cast<int64_t>(i), jj = static_cast<int64_t>(j);
+    VerifyFailure f = failureAt(FailureKind::Microbatch, p, ii);
+    f.otherRank = plans[q].rank;
+    f.message = "rank " + std::to_string(plans[p].rank) + " " +
+                whereLabeled(p, ii) + ": calls " +
+                std::string(phaseName(pf.phase[i])) + " of unit " +
+                quote(text(pf.unit[i])) + " microbatch " +
+                std::to_string(pf.microbatch[i]) + " where rank " +
+                std::to_string(plans[q].rank) + " " + whereLabeled(q, jj) +
+                " calls " + std::string(phaseName(qf.phase[j])) + " of unit " +
+                quote(text(qf.unit[j])) + " microbatch " +
+                std::to_string(qf.microbatch[j]) + " (" +
+                std::to_string(major->size()) +
+                " ranks call the same callbacks in that order): the "
+                "callbacks pass activations in program order";
+    return f;
+  }
+  return std::nullopt;
+}
+
 std::optional<VerifyFailure> Verifier::checkOwnership() {
   auto readsTensor = [&](int32_t p, size_t i, int32_t tensor) {
     return readsParameter(facts, factsOf(p), i, tensor);
@@ -1702,35 +1782,138 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
   // nothing again from its free until it is written again (a re-gather).
   // Reading it then reads zeros, stale data or memory the runtime handed to
   // another buffer: a gather whose output an edit dropped would feed the
-  // forward whatever the buffer held.
+  // forward whatever the buffer held. And since streams run concurrently,
+  // program order must also be run order for each buffer: a read follows
+  // the write it reads, and a free or the next write follows every access
+  // to the value before it, through stream order and deps (happens-before,
+  // by vector clocks over the rank's streams).
   enum : uint8_t { Unwritten, Written, Freed };
   std::vector<uint8_t> state;
-  std::vector<int32_t> freedAt;
+  std::vector<int32_t> freedAt, lastWrite, streamOf, posOf, clock, indeg, queue,
+      outStart, out;
+  std::vector<std::vector<int32_t>> reads;
   for (int32_t p : order) {
     const Plan &plan = plans[p];
+    const RankInfo &ri = info[p];
     const PlanFacts &pf = factsOf(p);
+    int32_t n = static_cast<int32_t>(plan.program.size());
+    size_t S = std::max<size_t>(plan.streams.size(), 1);
+    // Stream index and position of each instruction.
+    streamOf.assign(n, 0);
+    posOf.assign(n, 0);
+    {
+      std::unordered_map<std::string_view, int32_t> streamIds;
+      for (size_t k = 0; k < plan.streams.size(); ++k)
+        streamIds.emplace(plan.streams[k], static_cast<int32_t>(k));
+      std::vector<int32_t> count(S, 0);
+      for (int32_t i = 0; i < n; ++i) {
+        auto it = streamIds.find(plan.program[i].stream);
+        streamOf[i] = it == streamIds.end() ? 0 : it->second;
+        posOf[i] = count[streamOf[i]]++;
+      }
+    }
+    // Vector clocks in a topological order (the set has no cycle by now).
+    outStart.assign(n + 1, 0);
+    indeg.assign(n, 0);
+    for (int32_t i = 0; i < n; ++i) {
+      if (ri.streamPrev[i] >= 0)
+        ++outStart[ri.streamPrev[i] + 1];
+      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+        ++outStart[ri.deps[e] + 1];
+    }
+    for (int32_t i = 0; i < n; ++i)
+      outStart[i + 1] += outStart[i];
+    out.assign(outStart[n], 0);
+    {
+      std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
+      for (int32_t i = 0; i < n; ++i) {
+        if (ri.streamPrev[i] >= 0) {
+          out[fill[ri.streamPrev[i]]++] = i;
+          ++indeg[i];
+        }
+        for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
+          out[fill[ri.deps[e]]++] = i;
+          ++indeg[i];
+        }
+      }
+    }
+    clock.assign(static_cast<size_t>(n) * S, -1);
+    queue.clear();
+    for (int32_t i = 0; i < n; ++i)
+      if (indeg[i] == 0)
+        queue.push_back(i);
+    for (size_t q = 0; q < queue.size(); ++q) {
+      int32_t i = queue[q];
+      int32_t *ci = &clock[static_cast<size_t>(i) * S];
+      ci[streamOf[i]] = std::max(ci[streamOf[i]], posOf[i]);
+      for (int32_t e = outStart[i]; e < outStart[i + 1]; ++e) {
+        int32_t j = out[e];
+        int32_t *cj = &clock[static_cast<size_t>(j) * S];
+        for (size_t k = 0; k < S; ++k)
+          cj[k] = std::max(cj[k], ci[k]);
+        if (--indeg[j] == 0)
+          queue.push_back(j);
+      }
+    }
+    // a completes before b starts.
+    auto before = [&](int32_t a, int32_t b) {
+      return a == b ||
+             clock[static_cast<size_t>(b) * S + streamOf[a]] >= posOf[a];
+    };
+
     state.assign(pf.buffers.size(), Unwritten);
     freedAt.assign(pf.buffers.size(), -1);
+    lastWrite.assign(pf.buffers.size(), -1);
+    reads.assign(pf.buffers.size(), {});
     for (size_t b = 0; b < pf.buffers.size(); ++b) {
       BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
       if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
         state[b] = Written;
     }
-    for (size_t i = 0; i < plan.program.size(); ++i) {
+    auto unordered = [&](int32_t i, int32_t j, int32_t b,
+                         const std::string &what, const char *theirs) {
+      int64_t ii = static_cast<int64_t>(i);
+      const BufferFacts &x = bufferOf(p, b);
+      VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+      f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+      f.message =
+          "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
+          " (stream " + quote(plan.program[i].stream) + ") " + what + " " +
+          describeBuffer(x) + ", but nothing orders it after " +
+          whereLabeled(p, j) + " (stream " + quote(plan.program[j].stream) +
+          "), which comes first in program order and " + theirs +
+          " it: add a dep (streams run concurrently)";
+      return f;
+    };
+    for (int32_t i = 0; i < n; ++i) {
       int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
               end = pf.operandStart[i + 1];
       if (plan.program[i].op == OpKind::Free) {
-        for (int32_t o = start; o < mid; ++o)
-          if (pf.operands[o] >= 0) {
-            state[pf.operands[o]] = Freed;
-            freedAt[pf.operands[o]] = static_cast<int32_t>(i);
-          }
+        for (int32_t o = start; o < mid; ++o) {
+          int32_t b = pf.operands[o];
+          if (b < 0)
+            continue;
+          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+            return unordered(i, lastWrite[b], b, "frees", "writes");
+          for (int32_t r : reads[b])
+            if (!before(r, i))
+              return unordered(i, r, b, "frees", "reads");
+          state[b] = Freed;
+          freedAt[b] = i;
+          reads[b].clear();
+        }
         continue;
       }
       for (int32_t o = start; o < mid; ++o) {
         int32_t b = pf.operands[o];
-        if (b < 0 || state[b] == Written)
+        if (b < 0)
           continue;
+        if (state[b] == Written) {
+          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+            return unordered(i, lastWrite[b], b, "reads", "writes");
+          reads[b].push_back(i);
+          continue;
+        }
         int64_t ii = static_cast<int64_t>(i);
         const BufferFacts &x = bufferOf(p, b);
         VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
@@ -1744,9 +1927,19 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
                          : " before any instruction writes it");
         return f;
       }
-      for (int32_t o = mid; o < end; ++o)
-        if (pf.operands[o] >= 0)
-          state[pf.operands[o]] = Written;
+      for (int32_t o = mid; o < end; ++o) {
+        int32_t b = pf.operands[o];
+        if (b < 0)
+          continue;
+        if (state[b] == Freed && !before(freedAt[b], i))
+          return unordered(i, freedAt[b], b, "writes", "frees");
+        for (int32_t r : reads[b])
+          if (!before(r, i))
+            return unordered(i, r, b, "writes", "reads");
+        state[b] = Written;
+        lastWrite[b] = i;
+        reads[b].clear();
+      }
     }
   }
   return std::nullopt;
@@ -1766,6 +1959,8 @@ std::optional<VerifyFailure> Verifier::checkFacts() {
   if (auto f = checkReductions())
     return f;
   if (auto f = checkMicrobatches())
+    return f;
+  if (auto f = checkComputeOrder())
     return f;
   if (auto f = checkOwnership())
     return f;

@@ -10,13 +10,13 @@
 #
 #   mutation-oracle.sh BIN_DIR SPEC NPROC [runtime-step-check flags...]
 #
-# MESHPLAN_MUTATION_PER_KIND (default 3) edits of each kind and
+# MESHPLAN_MUTATION_PER_KIND (default 10) edits of each kind and
 # MESHPLAN_MUTATION_SEED (default 1) choose the sweep; larger sweeps are
 # documented in docs/reliability.md.
 set -euo pipefail
 bin=$1 spec=$2 nproc=$3
 shift 3
-per_kind=${MESHPLAN_MUTATION_PER_KIND:-3}
+per_kind=${MESHPLAN_MUTATION_PER_KIND:-10}
 seed=${MESHPLAN_MUTATION_SEED:-1}
 work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-mutation-XXXXXX")
 trap 'rm -rf "$work"' EXIT
