@@ -95,8 +95,25 @@ int32_t FactsBuilder::internString(std::string_view s) {
 }
 
 int32_t FactsBuilder::internBuffer(const Buffer &b) {
+  int32_t id = internString(b.id);
+  // Most buffers are described as the previous plan described the buffer
+  // of the same id: compare with that description in place, without
+  // interning its strings again (a thousand plans of 1,876 buffers each).
+  if (static_cast<size_t>(id) < lastOfId.size() && lastOfId[id] >= 0) {
+    const BufferFacts &c = buffers[lastOfId[id]];
+    bool scaleSame = b.scale ? c.scaleAmax >= 0 &&
+                                   strings[c.scaleAmax] == b.scale->amax &&
+                                   c.scaleIndex == b.scale->index &&
+                                   c.scalePowerOf2 == b.scale->powerOf2
+                             : c.scaleAmax < 0;
+    if (c.kind == b.kind && c.dtype == b.dtype && c.tensorId == b.tensorId &&
+        c.globalShape == b.globalShape && strings[c.layout] == b.layout &&
+        (c.tensor < 0 ? b.tensor.empty() : strings[c.tensor] == b.tensor) &&
+        scaleSame)
+      return lastOfId[id];
+  }
   BufferFacts f;
-  f.id = internString(b.id);
+  f.id = id;
   f.tensor = b.tensor.empty() ? -1 : internString(b.tensor);
   f.layout = internString(b.layout);
   f.kind = b.kind;
@@ -108,18 +125,36 @@ int32_t FactsBuilder::internBuffer(const Buffer &b) {
     f.scaleIndex = b.scale->index;
     f.scalePowerOf2 = b.scale->powerOf2;
   }
-  return BufferTable{buffers, bufferByHash, nextBuffer}.intern(std::move(f));
+  int32_t sig =
+      BufferTable{buffers, bufferByHash, nextBuffer}.intern(std::move(f));
+  if (lastOfId.size() <= static_cast<size_t>(id))
+    lastOfId.resize(strings.size(), -1);
+  lastOfId[id] = sig;
+  return sig;
 }
 
 void FactsBuilder::add(size_t index, const Plan &plan) {
   PlanFacts f;
   f.buffers.reserve(plan.buffers.size());
   // Buffer ids are unique within a plan (validatePlan); operands name them.
-  std::unordered_map<std::string_view, int32_t> local;
-  local.reserve(plan.buffers.size());
+  // By interned string id, stamped with this plan's number (no clearing).
+  ++generation;
+  auto localOf = [&](int32_t s) -> int32_t {
+    if (static_cast<size_t>(s) >= localIndex.size() ||
+        localStamp[s] != generation)
+      return -1;
+    return localIndex[s];
+  };
   for (size_t b = 0; b < plan.buffers.size(); ++b) {
-    f.buffers.push_back(internBuffer(plan.buffers[b]));
-    local.emplace(plan.buffers[b].id, static_cast<int32_t>(b));
+    int32_t sig = internBuffer(plan.buffers[b]);
+    f.buffers.push_back(sig);
+    int32_t s = buffers[sig].id;
+    if (localIndex.size() <= static_cast<size_t>(s)) {
+      localIndex.resize(strings.size(), -1);
+      localStamp.resize(strings.size(), 0);
+    }
+    localIndex[s] = static_cast<int32_t>(b);
+    localStamp[s] = generation;
   }
   size_t n = plan.program.size();
   f.operandStart.reserve(n + 1);
@@ -129,15 +164,15 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
   f.phase.reserve(n);
   f.microbatch.reserve(n);
   f.operandStart.push_back(0);
+  auto operand = [&](const std::string &b) {
+    auto it = stringIds.find(b);
+    return it == stringIds.end() ? -1 : localOf(it->second);
+  };
   for (const Instruction &in : plan.program) {
-    for (const std::string &b : in.inputs) {
-      auto it = local.find(b);
-      f.operands.push_back(it == local.end() ? -1 : it->second);
-    }
-    for (const std::string &b : in.outputs) {
-      auto it = local.find(b);
-      f.operands.push_back(it == local.end() ? -1 : it->second);
-    }
+    for (const std::string &b : in.inputs)
+      f.operands.push_back(operand(b));
+    for (const std::string &b : in.outputs)
+      f.operands.push_back(operand(b));
     f.operandStart.push_back(static_cast<int32_t>(f.operands.size()));
     f.inputCount.push_back(static_cast<int32_t>(in.inputs.size()));
     f.label.push_back(in.label.empty() ? -1 : internString(in.label));

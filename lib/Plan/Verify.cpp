@@ -1791,7 +1791,9 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
   std::vector<uint8_t> state;
   std::vector<int32_t> freedAt, lastWrite, streamOf, posOf, clock, indeg, queue,
       outStart, out;
-  std::vector<std::vector<int32_t>> reads;
+  // Per buffer and stream: the last read since the buffer's last write
+  // (earlier reads on the stream run before it).
+  std::vector<int32_t> reads;
   for (int32_t p : order) {
     const Plan &plan = plans[p];
     const RankInfo &ri = info[p];
@@ -1864,7 +1866,7 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
     state.assign(pf.buffers.size(), Unwritten);
     freedAt.assign(pf.buffers.size(), -1);
     lastWrite.assign(pf.buffers.size(), -1);
-    reads.assign(pf.buffers.size(), {});
+    reads.assign(pf.buffers.size() * S, -1);
     for (size_t b = 0; b < pf.buffers.size(); ++b) {
       BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
       if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
@@ -1895,12 +1897,14 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
             continue;
           if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
             return unordered(i, lastWrite[b], b, "frees", "writes");
-          for (int32_t r : reads[b])
-            if (!before(r, i))
+          for (size_t k = 0; k < S; ++k) {
+            int32_t r = reads[b * S + k];
+            if (r >= 0 && !before(r, i))
               return unordered(i, r, b, "frees", "reads");
+            reads[b * S + k] = -1;
+          }
           state[b] = Freed;
           freedAt[b] = i;
-          reads[b].clear();
         }
         continue;
       }
@@ -1911,7 +1915,7 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
         if (state[b] == Written) {
           if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
             return unordered(i, lastWrite[b], b, "reads", "writes");
-          reads[b].push_back(i);
+          reads[b * S + streamOf[i]] = i;
           continue;
         }
         int64_t ii = static_cast<int64_t>(i);
@@ -1933,12 +1937,14 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
           continue;
         if (state[b] == Freed && !before(freedAt[b], i))
           return unordered(i, freedAt[b], b, "writes", "frees");
-        for (int32_t r : reads[b])
-          if (!before(r, i))
+        for (size_t k = 0; k < S; ++k) {
+          int32_t r = reads[b * S + k];
+          if (r >= 0 && !before(r, i))
             return unordered(i, r, b, "writes", "reads");
+          reads[b * S + k] = -1;
+        }
         state[b] = Written;
         lastWrite[b] = i;
-        reads[b].clear();
       }
     }
   }

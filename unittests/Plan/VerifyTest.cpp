@@ -557,8 +557,9 @@ TEST(Verify, DirectoriesForVerification) {
     Result<VerifyResult> full = verifyPlans(plans);
     ASSERT_TRUE(c.ok() && full.ok());
     EXPECT_EQ(c->ok(), full->ok());
-    if (!c->ok() && !full->ok())
+    if (!c->ok() && !full->ok()) {
       EXPECT_EQ(c->failure->message, full->failure->message);
+    }
     VerifyResult a = verified(plans), b = verified(*read);
     EXPECT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a.stats.instructions, b.stats.instructions);

@@ -106,6 +106,14 @@ private:
   std::vector<int32_t> nextBuffer;
   std::vector<OptimizerConfig> optimizers;
   std::vector<std::pair<size_t, PlanFacts>> added;
+  /// By string id: the buffer last interned with that id (the likely
+  /// description of the next plan's buffer of the id).
+  std::vector<int32_t> lastOfId;
+  /// By string id: the current plan's buffer index, valid where the stamp
+  /// is the current plan's generation.
+  std::vector<int32_t> localIndex;
+  std::vector<uint32_t> localStamp;
+  uint32_t generation = 0;
 };
 
 /// Combines builders that recorded distinct plans of one set of `plans`
