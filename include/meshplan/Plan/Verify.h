@@ -17,9 +17,11 @@
 //       expects; every piece of a parameter has one tensor id, shape and
 //       dtype and is updated once per rank, by the same optimizer record,
 //       from its own gradient, reduced over exactly the axes its layout
-//       leaves partial; every unit runs each microbatch once per phase; an
-//       instruction writes only what its op and phase may write, and reads
-//       no buffer after its free.
+//       leaves partial; every unit runs each microbatch once per phase,
+//       and ranks that make the same callbacks make them in one order; an
+//       instruction writes only what its op and phase may write; a buffer
+//       is read only when written and not freed, and its accesses run in
+//       program order (happens-before through stream order and deps).
 // The checks run in that order and the first failing one is reported, with
 // the rank, the instruction (JSON pointer, id and, in (d), label) and the
 // communicator or tensor.
