@@ -26,7 +26,11 @@
 //    timed, with all cores free and with one core busy: a child process
 //    pinned to the last core of this process's affinity mask spins for the
 //    whole measurement (this process stays free to use every core, as the
-//    CLI is). Target: <= 3 s with one core busy. Also timed: reading the
+//    CLI is). Target: <= 3 s with one core busy. The checks of what the
+//    step computes (Verify.h (d), issue 38) are timed side by side with the
+//    structural checks alone (`_structural`: verification-only plans, no
+//    facts, as before them), in the same run: target <= 1.3 times. Also
+//    timed: reading the
 //    full plans (PlanDetail::Full) with all cores free, verifyPlans alone on
 //    in-memory plans (instantiate(..., verificationOnly), as `meshplan plan
 //    --all` verifies), and the peak memory of a `verify DIR` in a child.
@@ -89,6 +93,9 @@ constexpr double kMaxPlanMs = 1000.0;
 constexpr double kMaxPlanRatio = 1.5;
 constexpr double kMaxPlanRssMiB = 1024.0;
 constexpr double kMaxVerifyDirBusyS = 3.0; // with one core busy
+/// The checks of what the step computes cost at most 30% more than the
+/// structural checks alone (issue 38), with one core busy.
+constexpr double kMaxFactsRatio = 1.3;
 
 constexpr int64_t kCp = 2;
 constexpr int64_t kTp = 8;
@@ -333,6 +340,7 @@ void runPlan(benchmark::State &state, bool lastRank) {
 
 std::string planDir;
 std::vector<plan::Plan> inMemoryPlans; // verificationOnly, as `plan --all`
+plan::PlanSetFacts inMemoryFacts;      // their full plans' facts
 plan::VerifyStats verifyStats;
 
 plan::PreparedTemplate prepare8b() {
@@ -394,9 +402,15 @@ struct DirTimes {
 };
 std::map<std::string, DirTimes> dirTimes;
 
+/// What is read and checked: as `meshplan verify DIR` (verification-only
+/// plans and the facts of the full plans, every check), the structural
+/// checks alone on verification-only plans (what the command did before the
+/// checks of what the step computes), or full plans (facts from them).
+enum class VerifyMode { Command, Structural, Full };
+
 /// What `meshplan verify DIR` does: read, verify, free.
 void runVerifyDirectory(benchmark::State &state, const std::string &name,
-                        plan::PlanDetail detail, bool busy) {
+                        VerifyMode mode, bool busy) {
   DirTimes &times = dirTimes[name];
   for (auto _ : state) {
     state.PauseTiming();
@@ -405,10 +419,22 @@ void runVerifyDirectory(benchmark::State &state, const std::string &name,
       spinner.emplace();
     state.ResumeTiming();
     auto t0 = Clock::now();
-    std::vector<plan::Plan> plans =
-        orDie(plan::readPlanDirectory(planDir, 0, detail), "readPlanDirectory");
+    plan::PlanSet set;
+    if (mode == VerifyMode::Command)
+      set = orDie(plan::readPlanSet(planDir, 0), "readPlanSet");
+    else
+      set.plans = orDie(
+          plan::readPlanDirectory(planDir, 0,
+                                  mode == VerifyMode::Full
+                                      ? plan::PlanDetail::Full
+                                      : plan::PlanDetail::VerificationOnly),
+          "readPlanDirectory");
     auto t1 = Clock::now();
-    plan::VerifyResult v = orDie(plan::verifyPlans(plans), "verifyPlans");
+    // Structural: facts of no plan, so (d) is skipped.
+    plan::VerifyResult v = orDie(mode == VerifyMode::Full
+                                     ? plan::verifyPlans(set.plans)
+                                     : plan::verifyPlans(set.plans, set.facts),
+                                 "verifyPlans");
     auto t2 = Clock::now();
     if (!v.ok()) {
       state.SkipWithError(
@@ -419,7 +445,7 @@ void runVerifyDirectory(benchmark::State &state, const std::string &name,
     times.readS.push_back(std::chrono::duration<double>(t1 - t0).count());
     times.verifyS.push_back(std::chrono::duration<double>(t2 - t1).count());
     // Freeing the plans is part of the command's run too.
-    plans = {};
+    set = {};
     state.PauseTiming();
     spinner.reset();
     state.ResumeTiming();
@@ -429,7 +455,7 @@ void runVerifyDirectory(benchmark::State &state, const std::string &name,
 void runVerifyInMemory(benchmark::State &state) {
   for (auto _ : state) {
     plan::VerifyResult v =
-        orDie(plan::verifyPlans(inMemoryPlans), "verifyPlans");
+        orDie(plan::verifyPlans(inMemoryPlans, inMemoryFacts), "verifyPlans");
     if (!v.ok()) {
       state.SkipWithError("verification failed");
       break;
@@ -695,7 +721,11 @@ bool printSummary(const SummaryReporter &reporter) {
   };
   for (DirRow row :
        {DirRow{"verify_directory_1024_busy", "one core busy (the target)"},
+        DirRow{"verify_directory_1024_busy_structural",
+               "one core busy, structural only"},
         DirRow{"verify_directory_1024", "all cores free"},
+        DirRow{"verify_directory_1024_structural",
+               "all cores free, structural only"},
         DirRow{"verify_directory_1024_full", "full plans, all cores free"}}) {
     std::optional<Sample> m = medianOf(reporter, row.name, 0);
     if (!m)
@@ -718,6 +748,28 @@ bool printSummary(const SummaryReporter &reporter) {
       failures.push_back(
           "verify DIR with one core busy: " + std::to_string(m->realMs / 1e3) +
           " s > " + std::to_string(kMaxVerifyDirBusyS) + " s");
+  }
+  for (const char *cond : {"_busy", ""}) {
+    std::optional<Sample> all =
+        medianOf(reporter, std::string("verify_directory_1024") + cond, 0);
+    std::optional<Sample> structural = medianOf(
+        reporter, std::string("verify_directory_1024") + cond + "_structural",
+        0);
+    if (!all || !structural)
+      continue;
+    double ratio = all->realMs / structural->realMs;
+    bool target = std::string(cond) == "_busy";
+    std::printf(
+        "every check / structural only, %-18s %5.2f real, %5.2f "
+        "cpu%s\n",
+        target ? "one core busy:" : "all cores free:", ratio,
+        all->cpuMs / structural->cpuMs,
+        target ? bench::formatted("; target <= %.1f", kMaxFactsRatio).c_str()
+               : "");
+    if (target && !(ratio <= kMaxFactsRatio))
+      failures.push_back("verify DIR, every check / structural only: " +
+                         std::to_string(ratio) + " > " +
+                         std::to_string(kMaxFactsRatio));
   }
   if (std::optional<Sample> m = medianOf(reporter, "verify_in_memory_1024", 0))
     std::printf("verifyPlans, in-memory plans       %8.3f s real, %8.3f s "
@@ -788,23 +840,24 @@ int main(int argc, char **argv) {
   }
   verifyRun = inChild("verify plan directory", [] {
     auto t0 = Clock::now();
-    std::vector<plan::Plan> plans = orDie(
-        plan::readPlanDirectory(planDir, 0, plan::PlanDetail::VerificationOnly),
-        "readPlanDirectory");
+    plan::PlanSet set = orDie(plan::readPlanSet(planDir, 0), "readPlanSet");
     double readS = msSince(t0) / 1e3;
     auto t1 = Clock::now();
-    plan::VerifyResult v = orDie(plan::verifyPlans(plans), "verifyPlans");
+    plan::VerifyResult v =
+        orDie(plan::verifyPlans(set.plans, set.facts), "verifyPlans");
     if (!v.ok())
       die("verify", v.failure->message);
     return std::vector<double>{readS, msSince(t1) / 1e3};
   });
   {
     plan::PreparedTemplate prepared = prepare8b();
-    for (int64_t rank : prepared.ranks())
-      inMemoryPlans.push_back(
-          orDie(prepared.instantiate(rank, /*withEstimates=*/false,
-                                     /*verificationOnly=*/true),
-                "instantiate"));
+    std::vector<plan::FactsBuilder> builder(1);
+    for (int64_t rank : prepared.ranks()) {
+      plan::Plan full = orDie(prepared.instantiate(rank, false), "instantiate");
+      builder[0].add(inMemoryPlans.size(), full);
+      inMemoryPlans.push_back(plan::verificationCopy(full));
+    }
+    inMemoryFacts = plan::mergeFacts(builder, inMemoryPlans.size());
   }
 
   for (bool last : {false, true}) {
@@ -817,18 +870,18 @@ int main(int argc, char **argv) {
     for (const MeshShape &s : kShapes)
       bench->Arg(s.world());
   }
-  for (auto [name, detail, busy] :
-       {std::tuple{"verify_directory_1024_busy",
-                   plan::PlanDetail::VerificationOnly, true},
-        std::tuple{"verify_directory_1024", plan::PlanDetail::VerificationOnly,
+  for (auto [name, mode, busy] :
+       {std::tuple{"verify_directory_1024_busy", VerifyMode::Command, true},
+        std::tuple{"verify_directory_1024_busy_structural",
+                   VerifyMode::Structural, true},
+        std::tuple{"verify_directory_1024", VerifyMode::Command, false},
+        std::tuple{"verify_directory_1024_structural", VerifyMode::Structural,
                    false},
-        std::tuple{"verify_directory_1024_full", plan::PlanDetail::Full,
-                   false}})
+        std::tuple{"verify_directory_1024_full", VerifyMode::Full, false}})
     benchmark::RegisterBenchmark(name,
-                                 [name = std::string(name), detail = detail,
+                                 [name = std::string(name), mode = mode,
                                   busy = busy](benchmark::State &state) {
-                                   runVerifyDirectory(state, name, detail,
-                                                      busy);
+                                   runVerifyDirectory(state, name, mode, busy);
                                  })
         ->Unit(benchmark::kMillisecond)
         ->MeasureProcessCPUTime()

@@ -377,10 +377,10 @@ Result<std::vector<int64_t>> readIndex(const std::string &path) {
   return out;
 }
 
-/// What verifyPlans reads of a plan, in fresh, compact allocations: the
-/// mesh, rank, communicators and streams, and the instructions without
-/// buffer lists, labels and callbacks (as PreparedTemplate::instantiate's
-/// verificationOnly).
+} // namespace
+
+// In fresh, compact allocations (as PreparedTemplate::instantiate's
+// verificationOnly).
 Plan verificationCopy(const Plan &full) {
   Plan lean;
   lean.version = full.version;
@@ -407,10 +407,13 @@ Plan verificationCopy(const Plan &full) {
   return lean;
 }
 
-} // namespace
+namespace {
 
-Result<std::vector<Plan>>
-readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
+/// readPlanDirectory; with `facts`, also the facts of every full plan,
+/// recorded by each reading thread into its own builder.
+Result<std::vector<Plan>> readDirectory(const std::string &dir,
+                                        unsigned threads, PlanDetail detail,
+                                        PlanSetFacts *facts) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return makeError("\"" + dir + "\" is not a directory");
@@ -466,7 +469,15 @@ readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
   std::vector<std::optional<Error>> errors(ranks.size());
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
+  if (threads == 0)
+    threads = std::max(1u, std::thread::hardware_concurrency());
+  threads = std::min<unsigned>(
+      threads, std::max<size_t>(1, std::min<size_t>(ranks.size(), 64)));
+  std::vector<FactsBuilder> builders(facts ? threads : 0);
+  std::atomic<unsigned> nextBuilder{0};
   auto worker = [&] {
+    FactsBuilder *builder =
+        facts ? &builders[nextBuilder.fetch_add(1)] : nullptr;
     // One text buffer and, for verification, one plan per thread, reused
     // from file to file: steady-state reading allocates little but what it
     // keeps (see PlanRead.h).
@@ -487,21 +498,39 @@ readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
                       std::to_string(ranks[i]) + " but the plan is for rank " +
                       std::to_string(into.rank));
         failed = true;
-      } else if (detail == PlanDetail::VerificationOnly) {
-        plans[i] = verificationCopy(scratch);
+      } else {
+        if (builder)
+          builder->add(i, into);
+        if (detail == PlanDetail::VerificationOnly)
+          plans[i] = verificationCopy(scratch);
       }
     }
   };
-  if (threads == 0)
-    threads = std::max(1u, std::thread::hardware_concurrency());
-  threads = std::min<unsigned>(
-      threads, std::max<size_t>(1, std::min<size_t>(ranks.size(), 64)));
   runOnThreads(threads, worker);
   // The first bad file in rank order, whichever thread read it.
   for (std::optional<Error> &e : errors)
     if (e)
       return *e;
+  if (facts)
+    *facts = mergeFacts(builders, plans.size());
   return plans;
+}
+
+} // namespace
+
+Result<std::vector<Plan>>
+readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
+  return readDirectory(dir, threads, detail, nullptr);
+}
+
+Result<PlanSet> readPlanSet(const std::string &dir, unsigned threads) {
+  PlanSet set;
+  Result<std::vector<Plan>> plans =
+      readDirectory(dir, threads, PlanDetail::VerificationOnly, &set.facts);
+  if (!plans)
+    return plans.error();
+  set.plans = std::move(*plans);
+  return set;
 }
 
 } // namespace meshplan::plan

@@ -403,16 +403,21 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     auto verifyStart = Clock::now();
     std::vector<plan::Plan> plans;
     plans.reserve(ranks.size());
+    // Each full plan is held only while its facts are recorded (as
+    // `meshplan verify` reads a directory).
+    std::vector<plan::FactsBuilder> builder(1);
     ProgressBar bar(showProgress, "verifying");
     for (int64_t rank : ranks) {
-      auto plan = p.templateFor(rank).instantiate(rank, /*withEstimates=*/false,
-                                                  /*verificationOnly=*/true);
+      auto plan =
+          p.templateFor(rank).instantiate(rank, /*withEstimates=*/false);
       if (!plan)
         throw std::runtime_error("internal error: " + plan.error().message);
-      plans.push_back(std::move(*plan));
+      builder[0].add(plans.size(), *plan);
+      plans.push_back(plan::verificationCopy(*plan));
       bar(static_cast<int64_t>(plans.size()), world);
     }
-    auto report = plan::verifyPlans(plans);
+    plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
+    auto report = plan::verifyPlans(plans, facts);
     if (!report)
       throw std::runtime_error("internal error: " + report.error().message);
     if (!report->ok()) {

@@ -183,7 +183,7 @@ inline std::vector<Plan> synthesize(const SynthOptions &opt) {
         use.label = "forward " + prefix;
         use.phase = "forward";
         use.unit = prefix;
-        use.microbatch = layer;
+        use.microbatch = 0; // one microbatch: each unit runs it once
         lastCompute = use.id;
         plan.program.push_back(std::move(use));
         Instruction fr;

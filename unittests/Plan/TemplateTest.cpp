@@ -429,7 +429,12 @@ std::vector<Plan> checkAllRanks(const PreparedTemplate &pt) {
     EXPECT_TRUE(bare.ok() && !bare->estimates.has_value());
     plans.push_back(std::move(plan));
   }
-  Result<VerifyResult> v = verifyPlans(plans);
+  // The templates here exercise groups, boxes and counts with placeholder
+  // buffers (a reduce-scatter of a gradient that is not partial, a
+  // gradient of no tensor), so only the structural checks (Verify.h
+  // (a)-(c)) apply: no facts, no (d). Planned sets are verified in full
+  // (test/planner/verify-step.test).
+  Result<VerifyResult> v = verifyPlans(plans, PlanSetFacts{});
   EXPECT_TRUE(v.ok()) << v.error().message;
   if (v.ok()) {
     EXPECT_TRUE(v->ok()) << v->failure->message;

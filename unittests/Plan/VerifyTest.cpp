@@ -17,8 +17,12 @@ using namespace plantest;
 
 namespace {
 
+/// The structural checks (Verify.h (a)-(c)): the synthesized sets move
+/// placeholder buffers (a gathered buffer no collective writes when its
+/// redistribution is local), so no facts, no (d); what planned sets compute
+/// is verified in test/planner/verify-step.test and verify.mutation.*.
 VerifyResult verified(const std::vector<Plan> &plans) {
-  Result<VerifyResult> r = verifyPlans(plans);
+  Result<VerifyResult> r = verifyPlans(plans, PlanSetFacts{});
   EXPECT_TRUE(r.ok()) << r.error().message;
   return r.ok() ? *r : VerifyResult{};
 }
@@ -511,6 +515,50 @@ TEST(Verify, DirectoriesForVerification) {
         expected.deps = in.deps;
         EXPECT_EQ(lean.program[k], expected);
       }
+    }
+    // readPlanSet: the same plans plus the facts of the full ones, equal
+    // to factsOf(plans) whichever thread interned what (compared resolved,
+    // since indices depend on the order of interning).
+    Result<PlanSet> set = readPlanSet(dir.path.string(), threads);
+    ASSERT_TRUE(set.ok()) << set.error().message;
+    PlanSetFacts want = factsOf(plans);
+    ASSERT_EQ(set->facts.plans.size(), plans.size());
+    auto text = [](const PlanSetFacts &f, int32_t s) {
+      return s < 0 ? std::string("-") : f.strings[s];
+    };
+    auto buffer = [&](const PlanSetFacts &f, int32_t b) {
+      const BufferFacts &x = f.buffers[b];
+      return text(f, x.id) + "|" + text(f, x.tensor) + "|" + text(f, x.layout) +
+             "|" + std::to_string(int(x.kind)) + "|" +
+             std::to_string(int(x.dtype)) + "|" +
+             std::to_string(x.tensorId.value_or(-1)) + "|" +
+             std::to_string(x.globalShape.size());
+    };
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const PlanFacts &got = set->facts.plans[i], &exp = want.plans[i];
+      ASSERT_EQ(got.buffers.size(), exp.buffers.size());
+      for (size_t b = 0; b < got.buffers.size(); ++b)
+        EXPECT_EQ(buffer(set->facts, got.buffers[b]),
+                  buffer(want, exp.buffers[b]));
+      EXPECT_EQ(got.operands, exp.operands);
+      EXPECT_EQ(got.operandStart, exp.operandStart);
+      EXPECT_EQ(got.inputCount, exp.inputCount);
+      EXPECT_EQ(got.phase, exp.phase);
+      EXPECT_EQ(got.microbatch, exp.microbatch);
+      ASSERT_EQ(got.label.size(), exp.label.size());
+      for (size_t k = 0; k < got.label.size(); ++k) {
+        EXPECT_EQ(text(set->facts, got.label[k]), text(want, exp.label[k]));
+        EXPECT_EQ(text(set->facts, got.unit[k]), text(want, exp.unit[k]));
+      }
+    }
+    // ... and verify as the full plans do (whether or not these
+    // placeholder programs pass (d)).
+    Result<VerifyResult> c = verifyPlans(set->plans, set->facts);
+    Result<VerifyResult> full = verifyPlans(plans);
+    ASSERT_TRUE(c.ok() && full.ok());
+    EXPECT_EQ(c->ok(), full->ok());
+    if (!c->ok() && !full->ok()) {
+      EXPECT_EQ(c->failure->message, full->failure->message);
     }
     VerifyResult a = verified(plans), b = verified(*read);
     EXPECT_TRUE(a.ok() && b.ok());

@@ -10,18 +10,31 @@
 //   (b) the ranks' programs run together to completion: streams run in
 //       order, an instruction starts when its deps are done, each rank issues
 //       its collectives on one communicator in program order, and a
-//       collective completes when every member has issued it.
+//       collective completes when every member has issued it;
+//   (d) every rank computes the same training step (docs/plan-format.md,
+//       "What the step computes"): the members of a collective exchange the
+//       same tensor in the same layout, a send delivers the buffer its recv
+//       expects; every piece of a parameter has one tensor id, shape and
+//       dtype and is updated once per rank, by the same optimizer record,
+//       from its own gradient, reduced over exactly the axes its layout
+//       leaves partial; every unit runs each microbatch once per phase,
+//       and ranks that make the same callbacks make them in one order; an
+//       instruction writes only what its op and phase may write; a buffer
+//       is read only when written and not freed, and its accesses run in
+//       program order (happens-before through stream order and deps).
 // The checks run in that order and the first failing one is reported, with
-// the rank, the instruction (JSON pointer and id) and the communicator.
+// the rank, the instruction (JSON pointer, id and, in (d), label) and the
+// communicator or tensor.
 //
-// Cost: O(total instructions + total deps + total collective memberships);
-// nothing is quadratic in the number of ranks.
+// Cost: O(total instructions + total deps + total collective memberships +
+// total operands); nothing is quadratic in the number of ranks.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_PLAN_VERIFY_H
 #define MESHPLAN_PLAN_VERIFY_H
 
 #include "meshplan/Plan/Plan.h"
+#include "meshplan/Plan/PlanFacts.h"
 
 #include <cstdint>
 #include <optional>
@@ -36,7 +49,22 @@ enum class FailureKind {
   CommMissing,  ///< a member does not define a communicator
   Divergence,   ///< collective sequences differ on a communicator
   StreamCycle,  ///< wait cycle within one rank
-  Deadlock      ///< the ranks' programs cannot all finish
+  Deadlock,     ///< the ranks' programs cannot all finish
+  /// The members of a collective (or a send and its recv) name different
+  /// tensors, layouts or buffers for its operands.
+  OperandMismatch,
+  /// A parameter is described, updated or optimized differently by two
+  /// ranks, or not exactly once on one.
+  ParameterMismatch,
+  /// A gradient reduction does not reduce exactly the partial axes of its
+  /// input, or the optimizer reads a gradient still partial.
+  Reduction,
+  /// A unit's callback runs a microbatch twice, or not at all.
+  Microbatch,
+  /// An instruction writes a buffer its op and phase may not write.
+  Ownership,
+  /// An instruction reads a buffer after its free.
+  Lifetime
 };
 std::string_view failureKindName(FailureKind kind);
 
@@ -46,6 +74,7 @@ struct VerifyFailure {
   int64_t index = -1;      ///< its instruction's index in "program" (or -1)
   std::string instruction; ///< that instruction's id (or "")
   std::string comm;        ///< the communicator involved (or "")
+  std::string tensor;      ///< the tensor involved (or "")
   int64_t otherRank = -1;  ///< the rank compared against (or -1)
   /// The full report; the first line stands alone, a deadlock adds one line
   /// per step of the wait cycle.
@@ -67,8 +96,26 @@ struct VerifyResult {
 
 /// Verifies a plan set. An Error means the set itself is unusable (empty,
 /// two plans for one rank, a mesh rank without a plan); a verification
-/// failure is reported in the result. Plans must each pass validatePlan.
+/// failure is reported in the result. Plans must each pass validatePlan and
+/// be full (buffers, operands, callbacks and optimizer present): (d) reads
+/// them through factsOf(plans).
 Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans);
+/// The same with the facts of the full plans given apart (`facts.plans`
+/// parallel to `plans`), so that `plans` may be verification-only copies.
+Result<VerifyResult> verifyPlans(const std::vector<Plan> &plans,
+                                 const PlanSetFacts &facts);
+
+/// A plan set as `meshplan verify` holds it: verification-only plans
+/// (verificationCopy) and the facts of the full plans they came from.
+struct PlanSet {
+  std::vector<Plan> plans;
+  PlanSetFacts facts;
+};
+
+/// What verifyPlans reads of a plan without its facts: the mesh, rank,
+/// communicators and streams, and the instructions without buffer lists,
+/// labels and callbacks.
+Plan verificationCopy(const Plan &full);
 
 /// What readPlanDirectory keeps of each plan, once read and validated.
 enum class PlanDetail {
@@ -90,6 +137,10 @@ enum class PlanDetail {
 Result<std::vector<Plan>>
 readPlanDirectory(const std::string &dir, unsigned threads = 0,
                   PlanDetail detail = PlanDetail::Full);
+/// readPlanDirectory with PlanDetail::VerificationOnly, plus the facts of
+/// the full plans, recorded by each reading thread as it reads: what
+/// `meshplan verify DIR` verifies.
+Result<PlanSet> readPlanSet(const std::string &dir, unsigned threads = 0);
 
 } // namespace meshplan::plan
 
