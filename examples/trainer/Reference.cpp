@@ -486,6 +486,7 @@ int runReference(const TrainFlags &flags, const Planned &planned,
       replicaSum.at("tok_embeddings.weight")[0] =
           std::numeric_limits<float>::quiet_NaN();
     bool skip = false;
+    std::string normText;
     if (o.maxNorm) {
       std::vector<int64_t> acc(size_t(gradNormBufferLength(o.normType)), 0);
       for (auto &[name, grad] : replicaSum)
@@ -493,6 +494,10 @@ int runReference(const TrainFlags &flags, const Planned &planned,
       double norm = gradNormOf(o.normType, acc);
       skip = !std::isfinite(norm);
       float coefficient = skip ? 1.0f : clipCoefficient(*o.maxNorm, norm);
+      char text[96];
+      std::snprintf(text, sizeof(text), " grad norm %.4g (clip %.4g)", norm,
+                    double(coefficient));
+      normText = text;
       if (skip)
         std::printf("step %lld: gradient norm %g is not finite; the update "
                     "was skipped\n",
@@ -526,9 +531,11 @@ int runReference(const TrainFlags &flags, const Planned &planned,
             .count();
     double loss = lossSum / double(r.dataParallel() * M);
     if (step % flags.logEvery == 0 || step == flags.steps) {
-      std::printf("step %lld/%lld loss %.4f tok/s %.0f | step %.1f ms\n",
+      std::printf("step %lld/%lld loss %.4f%s lr %.4g tok/s %.0f | step "
+                  "%.1f ms\n",
                   (long long)step, (long long)flags.steps, loss,
-                  double(tokensPerStep) / wall, wall * 1e3);
+                  normText.c_str(), hp.lr, double(tokensPerStep) / wall,
+                  wall * 1e3);
       std::fflush(stdout);
     }
   }

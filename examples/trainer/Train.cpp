@@ -238,11 +238,6 @@ static void delayStepForTests() {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-/// MESHPLAN_TEST_KILL="STEP:RANK[,RANK...][:WHEN]" makes the listed ranks
-/// kill themselves with SIGKILL in step STEP, in their group's first
-/// incarnation only: at the step's first forward (WHEN "forward", the
-/// default) or at its last backward (WHEN "last-backward", the embedding's,
-/// when the other units' reductions are in flight). Not for production use.
 /// Test hook: MESHPLAN_TEST_NAN_GRAD_STEP=S writes NaN into the first
 /// element of the embedding's gradient at step S (microbatch 0), so that
 /// the step's gradient norm is not finite (trainer.optimizer-step checks
@@ -266,6 +261,11 @@ static void poisonGradientForTests(ComputeCall &call) {
     }
 }
 
+/// MESHPLAN_TEST_KILL="STEP:RANK[,RANK...][:WHEN]" makes the listed ranks
+/// kill themselves with SIGKILL in step STEP, in their group's first
+/// incarnation only: at the step's first forward (WHEN "forward", the
+/// default) or at its last backward (WHEN "last-backward", the embedding's,
+/// when the other units' reductions are in flight). Not for production use.
 static void maybeKillForTests(const ComputeCall &call, int64_t rank) {
   static const std::optional<
       std::tuple<int64_t, std::vector<int64_t>, std::string>>

@@ -369,9 +369,11 @@ Result<Explanation> meshplan::pipeline::explain(const PlannedSpec &p,
     if (o->schedule) {
       LrPhases ph = lrPhases(*o->schedule);
       int64_t total = o->schedule->totalSteps;
-      std::vector<int64_t> at = {1, ph.warmup, ph.warmup + ph.stable,
-                                 ph.warmup + ph.stable + (ph.decay - 1) / 2,
-                                 total};
+      // The first step, the warmup's last, the decay's first, its middle
+      // and the run's last.
+      int64_t decayStart = ph.warmup + ph.stable + 1;
+      std::vector<int64_t> at = {1, ph.warmup, decayStart,
+                                 (decayStart + total) / 2, total};
       for (int64_t s : at)
         if (s >= 1 && s <= total &&
             (step.lrSamples.empty() || step.lrSamples.back().first < s))

@@ -7,7 +7,8 @@
 # no weight decay on the norms and the embedding. Checks that every step
 # clipped, that the runs are equal to the single process (bit-identical so
 # far), and with NAN_STEP=S that a NaN gradient at step S skips that update
-# on every rank alike and says so.
+# on every rank alike and says so, and that a run resumed in a fresh
+# session after step 6 continues the schedule (the same bits).
 #
 #   optimizer-step.sh BIN_DIR SPEC NPROC NAN_STEP [meshplan-train flags...]
 #
@@ -61,3 +62,11 @@ if [[ $clipped != "$want" ]]; then
 fi
 "$bin/meshplan-train" "${flags[@]}" --reference --save-params "$work/one" | tail -n 1
 "$bin/meshplan-train" --compare "$work/ranks" "$work/one" --rtol 1e-5
+if [[ $nan_step != 0 ]]; then
+  # A fresh session after step 6 (new communicators, the shards carried
+  # over) continues the schedule at step 7: the same bits as one session.
+  "$bin/meshplan" run -n "$nproc" --timeout 60 -- \
+    "$bin/meshplan-train" "${flags[@]}" --resume-after 6 --save-params "$work/resumed" >/dev/null
+  "$bin/meshplan-train" --compare "$work/resumed" "$work/ranks" --rtol 0 |
+    sed 's/^/resumed after step 6: /'
+fi

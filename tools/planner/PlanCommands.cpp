@@ -665,9 +665,10 @@ static void printOptimizerStep(const pipeline::Explanation::OptimizerStep &o,
   if (const auto &s = o.schedule) {
     LrPhases ph = lrPhases(*s);
     out << ", lr_schedule over " << s->totalSteps << " steps: warmup "
-        << ph.warmup << ", stable " << ph.stable - 1 << ", "
+        << ph.warmup << ", stable " << ph.stable << ", "
         << lrDecayTypeName(s->decayType) << " decay " << ph.decay << " to "
-        << s->minLrFactor << "x; rate at step";
+        << s->minLrFactor << "x (torchtitan's: its last decay step lies past "
+        << "the run); rate at step";
     for (size_t i = 0; i < o.lrSamples.size(); ++i)
       out << (i ? "," : "") << " " << o.lrSamples[i].first << ": "
           << o.lrSamples[i].second;

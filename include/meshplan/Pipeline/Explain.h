@@ -183,7 +183,7 @@ struct Explanation {
     double lr = 0; ///< the base rate
     std::optional<LrSchedule> schedule;
     /// (step, rate) at the first step, the last warmup step, the first and
-    /// middle decay steps and the last step (where they exist).
+    /// middle decay steps and the last step (those in the run, ascending).
     std::vector<std::pair<int64_t, double>> lrSamples;
     double weightDecay = 0;
     std::vector<std::string> noDecay; ///< this rank's parameters without
