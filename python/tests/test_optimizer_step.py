@@ -125,6 +125,13 @@ def test_the_step_equals_torchs_adamw_with_groups_clipping_and_schedule():
         print(f"max relative difference after {STEPS} steps: {worst:.3g}")
 
 
+def test_the_plan_carries_the_optimizer_step():
+    o = meshplan.plan(fsdp_spec(1, optimizer=optimizer()), 0).optimizer
+    assert o["max_norm"] == MAX_NORM and o["norm_type"] == "2"
+    assert o["lr_schedule"]["total_steps"] == STEPS and o["lr_schedule"]["decay_ratio"] is None
+    assert "norm.weight" in o["no_decay"] and "output.weight" not in o["no_decay"]
+
+
 def test_set_lr_overrides_the_schedule_until_cleared():
     with open_session() as s:
         pull(s)

@@ -697,7 +697,6 @@ static void printOptimizerStep(const pipeline::Explanation::OptimizerStep &o,
       out << ",... " << o.normRanks.size() << " ranks";
     out << "]\n";
   }
-  out << "\n";
 }
 
 static void printPipeline(const pipeline::Explanation &e,
