@@ -12,7 +12,8 @@
 #
 #   optimizer-step.sh BIN_DIR SPEC NPROC NAN_STEP [meshplan-train flags...]
 #
-# NAN_STEP 0 poisons nothing. The sweep over every trainer spec:
+# NAN_STEP 0 poisons nothing; NORM_TYPE=inf in the environment clips the inf
+# norm instead. The sweep over every trainer spec:
 # test/trainer/optimizer-step-sweep.sh.
 set -euo pipefail
 bin=$1 spec=$2 nproc=$3 nan_step=$4
@@ -38,6 +39,9 @@ opt.update({
     "max_norm": 0.05,
     "no_decay": ["**norm", "tok_embeddings"],
 })
+# NORM_TYPE=inf: the largest magnitude, clipped to 0.002 (also every step).
+if os.environ.get("NORM_TYPE") == "inf":
+    opt.update({"norm_type": "inf", "max_norm": 0.002})
 json.dump(spec, open(dst, "w"), indent=1)
 PY
 
