@@ -15,13 +15,17 @@
 
 #include "Trainer.h"
 
+#include "meshplan/Core/GradNorm.h"
 #include "meshplan/Runtime/Kernels.h"
 
 #include <barrier>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <set>
 #include <thread>
 
 namespace k = meshplan::runtime::kernels;
@@ -177,6 +181,12 @@ int runReference(const TrainFlags &flags, const Planned &planned,
     fatal("the plan has no optimizer");
   const plan::OptimizerConfig &o = *plan0->optimizer;
   k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+  // Every stage's no-decay parameters (each stage's plan lists its own).
+  std::set<std::string> noDecay;
+  for (const plan::Plan &stagePlan : *plans0)
+    if (stagePlan.optimizer)
+      noDecay.insert(stagePlan.optimizer->noDecay.begin(),
+                     stagePlan.optimizer->noDecay.end());
 
   const LlamaConfig &c = planned.config;
   MicrobatchShape shape{flags.batch, flags.seqLen};
@@ -469,8 +479,40 @@ int runReference(const TrainFlags &flags, const Planned &planned,
           v[i] += v[size_t(row) * n + i];
       v.resize(n);
     }
+    // Clipping on whole tensors: core's exact norm gives the bits every
+    // layout's ranks reduce to, and the same coefficient scales each
+    // element in fp32, as clip_grad does.
+    if (step == nanGradStepForTests())
+      replicaSum.at("tok_embeddings.weight")[0] =
+          std::numeric_limits<float>::quiet_NaN();
+    bool skip = false;
+    std::string normText;
+    if (o.maxNorm) {
+      std::vector<int64_t> acc(size_t(gradNormBufferLength(o.normType)), 0);
+      for (auto &[name, grad] : replicaSum)
+        accumulateGradNorm(o.normType, grad, acc);
+      double norm = gradNormOf(o.normType, acc);
+      skip = !std::isfinite(norm);
+      float coefficient = skip ? 1.0f : clipCoefficient(*o.maxNorm, norm);
+      char text[96];
+      std::snprintf(text, sizeof(text), " grad norm %.4g (clip %.4g)", norm,
+                    double(coefficient));
+      normText = text;
+      if (skip)
+        std::printf("step %lld: gradient norm %g is not finite; the update "
+                    "was skipped\n",
+                    (long long)step, norm);
+      else if (coefficient != 1.0f)
+        for (auto &[name, grad] : replicaSum)
+          for (float &x : grad)
+            x *= coefficient;
+    }
+    hp.lr = o.lrAt(step);
     for (auto &[name, t] : tensors) {
+      if (skip)
+        break;
       std::vector<float> &grad = replicaSum[name];
+      hp.weightDecay = noDecay.count(name) ? 0.0 : o.weightDecay;
       if (t.master == plan::DType::BFloat16) {
         std::vector<uint16_t> bits(t.w.size());
         for (size_t i = 0; i < bits.size(); ++i)
@@ -489,9 +531,11 @@ int runReference(const TrainFlags &flags, const Planned &planned,
             .count();
     double loss = lossSum / double(r.dataParallel() * M);
     if (step % flags.logEvery == 0 || step == flags.steps) {
-      std::printf("step %lld/%lld loss %.4f tok/s %.0f | step %.1f ms\n",
+      std::printf("step %lld/%lld loss %.4f%s lr %.4g tok/s %.0f | step "
+                  "%.1f ms\n",
                   (long long)step, (long long)flags.steps, loss,
-                  double(tokensPerStep) / wall, wall * 1e3);
+                  normText.c_str(), hp.lr, double(tokensPerStep) / wall,
+                  wall * 1e3);
       std::fflush(stdout);
     }
   }

@@ -46,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -237,6 +238,29 @@ static void delayStepForTests() {
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+/// Test hook: MESHPLAN_TEST_NAN_GRAD_STEP=S writes NaN into the first
+/// element of the embedding's gradient at step S (microbatch 0), so that
+/// the step's gradient norm is not finite (trainer.optimizer-step checks
+/// that every rank skips the update and the run still equals --reference,
+/// which poisons the same step).
+int64_t meshplan::trainer::nanGradStepForTests() {
+  const char *v = std::getenv("MESHPLAN_TEST_NAN_GRAD_STEP");
+  return v ? std::atoll(v) : 0;
+}
+
+static void poisonGradientForTests(ComputeCall &call) {
+  static const int64_t step = nanGradStepForTests();
+  if (step == 0 || call.step != step || call.microbatch != 0 ||
+      call.unit != "tok_embeddings")
+    return;
+  for (TensorView &g : call.grads)
+    if (g.buffer->kind != plan::BufferKind::Activation &&
+        g.dtype() == DType::Float32 && g.numElements() > 0) {
+      g.as<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+}
+
 /// MESHPLAN_TEST_KILL="STEP:RANK[,RANK...][:WHEN]" makes the listed ranks
 /// kill themselves with SIGKILL in step STEP, in their group's first
 /// incarnation only: at the step's first forward (WHEN "forward", the
@@ -319,8 +343,12 @@ Result<void> RankTrainer::onCompute(ComputeCall &call) {
       gpuOps->upload(d.data(), w.data(), d.bytes());
     }
   }
-  auto runShare = [&] {
-    return call.phase == "forward" ? forward(call) : backward(call);
+  auto runShare = [&]() -> Result<void> {
+    if (call.phase == "forward")
+      return forward(call);
+    MESHPLAN_TRY(backward(call));
+    poisonGradientForTests(call);
+    return {};
   };
   if (call.shares.empty() || (call.shares.size() == 1 && call.shares[0] == 0))
     return runShare();
@@ -878,8 +906,32 @@ Result<void> RankTrainer::run() {
                   flags.loadCheckpoint.c_str(), (long long)first);
   }
   std::vector<double> losses, walls, computes, comms, exposeds, overheads,
-      callbackComputes, planExposed;
+      callbackComputes, planExposed, clips;
   DeviceTimes deviceTimes;
+  // Gradient clipping's instructions (grad_norm, the all_reduce of its
+  // buffer, clip_grad): their time per step, for the summary's ratio.
+  auto clippingSeconds = [&](const StepProfile &prof) -> std::optional<double> {
+    const plan::Plan &p = session->plan();
+    std::string normBuffer;
+    double seconds = 0;
+    bool any = false;
+    for (size_t i = 0; i < p.program.size() && i < prof.instructionEnd.size();
+         ++i) {
+      const plan::Instruction &in = p.program[i];
+      bool clipping = in.op == plan::OpKind::GradNorm ||
+                      in.op == plan::OpKind::ClipGradients;
+      if (in.op == plan::OpKind::GradNorm)
+        normBuffer = in.outputs.at(0);
+      if (in.op == plan::OpKind::AllReduce && !normBuffer.empty() &&
+          in.inputs == std::vector<std::string>{normBuffer})
+        clipping = true;
+      if (!clipping)
+        continue;
+      any = true;
+      seconds += prof.instructionEnd[i] - prof.instructionStart[i];
+    }
+    return any ? std::optional<double>(seconds) : std::nullopt;
+  };
   for (int64_t step = first; step <= flags.steps; ++step) {
     if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
       // Keep every persistent shard in memory, end this session, and go on
@@ -913,6 +965,8 @@ Result<void> RankTrainer::run() {
     lossCount = 0;
     tpSeconds = 0;
     delayStepForTests();
+    // The plan's rate for this step (its lr_schedule): printed with it.
+    double stepLr = session->lr().value_or(0.0);
     auto t = Clock::now();
     MESHPLAN_TRY(session->step());
     double wall = secondsSince(t);
@@ -948,6 +1002,8 @@ Result<void> RankTrainer::run() {
     double exposed = prof.exposedCollectives + tpSeconds;
     losses.push_back(*loss);
     walls.push_back(wall);
+    if (auto c = clippingSeconds(prof))
+      clips.push_back(*c);
     computes.push_back(compute);
     comms.push_back(comm);
     exposeds.push_back(exposed);
@@ -959,11 +1015,28 @@ Result<void> RankTrainer::run() {
     if (machine && planned.spec.pipeline &&
         (step > first || step == flags.steps))
       recordBubble(prof);
+    // A skipped update is said on every step it happens, whatever
+    // --log-every says: it is never silent.
+    if (printer && prof.updateSkipped) {
+      std::printf("step %lld: gradient norm %g is not finite; the update was "
+                  "skipped on every rank (weights and optimizer state "
+                  "unchanged)\n",
+                  (long long)step, prof.gradNorm.value_or(0.0));
+      std::fflush(stdout);
+    }
     if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
-      std::printf("step %lld/%lld loss %.4f%s tok/s %.0f | step %.1f ms: "
-                  "compute %.1f comm %.1f exposed %.1f runtime %.2f ms\n",
+      std::string norm;
+      if (prof.gradNorm) {
+        char text[96];
+        std::snprintf(text, sizeof(text), " grad norm %.4g (clip %.4g)",
+                      *prof.gradNorm, double(prof.clipCoefficient));
+        norm = text;
+      }
+      std::printf("step %lld/%lld loss %.4f%s%s lr %.4g tok/s %.0f | step "
+                  "%.1f ms: compute %.1f comm %.1f exposed %.1f runtime %.2f "
+                  "ms\n",
                   (long long)step, (long long)flags.steps, *loss,
-                  lossIsGlobal ? "" : " (this rank)",
+                  lossIsGlobal ? "" : " (this rank)", norm.c_str(), stepLr,
                   double(tokensPerStep) / wall, wall * 1e3, compute * 1e3,
                   comm * 1e3, exposed * 1e3, prof.overhead * 1e3);
       std::fflush(stdout);
@@ -999,6 +1072,10 @@ Result<void> RankTrainer::run() {
         median(comms) * 1e3, median(exposeds) * 1e3, median(overheads) * 1e3,
         100.0 * median(overheads) / w,
         matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
+    if (!clips.empty())
+      std::printf("gradient clipping: median %.3f ms per step (exact norm, "
+                  "its all-reduce, the scale) = %.2f%% of the median step\n",
+                  median(clips) * 1e3, 100.0 * median(clips) / w);
     if (flags.deviceTiming)
       deviceTimes.print(w);
     if (machine)

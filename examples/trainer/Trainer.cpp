@@ -205,7 +205,11 @@ Result<Planned> planSpec(const TrainFlags &flags, int64_t tokensPerMicrobatch) {
   auto text = plan::readTextFile(flags.spec);
   if (!text)
     return text.error().within("--spec");
-  auto spec = frontend::parseSpec(*text);
+  // The run's length is the learning-rate schedule's unless the spec
+  // states its own total_steps.
+  frontend::SpecOptions specOptions;
+  specOptions.totalSteps = flags.steps;
+  auto spec = frontend::parseSpec(*text, specOptions);
   if (!spec)
     return spec.error().within(flags.spec);
   std::string base = fs::path(flags.spec).parent_path().string();

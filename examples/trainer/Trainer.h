@@ -94,6 +94,10 @@ struct Planned : pipeline::PlannedSpec {
   int64_t microbatches = 1;
 };
 
+/// MESHPLAN_TEST_NAN_GRAD_STEP (0 when unset): the step whose embedding
+/// gradient the trainer and the reference poison with a NaN.
+int64_t nanGradStepForTests();
+
 /// Loads the spec (with --model), checks that meshplan-train can train it
 /// (the Llama 3 architecture, torchtitan's TP plan, every mesh axis with a
 /// role) and runs the planner.

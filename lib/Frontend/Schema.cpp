@@ -169,6 +169,21 @@ const std::vector<SectionRule> &specSections() {
             .noun = "dtype"},
            {.name = "stochastic_rounding", .type = T::Boolean},
            {.name = "seed", .type = T::Integer},
+           {.name = "lr_schedule", .type = T::Object, .section = "lr_schedule"},
+           {.name = "max_norm", .type = T::Number},
+           {.name = "norm_type", .type = T::Number},
+           {.name = "no_decay", .type = T::Array, .items = T::String},
+       }},
+      {"lr_schedule",
+       {
+           {.name = "warmup_steps", .type = T::Integer},
+           {.name = "decay_ratio", .type = T::Number},
+           {.name = "decay_type",
+            .type = T::String,
+            .values = names(kLrDecayTypeNames),
+            .noun = "decay type"},
+           {.name = "min_lr_factor", .type = T::Number},
+           {.name = "total_steps", .type = T::Integer},
        }},
   };
   return sections;
@@ -179,6 +194,7 @@ const std::vector<KeyAlternative> &specKeyAlternatives() {
       {"data_parallel", "reshard_after_forward", T::Boolean},
       {"data_parallel", "units", T::String, names(kUnitGroupingNames)},
       {"pipeline_parallel", "split", T::String, names(kPipelineSplitNames)},
+      {"optimizer", "norm_type", T::String, {"inf"}},
   };
   return alternatives;
 }

@@ -7,6 +7,7 @@
 #include "meshplan/Support/Json.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -186,6 +187,7 @@ static Result<void> checkObjectWithAlternatives(const Json &value,
     bool isMain = rule->type == JsonType::Boolean  ? v->is_boolean()
                   : rule->type == JsonType::String ? v->is_string()
                   : rule->type == JsonType::Array  ? v->is_array()
+                  : rule->type == JsonType::Number ? v->is_number()
                                                    : false;
     if (!isAlt && !isMain)
       return typeError(
@@ -370,9 +372,52 @@ static Result<Float8Spec> parseFloat8(const Json &value) {
   return f8;
 }
 
+/// "optimizer.lr_schedule": what the document says; the run's length and
+/// the checks that need it come in checkLrScheduleOf.
+static Result<void> parseLrSchedule(const Json &value, OptimizerSpec &opt) {
+  const std::string ptr = "/optimizer/lr_schedule";
+  MESHPLAN_TRY(checkObject(value, ptr, section("lr_schedule")));
+  LrSchedule s;
+  if (const Json *v = member(value, "warmup_steps")) {
+    auto n =
+        readInt(*v, childPointer(ptr, "warmup_steps"), 0, int64_t(1) << 40);
+    MESHPLAN_TRY(n);
+    s.warmupSteps = *n;
+  }
+  if (const Json *v = member(value, "total_steps")) {
+    auto n = readInt(*v, childPointer(ptr, "total_steps"), 1, int64_t(1) << 40);
+    MESHPLAN_TRY(n);
+    s.totalSteps = *n;
+    opt.totalStepsGiven = true;
+  }
+  auto fraction = [&](const char *key, double &out) -> Result<void> {
+    const Json *v = member(value, key);
+    if (!v)
+      return {};
+    std::string keyPtr = childPointer(ptr, key);
+    auto d = readNumber(*v, keyPtr);
+    MESHPLAN_TRY(d);
+    if (!(*d >= 0 && *d <= 1))
+      return errorAt(keyPtr,
+                     "expected a number in [0, 1], got " + describe(*v));
+    out = *d;
+    return {};
+  };
+  if (member(value, "decay_ratio")) {
+    double ratio = 0;
+    MESHPLAN_TRY(fraction("decay_ratio", ratio));
+    s.decayRatio = ratio;
+  }
+  MESHPLAN_TRY(fraction("min_lr_factor", s.minLrFactor));
+  if (const Json *v = member(value, "decay_type"))
+    s.decayType = *parseLrDecayType(str(*v));
+  opt.schedule = s;
+  return {};
+}
+
 static Result<OptimizerSpec> parseOptimizer(const Json &value) {
   const std::string ptr = "/optimizer";
-  MESHPLAN_TRY(checkObject(value, ptr, section("optimizer")));
+  MESHPLAN_TRY(checkObjectWithAlternatives(value, ptr, "optimizer"));
   OptimizerSpec opt;
   auto positive = [&](const char *key, double &out, bool allowZero,
                       std::string_view what) -> Result<void> {
@@ -413,6 +458,40 @@ static Result<OptimizerSpec> parseOptimizer(const Json &value) {
     auto seed = readUInt64(*v, childPointer(ptr, "seed"));
     MESHPLAN_TRY(seed);
     opt.seed = *seed;
+  }
+  if (const Json *v = member(value, "lr_schedule"))
+    MESHPLAN_TRY(parseLrSchedule(*v, opt));
+  if (const Json *v = member(value, "max_norm")) {
+    const std::string keyPtr = childPointer(ptr, "max_norm");
+    auto d = readNumber(*v, keyPtr);
+    MESHPLAN_TRY(d);
+    // NaN and inf are refused as well: a clip at inf clips nothing, and a
+    // NaN bound would scale every gradient to NaN.
+    if (!(*d > 0) || !std::isfinite(*d))
+      return errorAt(keyPtr,
+                     "expected a finite max_norm > 0, got " + describe(*v));
+    opt.maxNorm = *d;
+  }
+  if (const Json *v = member(value, "norm_type")) {
+    const std::string keyPtr = childPointer(ptr, "norm_type");
+    if (v->is_string()) {
+      opt.normType = GradNormType::Inf; // the alternative's only value
+    } else {
+      auto d = readNumber(*v, keyPtr);
+      MESHPLAN_TRY(d);
+      if (*d != 2)
+        return errorAt(keyPtr, "norm_type " + describe(*v) +
+                                   " is not supported; expected 2 or \"inf\"");
+      opt.normType = GradNormType::L2;
+    }
+    if (!member(value, "max_norm"))
+      return errorAt(keyPtr, "norm_type without max_norm clips nothing; give "
+                             "max_norm too");
+  }
+  if (const Json *v = member(value, "no_decay")) {
+    auto patterns = readPatterns(*v, childPointer(ptr, "no_decay"));
+    MESHPLAN_TRY(patterns);
+    opt.noDecay = std::move(*patterns);
   }
   if (opt.stochasticRounding && opt.paramDtype != DType::BFloat16)
     return errorAt("/optimizer/stochastic_rounding",
@@ -685,6 +764,26 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
                                       " does not match the mesh, which has " +
                                       std::to_string(devices) + " devices (" +
                                       meshProduct(spec.mesh) + ")");
+  if (spec.optimizer.schedule) {
+    // The schedule's length: the spec's total_steps, else the run's.
+    LrSchedule &schedule = *spec.optimizer.schedule;
+    if (!spec.optimizer.totalStepsGiven) {
+      if (!options.totalSteps)
+        return errorAt("/optimizer/lr_schedule/total_steps",
+                       "the schedule needs the run's length: give "
+                       "total_steps (a trainer gives its step count)");
+      schedule.totalSteps = *options.totalSteps;
+    }
+    if (auto ok = checkLrSchedule(schedule); !ok) {
+      // Located at the value the message is about.
+      const std::string &m = ok.error().message;
+      std::string key = m.rfind("warmup_steps", 0) == 0    ? "warmup_steps"
+                        : m.rfind("decay_ratio", 0) == 0   ? "decay_ratio"
+                        : m.rfind("min_lr_factor", 0) == 0 ? "min_lr_factor"
+                                                           : "total_steps";
+      return errorAt("/optimizer/lr_schedule/" + key, m);
+    }
+  }
   if (options.worldSize && *options.worldSize != devices)
     return errorAt("/mesh/axes", "the mesh has " + std::to_string(devices) +
                                      " devices (" + meshProduct(spec.mesh) +
@@ -1610,6 +1709,21 @@ Result<ResolvedSpec> resolveSpec(Spec spec,
     }
   }
   out.spec = std::move(spec);
+  // optimizer.no_decay: a pattern selects a parameter as a unit pattern
+  // does (its full name, its module's path or an ancestor's path), so
+  // "norm", "layers.*.attention_norm" and "**norm.weight" all work.
+  const std::vector<std::string> &noDecay = out.spec.optimizer.noDecay;
+  for (size_t k = 0; k < noDecay.size(); ++k) {
+    bool any = false;
+    for (ParamAssignment &param : out.params)
+      if (unitPatternSelects(noDecay[k], out, param)) {
+        param.noDecay = true;
+        any = true;
+      }
+    if (!any)
+      return noMatch(childPointer("/optimizer/no_decay", k), noDecay[k],
+                     *out.model, out.modules);
+  }
   MESHPLAN_TRY(resolveUnits(out));
   if (out.spec.pipelineParallel)
     MESHPLAN_TRY(resolvePipeline(out));

@@ -362,6 +362,54 @@ Result<Explanation> meshplan::pipeline::explain(const PlannedSpec &p,
     out.float8 = float8;
   }
 
+  if (const auto &o = plan.optimizer) {
+    Explanation::OptimizerStep step;
+    step.lr = o->lr;
+    step.schedule = o->schedule;
+    if (o->schedule) {
+      LrPhases ph = lrPhases(*o->schedule);
+      int64_t total = o->schedule->totalSteps;
+      // The first step, the warmup's last, the decay's first, its middle
+      // and the run's last.
+      int64_t decayStart = ph.warmup + ph.stable + 1;
+      std::vector<int64_t> at = {1, ph.warmup, decayStart,
+                                 (decayStart + total) / 2, total};
+      for (int64_t s : at)
+        if (s >= 1 && s <= total &&
+            (step.lrSamples.empty() || step.lrSamples.back().first < s))
+          step.lrSamples.push_back({s, o->lrAt(s)});
+    }
+    step.weightDecay = o->weightDecay;
+    step.noDecay = o->noDecay;
+    if (o->maxNorm) {
+      step.maxNorm = o->maxNorm;
+      step.normType = std::string(gradNormTypeName(o->normType));
+      step.normAxes = prepared.get().gradNormAxes;
+      step.normRanks = {rank};
+      std::map<std::string, const plan::Buffer *> byId;
+      for (const plan::Buffer &b : plan.buffers)
+        byId[b.id] = &b;
+      for (const plan::Instruction &in : plan.program) {
+        if (in.op == plan::OpKind::GradNorm) {
+          step.countedTensors = static_cast<int64_t>(in.inputs.size());
+          for (const std::string &id : in.inputs) {
+            int64_t n = 1;
+            for (int64_t d : byId.at(id)->localShape)
+              n *= d;
+            step.countedElements += n;
+          }
+        } else if (in.op == plan::OpKind::ClipGradients) {
+          step.gradients = static_cast<int64_t>(in.outputs.size());
+        } else if (in.op == plan::OpKind::AllReduce &&
+                   in.dtype == plan::DType::Int64) {
+          if (auto c = comms.find(in.comm); c != comms.end())
+            step.normRanks = c->second->ranks;
+        }
+      }
+    }
+    out.optimizer = std::move(step);
+  }
+
   if (p.spec.pipeline) {
     if (auto ok = explainPipeline(p, rank, cost, out); !ok)
       return ok.error();
@@ -382,6 +430,33 @@ Result<Explanation> meshplan::pipeline::explain(const PlannedSpec &p,
 
 template <typename T> static json orNull(const std::optional<T> &value) {
   return value ? json(*value) : json(nullptr);
+}
+
+static json optimizerJson(const Explanation::OptimizerStep &o) {
+  json j = {{"lr", o.lr},
+            {"weight_decay", o.weightDecay},
+            {"no_decay", o.noDecay},
+            {"max_norm", orNull(o.maxNorm)}};
+  if (o.schedule) {
+    json samples = json::array();
+    for (auto [step, lr] : o.lrSamples)
+      samples.push_back({{"step", step}, {"lr", lr}});
+    j["lr_schedule"] = {
+        {"warmup_steps", o.schedule->warmupSteps},
+        {"decay_ratio", orNull(o.schedule->decayRatio)},
+        {"decay_type", std::string(lrDecayTypeName(o.schedule->decayType))},
+        {"min_lr_factor", o.schedule->minLrFactor},
+        {"total_steps", o.schedule->totalSteps},
+        {"samples", samples}};
+  }
+  if (o.maxNorm)
+    j["grad_norm"] = {{"norm_type", o.normType},
+                      {"axes", o.normAxes},
+                      {"ranks", o.normRanks},
+                      {"gradients", o.gradients},
+                      {"counted_tensors", o.countedTensors},
+                      {"counted_elements", o.countedElements}};
+  return j;
 }
 
 json meshplan::pipeline::explanationJson(const Explanation &e) {
@@ -519,6 +594,7 @@ json meshplan::pipeline::explanationJson(const Explanation &e) {
         {"activations", std::move(activations)},
         {"capacity", std::move(capacity)}}},
       {"float8", std::move(float8)},
+      {"optimizer", e.optimizer ? optimizerJson(*e.optimizer) : json(nullptr)},
       {"pipeline", std::move(pipeline)},
       {"step", std::move(step)},
   };

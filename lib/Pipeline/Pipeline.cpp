@@ -1,6 +1,7 @@
 //===- Pipeline.cpp - spec -> dist module -> passes -> plan template ------===//
 
 #include "meshplan/Pipeline/Pipeline.h"
+#include "meshplan/Pipeline/OptimizerStep.h"
 
 #include "meshplan/Dialect/Dist/IR/DistDialect.h"
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
@@ -137,6 +138,8 @@ Result<Compiled> meshplan::pipeline::compile(MLIRContext &context,
   if (!program)
     return Error("internal error: export: " + program.error().message);
   out.program = std::move(*program);
+  if (auto ok = planOptimizerStep(out.program, spec); !ok)
+    return Error("internal error: " + ok.error().message);
   out.program.activations = std::move(activations->units);
   out.timings.push_back({"export", secondsSince(start)});
   return out;

@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -41,24 +43,14 @@ static constexpr std::array<int64_t, 10> kDTypeBytes = {4, 2, 2, 1, 1,
 static constexpr std::array<std::string_view, 6> kBufferKindNames = {
     "param_shard",     "gathered",   "gradient",
     "optimizer_state", "activation", "scratch"};
-static constexpr std::array<std::string_view, 17> kOpNames = {
-    "all_gather",
-    "reduce_scatter",
-    "all_reduce",
-    "all_to_all",
-    "permute",
-    "broadcast",
-    "send",
-    "recv",
-    "fp8_amax",
-    "fp8_cast",
-    "cast",
-    "sum",
-    "accumulate",
-    "compute",
-    "optimizer_update",
-    "free",
-    "wait"};
+static constexpr std::array<std::string_view, 19> kOpNames = {
+    "all_gather", "reduce_scatter", "all_reduce",
+    "all_to_all", "permute",        "broadcast",
+    "send",       "recv",           "fp8_amax",
+    "fp8_cast",   "cast",           "sum",
+    "accumulate", "compute",        "optimizer_update",
+    "free",       "wait",           "grad_norm",
+    "clip_grad"};
 
 template <typename E, size_t N>
 static std::optional<E> lookup(const std::array<std::string_view, N> &names,
@@ -90,6 +82,16 @@ bool isPointToPoint(OpKind op) {
 }
 bool isReduction(OpKind op) {
   return op == OpKind::ReduceScatter || op == OpKind::AllReduce;
+}
+
+double OptimizerConfig::weightDecayOf(std::string_view tensor) const {
+  return std::binary_search(noDecay.begin(), noDecay.end(), tensor)
+             ? 0.0
+             : weightDecay;
+}
+
+double OptimizerConfig::lrAt(int64_t step) const {
+  return schedule ? lr * lrFactor(*schedule, step) : lr;
 }
 
 bool PlanMesh::operator==(const PlanMesh &o) const {
@@ -178,6 +180,19 @@ const SectionRule kOptimizerRule = {
         {.name = "weight_decay", .type = T::Number, .required = true},
         {.name = "stochastic_rounding", .type = T::Boolean, .required = true},
         {.name = "seed", .type = T::Integer, .required = true},
+        {.name = "lr_schedule", .type = T::Object},
+        {.name = "max_norm", .type = T::Number},
+        {.name = "norm_type", .type = T::String},
+        {.name = "no_decay", .type = T::Array, .items = T::String},
+    }};
+const SectionRule kLrScheduleRule = {
+    "lr_schedule",
+    {
+        {.name = "warmup_steps", .type = T::Integer, .required = true},
+        {.name = "decay_ratio", .type = T::Number},
+        {.name = "decay_type", .type = T::String, .required = true},
+        {.name = "min_lr_factor", .type = T::Number, .required = true},
+        {.name = "total_steps", .type = T::Integer, .required = true},
     }};
 const SectionRule kScaleRule = {
     "scale",
@@ -539,6 +554,50 @@ Result<OptimizerConfig> readOptimizer(Value v, const Path &path) {
   MP_ASSIGN(o.stochasticRounding, readBool(f.at("stochastic_rounding"),
                                            path.child("stochastic_rounding")));
   MP_ASSIGN(o.seed, readInt(f.at("seed"), path.child("seed"), 0));
+  if (std::optional<Value> sv = f.get("lr_schedule")) {
+    Path sp = path.child("lr_schedule");
+    Fields sf;
+    MP_ASSIGN(sf, checkObject(*sv, sp, kLrScheduleRule));
+    LrSchedule schedule;
+    MP_ASSIGN(schedule.warmupSteps,
+              readInt(sf.at("warmup_steps"), sp.child("warmup_steps"), 0));
+    MP_ASSIGN(schedule.totalSteps,
+              readInt(sf.at("total_steps"), sp.child("total_steps"), 1));
+    if (std::optional<Value> ratio = sf.get("decay_ratio")) {
+      double r;
+      MP_ASSIGN(r, readNumber(*ratio, sp.child("decay_ratio")));
+      schedule.decayRatio = r;
+    }
+    MP_ASSIGN(schedule.minLrFactor,
+              readNumber(sf.at("min_lr_factor"), sp.child("min_lr_factor")));
+    std::string type;
+    MESHPLAN_TRY(
+        readStringInto(sf.at("decay_type"), sp.child("decay_type"), type));
+    auto decay = parseLrDecayType(type);
+    if (!decay)
+      return errorAt(sp.child("decay_type"),
+                     "unknown decay_type " + quote(type) +
+                         "; expected linear, sqrt or cosine");
+    schedule.decayType = *decay;
+    o.schedule = schedule;
+  }
+  if (std::optional<Value> mv = f.get("max_norm")) {
+    double m;
+    MP_ASSIGN(m, readNumber(*mv, path.child("max_norm")));
+    o.maxNorm = m;
+  }
+  if (std::optional<Value> nv = f.get("norm_type")) {
+    std::string type;
+    MESHPLAN_TRY(readStringInto(*nv, path.child("norm_type"), type));
+    auto norm = parseGradNormType(type);
+    if (!norm)
+      return errorAt(path.child("norm_type"),
+                     "unknown norm_type " + quote(type) +
+                         "; expected \"2\" or \"inf\"");
+    o.normType = *norm;
+  }
+  if (std::optional<Value> dv = f.get("no_decay"))
+    MESHPLAN_TRY(readStringArrayInto(*dv, path.child("no_decay"), o.noDecay));
   return o;
 }
 
@@ -926,6 +985,43 @@ static Result<void> checkOperands(const Plan &plan, const Instruction &in,
                            "parameters, " +
                                quote(param.id) + " is " +
                                std::string(dtypeName(param.dtype)));
+    }
+    return {};
+  }
+  case OpKind::GradNorm:
+  case OpKind::ClipGradients: {
+    // grad_norm: inputs the float32 gradients this rank counts, output the
+    // int64 norm buffer. clip_grad: inputs the reduced norm buffer, then
+    // the gradients it scales in place (the outputs).
+    if (!plan.optimizer || !plan.optimizer->maxNorm)
+      return errorAt(p, opName + ", but the plan's optimizer has no max_norm");
+    bool norm = in.op == OpKind::GradNorm;
+    if (norm ? in.outputs.size() != 1 : in.inputs.empty())
+      return errorAt(p, norm ? "grad_norm writes one norm buffer"
+                             : "clip_grad reads the norm buffer first");
+    const Buffer &acc = buffer(norm ? in.outputs[0] : in.inputs[0]);
+    int64_t length = gradNormBufferLength(plan.optimizer->normType);
+    if (acc.dtype != DType::Int64 || acc.localShape.size() != 1 ||
+        acc.localShape[0] != length)
+      return errorAt(
+          childPointer(p, norm ? "outputs" : "inputs"),
+          quote(acc.id) + " is not a norm buffer: norm_type " +
+              std::string(gradNormTypeName(plan.optimizer->normType)) +
+              " needs int64 [" + std::to_string(length) + "]");
+    size_t first = norm ? 0 : 1;
+    if (!norm && in.outputs.size() + 1 != in.inputs.size())
+      return errorAt(p, "clip_grad scales in place: outputs must be the "
+                        "inputs after the norm buffer");
+    for (size_t k = first; k < in.inputs.size(); ++k) {
+      const Buffer &g = buffer(in.inputs[k]);
+      std::string ip = childPointer(childPointer(p, "inputs"), k);
+      if (g.kind != BufferKind::Gradient || g.dtype != DType::Float32)
+        return errorAt(ip, quote(g.id) + " is not a float32 gradient");
+      if (!norm && in.outputs[k - 1] != g.id)
+        return errorAt(childPointer(childPointer(p, "outputs"), k - 1),
+                       "clip_grad scales in place: output " +
+                           std::to_string(k - 1) + " must be input " +
+                           std::to_string(k));
     }
     return {};
   }
@@ -1325,6 +1421,24 @@ Result<void> validatePlan(const Plan &plan) {
     if (bad(o.weightDecay, 0, 1e6))
       return errorAt("/optimizer/weight_decay",
                      "weight_decay must be in [0, 1e6]");
+    if (o.schedule)
+      if (auto ok = checkLrSchedule(*o.schedule); !ok)
+        return ok.error().within("/optimizer/lr_schedule");
+    if (o.maxNorm && (!(*o.maxNorm > 0) || !std::isfinite(*o.maxNorm)))
+      return errorAt("/optimizer/max_norm", "max_norm must be finite and > 0");
+    // The names of this plan's parameters: every no_decay entry is one.
+    std::set<std::string_view> params;
+    for (const Buffer &b : plan.buffers)
+      if (b.kind == BufferKind::ParamShard)
+        params.insert(b.tensor);
+    for (size_t k = 0; k < o.noDecay.size(); ++k) {
+      std::string p = childPointer("/optimizer/no_decay", k);
+      if (k && !(o.noDecay[k - 1] < o.noDecay[k]))
+        return errorAt(p, "no_decay must be sorted and unique");
+      if (!plan.buffers.empty() && !params.count(o.noDecay[k]))
+        return errorAt(p, quote(o.noDecay[k]) +
+                              " is not a parameter of this plan");
+    }
   }
 
   if (plan.estimates) {
@@ -1478,6 +1592,24 @@ std::string writePlan(const Plan &plan) {
     opt["weight_decay"] = o.weightDecay;
     opt["stochastic_rounding"] = o.stochasticRounding;
     opt["seed"] = o.seed;
+    // The keys of a schedule, clipping and decay groups appear only when
+    // used, so plans without them read exactly as before.
+    if (o.schedule) {
+      Json sj = Json::object();
+      sj["warmup_steps"] = o.schedule->warmupSteps;
+      if (o.schedule->decayRatio)
+        sj["decay_ratio"] = *o.schedule->decayRatio;
+      sj["decay_type"] = std::string(lrDecayTypeName(o.schedule->decayType));
+      sj["min_lr_factor"] = o.schedule->minLrFactor;
+      sj["total_steps"] = o.schedule->totalSteps;
+      opt["lr_schedule"] = std::move(sj);
+    }
+    if (o.maxNorm) {
+      opt["max_norm"] = *o.maxNorm;
+      opt["norm_type"] = std::string(gradNormTypeName(o.normType));
+    }
+    if (!o.noDecay.empty())
+      opt["no_decay"] = o.noDecay;
     out += ",\n \"optimizer\": " + dump(opt);
   }
   if (plan.estimates) {

@@ -146,6 +146,20 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     p.commRefs.push_back(std::move(refs));
   }
 
+  for (const std::string &text : tm.gradNormAxes) {
+    Result<AxisRef> ref = parseAxisRefText(mesh, text);
+    if (!ref)
+      return ref.error().within("grad_norm_axes");
+    p.gradNormRefs.push_back(*ref);
+  }
+  if (tm.mesh.pipelineAxis) {
+    p.pipelineAxis = mesh.findAxis(*tm.mesh.pipelineAxis);
+    if (!p.pipelineAxis)
+      return makeError("mesh: pipeline axis " + quote(*tm.mesh.pipelineAxis) +
+                       " is not in the mesh (axes: " + mesh.axisNameList() +
+                       ")");
+  }
+
   // Buffers.
   std::unordered_map<std::string_view, size_t> buffers;
   for (size_t i = 0; i < tm.buffers.size(); ++i) {
@@ -167,6 +181,7 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (Result<void> ok = verifyLayout(*p.root, b.layout); !ok)
       return ok.error().within(name + ": layout");
     p.layoutTexts.push_back(formatLayout(mesh, b.layout));
+    p.bufferIndex.emplace(b.id, i);
   }
 
   // Instructions: ids first (deps may point forward).
@@ -462,6 +477,22 @@ Result<Plan> PreparedTemplate::instantiate(int64_t rank, bool withEstimates,
 
   plan.program = tmpl.program;
   plan.optimizer = tmpl.optimizer;
+  // Each gradient counts once in the norm: on the ranks core picks.
+  for (Instruction &in : plan.program) {
+    if (in.op != OpKind::GradNorm)
+      continue;
+    std::vector<std::string> counted;
+    for (const std::string &id : in.inputs) {
+      const BufferTemplate &b = tmpl.buffers[bufferIndex.at(id)];
+      Result<bool> counts =
+          countsInGradNorm(*root, b.layout, gradNormRefs, rank, pipelineAxis);
+      if (!counts)
+        return counts.error().within("instruction " + quote(in.id));
+      if (*counts)
+        counted.push_back(id);
+    }
+    in.inputs = std::move(counted);
+  }
 
   if (withEstimates) {
     std::array<int64_t, kNumBufferKinds> cur{}, peak{};

@@ -239,6 +239,23 @@ nb::object optimizerDict(const std::optional<plan::OptimizerConfig> &o) {
   d["weight_decay"] = o->weightDecay;
   d["stochastic_rounding"] = o->stochasticRounding;
   d["seed"] = o->seed;
+  // The optimizer step (docs/trainer.md): None where the plan has none.
+  if (o->schedule) {
+    nb::dict sd;
+    sd["warmup_steps"] = o->schedule->warmupSteps;
+    sd["decay_ratio"] = o->schedule->decayRatio
+                            ? nb::cast(*o->schedule->decayRatio)
+                            : nb::none();
+    sd["decay_type"] = std::string(lrDecayTypeName(o->schedule->decayType));
+    sd["min_lr_factor"] = o->schedule->minLrFactor;
+    sd["total_steps"] = o->schedule->totalSteps;
+    d["lr_schedule"] = sd;
+  } else {
+    d["lr_schedule"] = nb::none();
+  }
+  d["max_norm"] = o->maxNorm ? nb::cast(*o->maxNorm) : nb::none();
+  d["norm_type"] = std::string(gradNormTypeName(o->normType));
+  d["no_decay"] = nb::cast(o->noDecay);
   return d;
 }
 

@@ -411,6 +411,10 @@ nb::dict profileDict(const runtime::StepProfile &p) {
   d["instruction_start"] = nb::cast(p.instructionStart);
   d["instruction_end"] = nb::cast(p.instructionEnd);
   d["instruction_ready"] = nb::cast(p.instructionReady);
+  // Gradient clipping (optimizer.max_norm): None when the step had none.
+  d["grad_norm"] = p.gradNorm ? nb::cast(*p.gradNorm) : nb::none();
+  d["clip_coefficient"] = p.clipCoefficient;
+  d["update_skipped"] = p.updateSkipped;
   return d;
 }
 
@@ -660,6 +664,23 @@ void meshplan::python::bindSession(nb::module_ &m) {
                      s.ensureOpen();
                      return s.session->stepsDone();
                    })
+      .def_prop_ro(
+          "lr",
+          [](const SessionObject &s) {
+            s.ensureOpen();
+            return s.session->lr();
+          },
+          "The learning rate the next step() runs with: set_lr's, else the "
+          "plan's lr_schedule; None without optimizer.")
+      .def(
+          "set_lr",
+          [](SessionObject &s, std::optional<double> lr) {
+            s.ensureOpen();
+            check("SessionError", s.session->setLr(lr));
+          },
+          nb::arg("lr").none(),
+          "Sets the rate of every later step (every rank the same), "
+          "overriding the plan's schedule; None returns to the schedule.")
       .def_prop_ro("rank",
                    [](const SessionObject &s) { return s.plan.plan->rank; })
       .def_prop_ro("plan", [](const SessionObject &s) { return s.plan; })

@@ -243,6 +243,56 @@ int64_t mp_steps_done(const mp_session *s) {
   return s ? s->session->stepsDone() : -1;
 }
 
+int mp_get_lr(const mp_session *s, double *lr) {
+  try {
+    if (!s || !lr)
+      return fail(MP_ERROR_INVALID, "mp_get_lr: NULL argument");
+    std::optional<double> rate = s->session->lr();
+    if (!rate)
+      return fail(MP_ERROR_INVALID, "mp_get_lr: the plan has no optimizer");
+    *lr = *rate;
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
+int mp_set_lr(mp_session *s, double lr) {
+  try {
+    if (!s)
+      return fail(MP_ERROR_INVALID, "mp_set_lr: NULL session");
+    auto ok =
+        s->session->setLr(lr < 0 ? std::nullopt : std::optional<double>(lr));
+    if (!ok)
+      return fail(MP_ERROR_INVALID, "mp_set_lr: " + ok.error().message);
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
+int mp_last_grad_norm(const mp_session *s, double *norm, float *coefficient,
+                      int *skipped) {
+  try {
+    if (!s)
+      return fail(MP_ERROR_INVALID, "mp_last_grad_norm: NULL session");
+    const StepProfile &p = s->session->lastStepProfile();
+    if (!p.gradNorm)
+      return fail(MP_ERROR_NOT_FOUND,
+                  "mp_last_grad_norm: the last step computed no gradient "
+                  "norm (no step yet, or no optimizer.max_norm)");
+    if (norm)
+      *norm = *p.gradNorm;
+    if (coefficient)
+      *coefficient = p.clipCoefficient;
+    if (skipped)
+      *skipped = p.updateSkipped ? 1 : 0;
+    return MP_OK;
+  } catch (...) {
+    return failUnknown();
+  }
+}
+
 int64_t mp_tensor_count(mp_session *s, int kind) {
   try {
     if (!s)

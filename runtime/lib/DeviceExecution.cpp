@@ -116,6 +116,13 @@ Result<void> Session::Impl::setUpDevice() {
     return makeError("fault-tolerant replica groups run on host buffers "
                      "only: a session on a device with fault tolerance is not "
                      "supported yet (docs/cuda.md)");
+  // The norm's exact accumulator and the skip decision run on the host
+  // today; a device session would need them as device kernels.
+  for (const plan::Instruction &in : plan.program)
+    if (in.op == OpKind::GradNorm || in.op == OpKind::ClipGradients)
+      return makeError("gradient clipping (optimizer.max_norm) runs on host "
+                       "buffers only: the device executor has no grad_norm "
+                       "or clip_grad kernels yet (docs/cuda.md)");
   auto state = std::make_unique<DeviceState>();
   state->device = options.device;
   Device &device = *state->device;
@@ -452,7 +459,7 @@ Result<void> Session::Impl::runComputeOnDevice(Bound &b, DeviceStream s) {
 
 Result<void> Session::Impl::runOptimizerOnDevice(Bound &b, DeviceStream s) {
   const plan::OptimizerConfig &o = *plan.optimizer;
-  kernels::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+  kernels::AdamWParams hp{stepLr(), o.beta1, o.beta2, o.eps, o.weightDecay};
   int64_t step = steps + 1;
   Device &device = *dev->device;
   for (size_t g = 0; g + 3 < b.inputs.size(); g += 4) {
@@ -461,6 +468,7 @@ Result<void> Session::Impl::runOptimizerOnDevice(Bound &b, DeviceStream s) {
     if (!buffers[size_t(grad)].live)
       return makeError(notWritten(buffers[size_t(grad)]));
     const plan::Buffer &meta = *buffers[size_t(param)].meta;
+    hp.weightDecay = o.weightDecayOf(meta.tensor);
     auto *ps = deviceAddress(param);
     auto *gs = reinterpret_cast<const float *>(deviceAddress(grad));
     auto *ms = reinterpret_cast<float *>(deviceAddress(m));

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstdlib>
@@ -860,12 +861,21 @@ Result<void> Session::Impl::runCompute(Bound &b) {
   return invoke(call);
 }
 
+double Session::Impl::stepLr() const {
+  return lrOverride ? *lrOverride : plan.optimizer->lrAt(steps + 1);
+}
+
 Result<void> Session::Impl::runOptimizer(Bound &b) {
   const plan::OptimizerConfig &o = *plan.optimizer;
-  k::AdamWParams hp{o.lr, o.beta1, o.beta2, o.eps, o.weightDecay};
+  // A non-finite gradient norm skips every update of the step; every rank
+  // of the norm's group reduced the same integers, so all skip alike.
+  if (skipUpdates)
+    return {};
+  k::AdamWParams hp{stepLr(), o.beta1, o.beta2, o.eps, o.weightDecay};
   int64_t step = steps + 1;
   for (size_t g = 0; g + 3 < b.inputs.size(); g += 4) {
     BufferState &param = buffers[b.inputs[g]];
+    hp.weightDecay = o.weightDecayOf(param.meta->tensor);
     BufferState &grad = buffers[b.inputs[g + 1]];
     BufferState &m = buffers[b.inputs[g + 2]];
     BufferState &v = buffers[b.inputs[g + 3]];
@@ -984,6 +994,43 @@ Result<void> Session::Impl::execute(Bound &b) {
       }
     }
     return {};
+  case OpKind::GradNorm: {
+    // The exact partial norm of the gradients this rank counts (core's
+    // accumulator; the reader checked the buffer's dtype and length).
+    BufferState &out = buffers[b.outputs[0]];
+    ensure(b.outputs[0]);
+    std::span<int64_t> acc(reinterpret_cast<int64_t *>(out.data.data()),
+                           size_t(out.numel));
+    std::fill(acc.begin(), acc.end(), 0);
+    for (int x : b.inputs) {
+      const BufferState &g = buffers[x];
+      accumulateGradNorm(
+          plan.optimizer->normType,
+          {reinterpret_cast<const float *>(g.data.data()), size_t(g.numel)},
+          acc);
+    }
+    return {};
+  }
+  case OpKind::ClipGradients: {
+    const plan::OptimizerConfig &o = *plan.optimizer;
+    const BufferState &reduced = buffers[b.inputs[0]];
+    double norm = gradNormOf(
+        o.normType, {reinterpret_cast<const int64_t *>(reduced.data.data()),
+                     size_t(reduced.numel)});
+    gradNorm = norm;
+    skipUpdates = !std::isfinite(norm);
+    clipCoefficient =
+        skipUpdates ? 1.0f : meshplan::clipCoefficient(*o.maxNorm, norm);
+    if (skipUpdates || clipCoefficient == 1.0f)
+      return {};
+    for (size_t i = 1; i < b.inputs.size(); ++i) {
+      BufferState &g = buffers[b.inputs[i]];
+      auto *d = reinterpret_cast<float *>(g.data.data());
+      for (int64_t j = 0; j < g.numel; ++j)
+        d[j] *= clipCoefficient;
+    }
+    return {};
+  }
   case OpKind::Fp8Amax: {
     if (b.outputs.size() != 1)
       return makeError("fp8_amax needs one output");
@@ -1511,6 +1558,7 @@ Result<void> Session::step() {
   m.profile = profileOf(m.program, state.spans, m.streams, m.commSequence,
                         stepStart, Clock::now());
   m.profile.needlessWakeups = state.needlessWakeups;
+  m.reportOptimizerStep(m.profile);
   if (m.dev)
     if (auto timed = m.readDeviceTiming(m.profile); !timed) {
       m.broken = true;
@@ -1587,8 +1635,12 @@ Result<void> Session::Impl::setUpFaultTolerance() {
   // updates), or a failed step could not be discarded.
   size_t n = program.size();
   f.afterCommit.assign(n, 0);
+  // The gradient norm and the clip read the reduced gradients and decide
+  // the update: they belong to the committed part of the step, with it.
   for (size_t i = 0; i < n; ++i)
-    if (program[i].in->op == OpKind::OptimizerUpdate)
+    if (program[i].in->op == OpKind::OptimizerUpdate ||
+        program[i].in->op == OpKind::GradNorm ||
+        program[i].in->op == OpKind::ClipGradients)
       f.afterCommit[i] = 1;
   for (bool changed = true; changed;) {
     changed = false;
@@ -2180,6 +2232,7 @@ Result<void> Session::Impl::faultTolerantStep() {
     profile = profileOf(program, state.spans, streams, commSequence, start,
                         Clock::now());
     profile.needlessWakeups = state.needlessWakeups;
+    reportOptimizerStep(profile);
     return {};
   }
 }
@@ -2215,6 +2268,31 @@ Result<void> Session::checkMembershipStore() {
 }
 
 int64_t Session::stepsDone() const { return impl->steps; }
+
+void Session::Impl::reportOptimizerStep(StepProfile &p) {
+  p.gradNorm = gradNorm;
+  p.clipCoefficient = clipCoefficient;
+  p.updateSkipped = skipUpdates;
+  gradNorm.reset();
+  clipCoefficient = 1.0f;
+  skipUpdates = false;
+}
+
+std::optional<double> Session::lr() const {
+  if (!impl->plan.optimizer)
+    return std::nullopt;
+  return impl->stepLr();
+}
+
+Result<void> Session::setLr(std::optional<double> lr) {
+  if (!impl->plan.optimizer)
+    return makeError("the plan has no optimizer, so no learning rate");
+  if (lr && !(*lr >= 0 && *lr <= 1e6))
+    return makeError("a learning rate must be in [0, 1e6], got " +
+                     std::to_string(*lr));
+  impl->lrOverride = lr;
+  return {};
+}
 
 Result<void> Session::resumeAfter(int64_t steps) {
   if (steps < 0)

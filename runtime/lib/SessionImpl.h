@@ -192,6 +192,13 @@ struct Session::Impl {
   ComputeCallback fallback;
   std::map<std::pair<std::string, std::string>, ComputeCallback> callbacks;
   int64_t steps = 0;
+  /// Session::setLr: the rate of every later step instead of the plan's.
+  std::optional<double> lrOverride;
+  /// This step's gradient clipping, until reportOptimizerStep copies it into
+  /// the profile (clip_grad writes them; the updates read skipUpdates).
+  std::optional<double> gradNorm;
+  float clipCoefficient = 1.0f;
+  bool skipUpdates = false;
   int64_t checkpointsSaved = 0; ///< numbers the store keys of each save
   /// loadCheckpoint's staging region, kept for the next load (stagingFor).
   std::shared_ptr<std::byte> loadStaging;
@@ -282,6 +289,9 @@ struct Session::Impl {
   ComputeCall callOf(const Bound &b) const;
   Result<void> invoke(ComputeCall &call);
   Result<void> runOptimizer(Bound &b);
+  /// The rate of the coming step: setLr's, else the plan's schedule.
+  double stepLr() const;
+  void reportOptimizerStep(StepProfile &p);
   std::string describe(const Bound &b) const;
   /// Without fault tolerance, on the first failure of a step: a failure of
   /// this rank's own (a callback, a kernel) is reported in the store for

@@ -119,6 +119,10 @@ def load(path):
                                                  C.POINTER(C.c_int64)]),
         "mp_resume_after": (C.c_int, [C.c_void_p, C.c_int64]),
         "mp_fault_tolerance_state": (C.c_int, [C.c_void_p, C.POINTER(FaultTolerance)]),
+        "mp_get_lr": (C.c_int, [C.c_void_p, C.POINTER(C.c_double)]),
+        "mp_set_lr": (C.c_int, [C.c_void_p, C.c_double]),
+        "mp_last_grad_norm": (C.c_int, [C.c_void_p, C.POINTER(C.c_double),
+                                        C.POINTER(C.c_float), C.POINTER(C.c_int)]),
     }
     for name, (res, args) in sig.items():
         fn = getattr(lib, name)
@@ -451,6 +455,20 @@ def main():
         fail("mp_find_tensor of a missing id did not fail with a message")
     if lib.mp_get_tensor(s, MP_TENSORS_PARAMETERS, n, C.byref(t)) == MP_OK:
         fail("mp_get_tensor out of range succeeded")
+
+    # The learning rate: the plan's (no schedule here), an override, back.
+    lr = C.c_double()
+    if lib.mp_get_lr(s, C.byref(lr)) != MP_OK or lr.value != opt["lr"]:
+        fail("mp_get_lr gave %r, expected the plan's %r" % (lr.value, opt["lr"]))
+    if lib.mp_set_lr(s, 0.5) != MP_OK or lib.mp_get_lr(s, C.byref(lr)) != MP_OK or lr.value != 0.5:
+        fail("mp_set_lr(0.5) did not hold: %r" % lr.value)
+    if lib.mp_set_lr(s, 2e6) != MP_ERROR_INVALID or "learning rate" not in err():
+        fail("mp_set_lr(2e6) was not refused with a message")
+    if lib.mp_set_lr(s, -1.0) != MP_OK or lib.mp_get_lr(s, C.byref(lr)) != MP_OK or lr.value != opt["lr"]:
+        fail("mp_set_lr(-1) did not return to the plan's rate: %r" % lr.value)
+    # No clipping in this plan: no norm, said so.
+    if lib.mp_last_grad_norm(s, None, None, None) != MP_ERROR_NOT_FOUND or "no gradient norm" not in err():
+        fail("mp_last_grad_norm without clipping did not fail with a message")
 
     if mode == "--save":
         check_checkpoint(lib, s, rank, ckpt)

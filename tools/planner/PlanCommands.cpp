@@ -663,6 +663,50 @@ static void printMemory(const pipeline::Explanation &e, const Device &device,
 
 /// The per-stage table and the bubble of a pipelined spec, then the step of
 /// its ranks laid out together.
+/// The schedule, the decay groups and the clipping's reduction, for specs
+/// that use any of them (others print nothing new).
+static void printOptimizerStep(const pipeline::Explanation::OptimizerStep &o,
+                               int64_t rank, std::ostringstream &out) {
+  if (!o.schedule && !o.maxNorm && o.noDecay.empty())
+    return;
+  out << "optimizer step: adamw lr " << o.lr;
+  if (const auto &s = o.schedule) {
+    LrPhases ph = lrPhases(*s);
+    out << ", lr_schedule over " << s->totalSteps << " steps: warmup "
+        << ph.warmup << ", stable " << ph.stable << ", "
+        << lrDecayTypeName(s->decayType) << " decay " << ph.decay << " to "
+        << s->minLrFactor << "x (torchtitan's: its last decay step lies past "
+        << "the run); rate at step";
+    for (size_t i = 0; i < o.lrSamples.size(); ++i)
+      out << (i ? "," : "") << " " << o.lrSamples[i].first << ": "
+          << o.lrSamples[i].second;
+  }
+  out << "\n  weight decay " << o.weightDecay;
+  if (!o.noDecay.empty()) {
+    out << ", 0 for " << o.noDecay.size()
+        << " parameters of this rank (no_decay):";
+    for (size_t i = 0; i < o.noDecay.size() && i < 6; ++i)
+      out << " " << o.noDecay[i];
+    if (o.noDecay.size() > 6)
+      out << " ...";
+  }
+  out << "\n";
+  if (o.maxNorm) {
+    out << "  gradient clipping: max_norm " << *o.maxNorm << ", norm_type "
+        << o.normType << "; rank " << rank << " counts " << o.countedTensors
+        << " of its " << o.gradients << " gradients (" << o.countedElements
+        << " elements), the exact partial norm "
+        << (o.normType == "2" ? "(int64 fixed point, summed)"
+                              : "(largest magnitude, max)")
+        << " reduced over {" << nameList(o.normAxes) << "}: ranks [";
+    for (size_t i = 0; i < o.normRanks.size() && i < 8; ++i)
+      out << (i ? "," : "") << o.normRanks[i];
+    if (o.normRanks.size() > 8)
+      out << ",... " << o.normRanks.size() << " ranks";
+    out << "]\n";
+  }
+}
+
 static void printPipeline(const pipeline::Explanation &e,
                           std::ostringstream &out) {
   const pipeline::Explanation::Pipeline &pp = *e.pipeline;
@@ -787,6 +831,8 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
           << "%)\n";
     }
   }
+  if (e.optimizer)
+    printOptimizerStep(*e.optimizer, e.rank, out);
   if (e.pipeline)
     printPipeline(e, out);
   else if (e.step)

@@ -530,6 +530,111 @@ TEST(SpecErrors, MutationTable) {
 }
 
 //===----------------------------------------------------------------------===//
+// The optimizer step: schedule, clipping, weight-decay groups
+//===----------------------------------------------------------------------===//
+
+const char *kStep = R"({"lr_schedule": {"warmup_steps": 3, "decay_ratio": 0.5,
+  "decay_type": "cosine", "min_lr_factor": 0.1, "total_steps": 20},
+  "max_norm": 1.0, "no_decay": ["**norm", "tok_embeddings"]})";
+
+TEST(OptimizerStep, ScheduleClippingAndNoDecayResolve) {
+  Json doc = Json::parse(kBase);
+  const Json step = Json::parse(kStep);
+  for (auto &[key, value] : step.items())
+    doc["optimizer"][key] = value;
+  auto r = loadSpec(doc.dump(), "");
+  ASSERT_TRUE(succeeds(r));
+  const OptimizerSpec &o = r->spec.optimizer;
+  ASSERT_TRUE(o.schedule);
+  EXPECT_EQ(o.schedule->warmupSteps, 3);
+  EXPECT_EQ(o.schedule->totalSteps, 20);
+  EXPECT_EQ(o.schedule->decayType, LrDecayType::Cosine);
+  EXPECT_EQ(o.schedule->decayRatio, 0.5);
+  EXPECT_EQ(o.maxNorm, 1.0);
+  EXPECT_EQ(o.normType, GradNormType::L2);
+  int noDecay = 0;
+  for (const ParamAssignment &p : r->params) {
+    bool norm = p.name.find("norm") != std::string::npos ||
+                p.name == "tok_embeddings.weight";
+    EXPECT_EQ(p.noDecay, norm) << p.name;
+    noDecay += p.noDecay;
+  }
+  EXPECT_EQ(noDecay, 6); // 2 blocks x 2 norms, the final norm, embedding
+  // The run's length from the caller when the spec gives none.
+  doc["optimizer"]["lr_schedule"].erase("total_steps");
+  SpecOptions options;
+  options.totalSteps = 7;
+  auto parsed = parseSpec(doc.dump(), options);
+  ASSERT_TRUE(succeeds(parsed));
+  EXPECT_EQ(parsed->optimizer.schedule->totalSteps, 7);
+  doc["optimizer"]["norm_type"] = "inf";
+  parsed = parseSpec(doc.dump(), options);
+  ASSERT_TRUE(succeeds(parsed));
+  EXPECT_EQ(parsed->optimizer.normType, GradNormType::Inf);
+}
+
+TEST(OptimizerStep, BadInputIsALocatedError) {
+  struct Bad {
+    std::string pointer, value, expected;
+    std::optional<int64_t> totalSteps = std::nullopt;
+  };
+  const std::string s = "/optimizer/lr_schedule";
+  std::vector<Bad> table = {
+      {"/optimizer/max_norm", "0",
+       "/optimizer/max_norm: expected a finite max_norm > 0, got integer 0"},
+      {"/optimizer/max_norm", "-1.5",
+       "/optimizer/max_norm: expected a finite max_norm > 0, got number -1.5"},
+      {"/optimizer/norm_type", "3",
+       "/optimizer/norm_type: norm_type integer 3 is not supported; expected "
+       "2 or \"inf\""},
+      {"/optimizer/norm_type", "\"fro\"",
+       "/optimizer/norm_type: unknown norm_type \"fro\"; expected one of inf "
+       "or a number"},
+      {s + "/decay_type", "\"exp\"",
+       s + "/decay_type: unknown decay type \"exp\"; expected one of "
+           "linear, sqrt, cosine"},
+      {s + "/warmup_steps", "30",
+       s + "/warmup_steps: warmup_steps 30 is beyond the run's 20 steps"},
+      {s + "/min_lr_factor", "1.5",
+       s + "/min_lr_factor: expected a number in [0, 1], got number 1.5"},
+      {s + "/decay_ratio", "-0.1",
+       s + "/decay_ratio: expected a number in [0, 1], got number -0.1"},
+      {s + "/total_steps", "0",
+       s + "/total_steps: expected an integer in [1, 1099511627776], got 0"},
+      {"/optimizer/no_decay/1", "\"layers.*.attn_norm\"",
+       "/optimizer/no_decay/1: pattern \"layers.*.attn_norm\" matches no "
+       "module or parameter of model \"tiny\""},
+      {s + "/warmup", "3", s + "/warmup: unknown key"},
+  };
+  for (const Bad &bad : table) {
+    Json doc = Json::parse(kBase);
+    const Json step = Json::parse(kStep);
+    for (auto &[key, value] : step.items())
+      doc["optimizer"][key] = value;
+    doc[Json::json_pointer(bad.pointer)] = Json::parse(bad.value);
+    auto result = loadSpec(doc.dump(), "");
+    EXPECT_TRUE(failsWith(result, bad.expected)) << bad.pointer;
+  }
+  // No total_steps in the spec and none from the caller.
+  Json doc = Json::parse(kBase);
+  doc["optimizer"]["lr_schedule"] = {{"warmup_steps", 2}};
+  EXPECT_TRUE(failsWith(parseSpec(doc.dump()),
+                        s + "/total_steps: the schedule needs the run's "
+                            "length"));
+  // The caller's run shorter than the warmup.
+  SpecOptions options;
+  options.totalSteps = 1;
+  EXPECT_TRUE(failsWith(parseSpec(doc.dump(), options),
+                        s + "/warmup_steps: warmup_steps 2 is beyond the "
+                            "run's 1 steps"));
+  // norm_type without max_norm would clip nothing.
+  doc = Json::parse(kBase);
+  doc["optimizer"]["norm_type"] = 2;
+  EXPECT_TRUE(failsWith(parseSpec(doc.dump()),
+                        "/optimizer/norm_type: norm_type without max_norm"));
+}
+
+//===----------------------------------------------------------------------===//
 // FSDP units and the reshard policy
 //===----------------------------------------------------------------------===//
 

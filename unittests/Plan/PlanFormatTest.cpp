@@ -193,7 +193,8 @@ TEST(PlanFormat, ErrorsNameTheJsonPointer) {
        "all_gather, reduce_scatter, all_reduce, all_to_all, permute, "
        "broadcast, send, recv, fp8_amax, fp8_cast, cast, sum, accumulate, "
        "compute, "
-       "optimizer_update, free, wait (did you mean \"all_gather\"?)"},
+       "optimizer_update, free, wait, grad_norm, clip_grad (did you mean "
+       "\"all_gather\"?)"},
       {[](Json &j) { j["program"][0].erase("count"); },
        "/program/0: all_gather needs \"count\""},
       {[](Json &j) { j["program"][0]["count"] = -1; },
@@ -453,12 +454,94 @@ TEST(PlanFormat, Version2ErrorsNameTheJsonPointer) {
        "\"yes\""},
       {[](Json &j) { j["optimizer"]["momentum"] = 0.9; },
        "/optimizer/momentum: unknown key; expected one of name, lr, beta1, "
-       "beta2, eps, weight_decay, stochastic_rounding, seed"},
+       "beta2, eps, weight_decay, stochastic_rounding, seed, lr_schedule, "
+       "max_norm, norm_type, no_decay"},
       {[](Json &j) { j["optimizer"] = "adamw"; },
        "/optimizer: expected an object, got string \"adamw\""},
   };
   for (const Case &c : cases)
     EXPECT_EQ(mutated(c.edit), c.error);
+}
+
+/// The small plan with clipping: grad_norm over its one gradient, the
+/// all_reduce of the norm buffer over dp, clip_grad before the update; a
+/// schedule and a no-decay parameter in the optimizer record.
+void addClipping(Json &j) {
+  j["buffers"].push_back(Json::parse(
+      R"({"id":"norm","kind":"scratch","dtype":"int64","global_shape":[21],"local_shape":[21],"offset":[0],"layout":"[{}]"})"));
+  Json &program = j["program"];
+  Json update = program[9];
+  program.erase(9);
+  program.push_back(Json::parse(
+      R"({"id":"gn","stream":"compute","op":"grad_norm","inputs":["w.grad"],"outputs":["norm"]})"));
+  program.push_back(Json::parse(
+      R"({"id":"ar.norm","stream":"comm","op":"all_reduce","comm":"dp","dtype":"int64","count":21,"reduce":"sum","inputs":["norm"],"outputs":["norm"],"deps":["gn"]})"));
+  program.push_back(Json::parse(
+      R"({"id":"clip","stream":"compute","op":"clip_grad","inputs":["norm","w.grad"],"outputs":["w.grad"],"deps":["ar.norm"]})"));
+  program.push_back(update);
+  j["optimizer"]["max_norm"] = 1.0;
+  j["optimizer"]["norm_type"] = "2";
+  j["optimizer"]["lr_schedule"] = Json::parse(
+      R"({"warmup_steps":2,"decay_type":"cosine","min_lr_factor":0.1,"total_steps":10})");
+  j["optimizer"]["no_decay"] = Json::array({"layers.0.x"});
+}
+
+TEST(PlanFormat, ClippingScheduleAndNoDecay) {
+  Json j = Json::parse(kSmallPlan);
+  addClipping(j);
+  Result<Plan> p = parsePlan(j.dump());
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  ASSERT_TRUE(p->optimizer->maxNorm);
+  EXPECT_EQ(*p->optimizer->maxNorm, 1.0);
+  EXPECT_EQ(p->optimizer->weightDecayOf("layers.0.x"), 0.0);
+  EXPECT_EQ(p->optimizer->weightDecayOf("layers.0.w"), 0.1);
+  EXPECT_EQ(p->optimizer->lrAt(1), 0.001 * 0.5);
+  EXPECT_EQ(p->program[9].op, OpKind::GradNorm);
+  // Written and read back unchanged.
+  Result<Plan> again = parsePlan(writePlan(*p));
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(*again, *p);
+
+  struct Case {
+    std::function<void(Json &)> edit;
+    std::string error;
+  };
+  std::vector<Case> cases = {
+      {[](Json &j) { j["optimizer"].erase("max_norm"); },
+       "/program/9: grad_norm, but the plan's optimizer has no max_norm"},
+      {[](Json &j) { j["optimizer"]["max_norm"] = 0; },
+       "/optimizer/max_norm: max_norm must be finite and > 0"},
+      {[](Json &j) { j["optimizer"]["norm_type"] = "inf"; },
+       "/program/9/outputs: \"norm\" is not a norm buffer: norm_type inf "
+       "needs int64 [2]"},
+      {[](Json &j) { j["optimizer"]["norm_type"] = "1"; },
+       "/optimizer/norm_type: unknown norm_type \"1\"; expected \"2\" or "
+       "\"inf\""},
+      {[](Json &j) { j["program"][9]["inputs"][0] = "w"; },
+       "/program/9/inputs/0: \"w\" is not a float32 gradient"},
+      {[](Json &j) { j["program"][11]["outputs"][0] = "g"; },
+       "/program/11/outputs/0: clip_grad scales in place: output 0 must be "
+       "input 1"},
+      {[](Json &j) { j["optimizer"]["no_decay"][0] = "layers.9.x"; },
+       "/optimizer/no_decay/0: \"layers.9.x\" is not a parameter of this "
+       "plan"},
+      {[](Json &j) {
+         j["optimizer"]["no_decay"] = Json::array({"layers.0.x", "layers.0.w"});
+       },
+       "/optimizer/no_decay/1: no_decay must be sorted and unique"},
+      {[](Json &j) { j["optimizer"]["lr_schedule"]["warmup_steps"] = 11; },
+       "/optimizer/lr_schedule: warmup_steps 11 is beyond the run's 10 "
+       "steps (torchtitan would shorten it silently)"},
+      {[](Json &j) { j["optimizer"]["lr_schedule"]["decay_type"] = "exp"; },
+       "/optimizer/lr_schedule/decay_type: unknown decay_type \"exp\"; "
+       "expected linear, sqrt or cosine"},
+  };
+  for (const Case &c : cases)
+    EXPECT_EQ(mutated([&](Json &j) {
+                addClipping(j);
+                c.edit(j);
+              }),
+              c.error);
 }
 
 /// A plan without an optimizer_update needs no optimizer; with one it may

@@ -23,6 +23,8 @@
 #ifndef MESHPLAN_FRONTEND_SPEC_H
 #define MESHPLAN_FRONTEND_SPEC_H
 
+#include "meshplan/Core/GradNorm.h"
+#include "meshplan/Core/LrSchedule.h"
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Core/PipelineSchedule.h"
 #include "meshplan/Core/Result.h"
@@ -141,6 +143,16 @@ struct OptimizerSpec {
   /// Round fp32 updates to bf16 stochastically (needs bfloat16 params).
   bool stochasticRounding = false;
   uint64_t seed = 0;
+  /// "lr_schedule": torchtitan's lr_scheduler. `schedule.totalSteps` is
+  /// the spec's "total_steps" when given (totalStepsGiven), else the
+  /// caller's SpecOptions::totalSteps (the trainer's --steps).
+  std::optional<LrSchedule> schedule;
+  bool totalStepsGiven = false;
+  /// "max_norm": clip the global gradient norm to this (> 0, finite).
+  std::optional<double> maxNorm;
+  GradNormType normType = GradNormType::L2; ///< "norm_type": 2 or "inf"
+  /// "no_decay": patterns of parameters updated without weight decay.
+  std::vector<std::string> noDecay;
 };
 
 /// When gradient accumulation reduces the gradients
@@ -221,6 +233,9 @@ struct SpecOptions {
   /// in place of the one the spec's "model" member names; "model" is then
   /// not read, and may name anything.
   std::shared_ptr<const Model> model;
+  /// The run's optimizer steps (the trainer's --steps): the learning-rate
+  /// schedule's length when the spec gives no "total_steps".
+  std::optional<int64_t> totalSteps;
 };
 
 /// Parses a spec document and checks everything that does not need the
@@ -246,6 +261,8 @@ struct ParamAssignment {
   DType dtype = DType::Float32;
   int tpDim = -1; ///< dim split over the TP axis; -1 if none
   bool float8 = false;
+  /// Selected by optimizer.no_decay: updated with weight decay 0.
+  bool noDecay = false;
 };
 
 /// One FSDP unit: parameters gathered together and run by one forward and

@@ -23,6 +23,7 @@
 #ifndef MESHPLAN_PIPELINE_EXPLAIN_H
 #define MESHPLAN_PIPELINE_EXPLAIN_H
 
+#include "meshplan/Core/LrSchedule.h"
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Pipeline/Pipeline.h"
 #include "meshplan/Plan/CostModel.h"
@@ -174,6 +175,29 @@ struct Explanation {
     int64_t bytesInComputeDtype = 0;
   };
   std::optional<Float8> float8;
+
+  /// The optimizer step (docs/trainer.md, "The optimizer step"): the rate
+  /// schedule, the weight-decay groups and the gradient clipping as this
+  /// rank runs them.
+  struct OptimizerStep {
+    double lr = 0; ///< the base rate
+    std::optional<LrSchedule> schedule;
+    /// (step, rate) at the first step, the last warmup step, the first and
+    /// middle decay steps and the last step (those in the run, ascending).
+    std::vector<std::pair<int64_t, double>> lrSamples;
+    double weightDecay = 0;
+    std::vector<std::string> noDecay; ///< this rank's parameters without
+    std::optional<double> maxNorm;    ///< absent: no clipping
+    std::string normType;             ///< "2" or "inf"
+    /// The refs the partial norms are reduced over (core's gradNormAxes),
+    /// and this rank's group along them ([] and [rank] for none).
+    std::vector<std::string> normAxes;
+    std::vector<int64_t> normRanks;
+    int64_t gradients = 0;      ///< the gradients this rank clips
+    int64_t countedTensors = 0; ///< of which it counts in the norm
+    int64_t countedElements = 0;
+  };
+  std::optional<OptimizerStep> optimizer;
 
   /// Under pipeline_parallel: the ranks of this rank's pipeline laid out
   /// together (layOutPipeline).

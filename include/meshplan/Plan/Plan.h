@@ -16,7 +16,9 @@
 #ifndef MESHPLAN_PLAN_PLAN_H
 #define MESHPLAN_PLAN_PLAN_H
 
+#include "meshplan/Core/GradNorm.h"
 #include "meshplan/Core/Layout.h"
+#include "meshplan/Core/LrSchedule.h"
 #include "meshplan/Core/Mesh.h"
 #include "meshplan/Core/Result.h"
 
@@ -87,7 +89,13 @@ enum class OpKind {
   Compute,
   OptimizerUpdate,
   Free,
-  Wait
+  Wait,
+  // Global gradient-norm clipping (docs/plan-format.md): the local part of
+  // the norm of the gradients this rank counts, then (after the all_reduce
+  // of its int64 buffer) the scale of every gradient by the clip
+  // coefficient.
+  GradNorm,
+  ClipGradients
 };
 std::string_view opKindName(OpKind op);
 std::optional<OpKind> parseOpKind(std::string_view name);
@@ -196,6 +204,7 @@ struct Estimates {
 /// element index)).
 struct OptimizerConfig {
   std::string name = "adamw";
+  /// The base rate; with `schedule`, step s runs lr * lrFactor(schedule, s).
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
@@ -203,6 +212,20 @@ struct OptimizerConfig {
   double weightDecay = 0.01;
   bool stochasticRounding = false;
   int64_t seed = 0;
+  /// torchtitan's lr_scheduler; absent: the rate is `lr` at every step.
+  std::optional<LrSchedule> schedule;
+  /// Global gradient-norm clipping (the plan's grad_norm and clip_grad
+  /// instructions run it); absent: no clipping.
+  std::optional<double> maxNorm;
+  GradNormType normType = GradNormType::L2;
+  /// Parameters (`tensor` names) updated with weight decay 0: sorted,
+  /// unique. The others use `weightDecay`.
+  std::vector<std::string> noDecay;
+
+  /// The weight decay the parameter `tensor` is updated with.
+  double weightDecayOf(std::string_view tensor) const;
+  /// The rate of optimizer step `step` (1-based).
+  double lrAt(int64_t step) const;
 
   bool operator==(const OptimizerConfig &) const = default;
 };

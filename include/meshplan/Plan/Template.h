@@ -94,6 +94,11 @@ struct ProgramTemplate {
   /// Collectives name a CommTemplate id in `comm`.
   std::vector<Instruction> program;
   std::optional<OptimizerConfig> optimizer;
+  /// With a grad_norm instruction: the root-mesh refs its all_reduce runs
+  /// over (core's gradNormAxes). The template's grad_norm lists every
+  /// gradient; instantiate keeps those the rank counts (core's
+  /// countsInGradNorm), so each plan shows exactly what its rank adds.
+  std::vector<std::string> gradNormAxes;
   /// Parallel to `program` (or empty: all 0): estimated FLOPs of compute and
   /// optimizer_update instructions, 0 for others; read by the cost model.
   std::vector<double> flops;
@@ -170,7 +175,10 @@ private:
   std::shared_ptr<const Mesh> meshPtr;
   std::optional<View> root;
   std::vector<AxisRefList> commRefs; ///< parsed CommTemplate::axes
-  std::vector<int> pairAxis;         ///< per comm: the pair's axis index, or -1
+  AxisRefList gradNormRefs;          ///< parsed ProgramTemplate::gradNormAxes
+  std::map<std::string, size_t, std::less<>> bufferIndex; ///< id -> index
+  std::optional<int> pipelineAxis; ///< the mesh's pipeline axis, if any
+  std::vector<int> pairAxis;       ///< per comm: the pair's axis index, or -1
   std::vector<std::string> layoutTexts; ///< formatLayout of each buffer
   std::vector<double> flopsOrZero;
   /// Liveness of non-persistent buffers, ordered by position (births before

@@ -140,6 +140,23 @@ int mp_step(mp_session *s);
 /* Steps completed so far; -1 for a NULL session. */
 int64_t mp_steps_done(const mp_session *s);
 
+/* The learning rate the next mp_step runs with (mp_set_lr's, else the
+   plan's lr_schedule at step mp_steps_done + 1) into *lr; MP_ERROR_INVALID
+   for a NULL argument or a plan without optimizer. */
+int mp_get_lr(const mp_session *s, double *lr);
+/* Sets the rate of every later step, overriding the plan's schedule (every
+   rank must set the same); a negative `lr` returns to the plan's schedule.
+   MP_ERROR_INVALID for a rate above 1e6 or a plan without optimizer. */
+int mp_set_lr(mp_session *s, double lr);
+
+/* The last step's gradient clipping (plans with optimizer.max_norm): its
+   global gradient norm (NaN when not finite), the coefficient the gradients
+   were multiplied by, and 1 in *skipped when the update was skipped (a
+   non-finite norm, on every rank alike). MP_ERROR_NOT_FOUND when the last
+   step computed no norm. NULL outputs are allowed. */
+int mp_last_grad_norm(const mp_session *s, double *norm, float *coefficient,
+                      int *skipped);
+
 /* The number of persistent tensors of `kind` (an mp_tensor_kind); -1 on an
    invalid argument. */
 int64_t mp_tensor_count(mp_session *s, int kind);

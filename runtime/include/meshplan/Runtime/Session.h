@@ -229,6 +229,14 @@ struct StepProfile {
   /// clocks: comparable with each other, not with instructionStart, which is
   /// when the host enqueued). Empty otherwise.
   std::vector<double> deviceStart, deviceEnd;
+  /// With gradient clipping (the plan's optimizer has max_norm): the step's
+  /// global gradient norm, the same bits on every rank (NaN when some
+  /// gradient element was not finite), the coefficient every gradient was
+  /// multiplied by, and whether the updates were skipped (a non-finite norm:
+  /// every rank skips alike, the weights and states stay as they were).
+  std::optional<double> gradNorm;
+  float clipCoefficient = 1.0f;
+  bool updateSkipped = false;
 };
 
 class Session {
@@ -295,6 +303,14 @@ public:
   Result<void> resumeAfter(int64_t steps);
   /// The profile of the last completed step.
   const StepProfile &lastStepProfile() const;
+  /// The learning rate the next step() runs with: setLr's, else the plan's
+  /// (its lr_schedule at step stepsDone() + 1); nullopt without optimizer.
+  std::optional<double> lr() const;
+  /// Sets the rate of every later step, overriding the plan's schedule (a
+  /// trainer with its own scheduler calls it before each step); nullopt
+  /// returns to the plan's schedule. Every rank must set the same value
+  /// (verify cannot see it). In [0, 1e6].
+  Result<void> setLr(std::optional<double> lr);
 
   /// Leaves every communicator this rank created: a barrier on each, in the
   /// plan's order (then the trainer's, by id), so that no rank tears down a

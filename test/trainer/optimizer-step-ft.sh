@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# trainer.optimizer-step.fault-tolerant: gradient clipping under
+# fault-tolerant replica groups (docs/trainer.md, "The optimizer step").
+# ft-hsdp3x2-clip.json (3 replica groups on a managed axis x FSDP 2, the
+# norm clipped at every step, warmup and cosine decay), 12 steps: replica 1
+# killed at step 4 and restarted at step 8. While it is gone the survivors
+# run its share of the batch and reduce over the two live groups; the
+# norm's all-reduce runs over dp_shard only (a managed axis is never a norm
+# axis), so it sees the uninterrupted run's gradients and clips by the same
+# factor: the parameters equal the uninterrupted run's bit for bit.
+#
+#   optimizer-step-ft.sh BIN_DIR SOURCE_DIR
+set -euo pipefail
+bin=$1 src=$2
+train=$bin/meshplan-train
+spec=$src/test/trainer/specs/ft-hsdp3x2-clip.json
+server=$(command -v redis-server || true)
+if [[ -z $server ]]; then
+  echo "SKIPPED: redis-server is not installed (Debian package redis-server)"
+  exit 0
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-ft-clip-XXXXXX")
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log"
+for _ in $(seq 50); do
+  [[ -s $work/redis.pid ]] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+declare -a pids
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  p=$(cat "$work/redis.pid" 2>/dev/null || true)
+  [[ -z $p ]] || kill "$p" 2>/dev/null || true
+  for _ in $(seq 20); do rm -rf "$work" 2>/dev/null && break; sleep 0.1; done
+  return 0
+}
+trap cleanup EXIT
+cp -r "$src/docs" "$work/data"
+common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --log-every 1 --steps 12)
+
+echo "== uninterrupted (fault tolerance off)"
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every 12 \
+  --save-params "$work/plain.params" | tail -n 1
+
+# A restarted group must start, plan and join before the survivors finish:
+# every rank sleeps 200 ms before each step (as runtime.ft.trainer does).
+start() {
+  local rank=$1 inc=$2
+  shift 2
+  env "$@" RANK="$rank" WORLD_SIZE=6 LOCAL_RANK="$rank" MESHPLAN_TIMEOUT=30 \
+    MESHPLAN_TEST_STEP_DELAY_MS=200 \
+    MESHPLAN_STORE="file:$work/store" MESHPLAN_JOB=clip \
+    MESHPLAN_FT_STORE="redis://127.0.0.1:$port" MESHPLAN_FT_INCARNATION="$inc" \
+    "$train" "${common[@]}" --save-params "$work/ft.params" \
+    >>"$work/r$rank.log" 2>&1 &
+  pids[$rank]=$!
+} 2>/dev/null
+mkdir -p "$work/store"
+echo "== replica 1 killed at step 4, back at step 8"
+for r in 0 1 2 3 4 5; do start "$r" 0 MESHPLAN_TEST_KILL=4:2,3; done
+for r in 2 3; do
+  if { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r was not killed" >&2
+    exit 1
+  fi
+done
+until grep -q "^step 8/12" "$work/r0.log"; do sleep 0.05; done
+for r in 2 3; do start "$r" 1; done
+for r in 0 1 2 3 4 5; do
+  if ! { wait "${pids[$r]}"; } 2>/dev/null; then
+    echo "FAIL: rank $r exited with status $?:" >&2
+    tail -n 5 "$work/r$r.log" >&2
+    exit 1
+  fi
+done
+grep -q "committed in epoch 2 (replica groups 0, 2 of 3 live)" "$work/r0.log" ||
+  { echo "FAIL: no step ran without replica 1" >&2; cat "$work/r0.log" >&2; exit 1; }
+grep -E "^step (5|12)/12 " "$work/r0.log"
+"$train" --compare "$work/ft.params" "$work/plain.params" --rtol 0 | head -n 1
