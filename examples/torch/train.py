@@ -56,7 +56,8 @@ def main() -> int:
     model = Llama(CONFIGS[args.model])
     model.init_weights(args.seed)
     try:
-        trainer = mpt.Trainer(model, args.spec, example_input=torch.zeros(1, 1, dtype=torch.long))
+        trainer = mpt.Trainer(model, args.spec, example_input=torch.zeros(1, 1, dtype=torch.long),
+                              total_steps=args.steps)
     except (meshplan.errors.SpecError, mpt.ModuleError) as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2
@@ -84,8 +85,9 @@ def main() -> int:
             times.append(took)
             p = trainer.session.profile
             if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+                norm = f" grad_norm {p['grad_norm']:.4f}" if p.get("grad_norm") is not None else ""
                 print(
-                    f"step {step}/{args.steps} loss {loss:.4f} (this rank) tok/s {tokens / took:.0f} | "
+                    f"step {step}/{args.steps} loss {loss:.4f} (this rank){norm} tok/s {tokens / took:.0f} | "
                     f"step {took * 1e3:.1f} ms: compute {p['callbacks'] * 1e3:.1f} "
                     f"comm {p['collectives'] * 1e3:.1f} exposed {p['exposed_collectives'] * 1e3:.1f} "
                     f"runtime {p['overhead'] * 1e3:.2f} ms",

@@ -147,17 +147,31 @@ meshplan::pipeline::planOptimizerStep(pl::ProgramTemplate &t,
   acc.dtype = pl::DType::Int64;
   acc.globalShape = {gradNormBufferLength(opt.normType)};
   acc.layout = replicatedLayout(1);
+  bufferIds.insert(acc.id);
   t.buffers.push_back(acc);
 
   std::string normName =
       opt.normType == GradNormType::L2 ? "sum of squares" : "largest magnitude";
+  // With axes to reduce over, each rank's own sum goes to a buffer partial
+  // over them (as the float8 amaxes do), which the all-reduce reduces into
+  // `acc`: verify then sees every axis reduced exactly once.
+  std::string localId = acc.id;
+  if (!axes->empty()) {
+    pl::BufferTemplate local = acc;
+    local.id = freshId(bufferIds, "grad_norm.local");
+    bufferIds.insert(local.id);
+    local.layout.partial = *axes;
+    local.layout.reduceOp = gradNormReduceOp(opt.normType);
+    localId = local.id;
+    t.buffers.push_back(local);
+  }
   pl::Instruction norm;
   norm.id = freshId(ids, "grad_norm");
   ids.insert(norm.id);
   norm.stream = stream;
   norm.op = pl::OpKind::GradNorm;
   norm.inputs = grads;
-  norm.outputs = {acc.id};
+  norm.outputs = {localId};
   norm.deps = normDeps;
   norm.dtype = pl::DType::Int64;
   norm.label = "gradient norm (" + std::string(gradNormTypeName(opt.normType)) +
@@ -196,7 +210,7 @@ meshplan::pipeline::planOptimizerStep(pl::ProgramTemplate &t,
     ar.dtype = pl::DType::Int64;
     ar.count = acc.globalShape[0];
     ar.reduce = gradNormReduceOp(opt.normType);
-    ar.inputs = {acc.id};
+    ar.inputs = {localId};
     ar.outputs = {acc.id};
     ar.deps = {norm.id};
     ar.label = "all-reduce the gradient norm over " +

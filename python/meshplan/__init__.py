@@ -58,13 +58,16 @@ def spec(
     base_dir: "str | _os.PathLike[str] | None" = None,
     world_size: int | None = None,
     model: "str | Mapping[str, Any] | None" = None,
+    total_steps: int | None = None,
 ) -> Spec:
     """A Spec from a file path or from a dict (the JSON document as Python
     objects). A relative "model" path resolves against the file's directory,
     or ``base_dir`` (default: the working directory) for a dict. ``model``,
     a model document (dict or JSON text, docs/model.schema.json; what
     ``meshplan.torch.describe`` returns), replaces the model the spec
-    names."""
+    names. ``total_steps``: the run's length, for an
+    ``optimizer.lr_schedule`` that gives no ``total_steps`` (a trainer's
+    step count)."""
     if model is not None and not isinstance(model, str):
         model = _json.dumps(model)
     if isinstance(source, Mapping):
@@ -74,8 +77,11 @@ def spec(
             base_dir=_os.fspath(base_dir or "."),
             world_size=world_size,
             model=model,
+            total_steps=total_steps,
         )
-    return Spec.from_file(_os.fspath(source), world_size=world_size, model=model)
+    return Spec.from_file(
+        _os.fspath(source), world_size=world_size, model=model, total_steps=total_steps
+    )
 
 
 _load_spec = spec

@@ -60,9 +60,11 @@ nb::list stringList(const std::vector<std::string> &values) {
 SpecObject specFromText(const std::string &text, const std::string &baseDir,
                         std::optional<int64_t> worldSize,
                         const std::string &origin,
-                        const std::optional<std::string> &model = {}) {
+                        const std::optional<std::string> &model = {},
+                        std::optional<int64_t> totalSteps = {}) {
   frontend::SpecOptions options;
   options.worldSize = worldSize;
+  options.totalSteps = totalSteps;
   if (model) {
     auto parsed = frontend::parseModel(*model);
     if (!parsed)
@@ -84,12 +86,14 @@ SpecObject specFromText(const std::string &text, const std::string &baseDir,
 
 SpecObject specFromFile(const std::string &path,
                         std::optional<int64_t> worldSize,
-                        const std::optional<std::string> &model) {
+                        const std::optional<std::string> &model,
+                        std::optional<int64_t> totalSteps) {
   auto text = plan::readTextFile(path);
   if (!text)
     raise("SpecError", text.error());
   std::string base = fs::path(path).parent_path().string();
-  return specFromText(*text, base.empty() ? "." : base, worldSize, path, model);
+  return specFromText(*text, base.empty() ? "." : base, worldSize, path, model,
+                      totalSteps);
 }
 
 /// The options `meshplan plan` compiles with, from plan()'s keywords.
@@ -473,18 +477,24 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
       .def_static("from_file", &specFromFile, nb::arg("path"), nb::kw_only(),
                   nb::arg("world_size") = nb::none(),
                   nb::arg("model") = nb::none(),
+                  nb::arg("total_steps") = nb::none(),
                   "Reads a spec file; a relative \"model\" path resolves "
                   "against the file's directory. `model` (a model JSON "
-                  "document) replaces the model the spec names.")
+                  "document) replaces the model the spec names; "
+                  "`total_steps` is the run's length for a learning-rate "
+                  "schedule without its own total_steps.")
       .def_static(
           "from_json",
           [](const std::string &text, const std::string &baseDir,
              std::optional<int64_t> worldSize,
-             const std::optional<std::string> &model) {
-            return specFromText(text, baseDir, worldSize, "<json>", model);
+             const std::optional<std::string> &model,
+             std::optional<int64_t> totalSteps) {
+            return specFromText(text, baseDir, worldSize, "<json>", model,
+                                totalSteps);
           },
           nb::arg("text"), nb::kw_only(), nb::arg("base_dir") = ".",
           nb::arg("world_size") = nb::none(), nb::arg("model") = nb::none(),
+          nb::arg("total_steps") = nb::none(),
           "Parses a spec document; a relative \"model\" path resolves "
           "against base_dir. `model` (a model JSON document) replaces the "
           "model the spec names.")

@@ -263,3 +263,42 @@ def test_a_module_that_does_not_fit_the_spec_model_is_refused_by_parameter():
     short = Llama(type(CONFIGS["tiny"])(n_layers=1))
     with pytest.raises(ModuleError, match="the plan's parameter 'layers.1.attention_norm.weight' is not a parameter"):
         mpt.Trainer(short, spec, model_from_spec=True)
+
+
+def test_the_optimizer_recipe_equals_torch_on_the_llama():
+    # Issue 32's recipe on a real model, through the torch driver: the
+    # plan's warmup + cosine schedule, global-norm clipping (every step)
+    # and no-decay groups against torch.optim.AdamW with two param groups,
+    # clip_grad_norm_ and LambdaLR; fp32, one process, 20 steps, the same
+    # init and data.
+    from test_optimizer_step import EPS, LR, MAX_NORM, NO_DECAY, STEPS, WD, factor, no_decay, optimizer
+
+    model = tiny()
+    expected = copy.deepcopy(model)
+    spec = one_rank(optimizer={**optimizer(), "betas": [0.9, 0.95], "max_norm": 0.25})
+    data = list(batches(STEPS))
+    with mpt.Trainer(copy.deepcopy(model), spec) as t:
+        losses, norms = [], []
+        for x, y in data:
+            losses.append(t.step(x, y))
+            norms.append(t.session.profile["grad_norm"])
+        groups = [
+            {"params": [p for n, p in expected.named_parameters() if not no_decay(n)], "weight_decay": WD},
+            {"params": [p for n, p in expected.named_parameters() if no_decay(n)], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=EPS, foreach=False)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        ref_losses, ref_norms = [], []
+        for x, y in data:
+            loss = mpt.cross_entropy(expected(x), y)
+            loss.backward()
+            ref_norms.append(torch.nn.utils.clip_grad_norm_(expected.parameters(), 0.25).item())
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            ref_losses.append(loss.item())
+        assert NO_DECAY and MAX_NORM  # the recipe of test_optimizer_step, clipped harder here
+        assert min(ref_norms) > 0.25  # every step clips
+        assert norms == pytest.approx(ref_norms, rel=1e-5)
+        assert losses == pytest.approx(ref_losses, rel=1e-5)
+        assert worst_difference(t, expected) < 1e-5

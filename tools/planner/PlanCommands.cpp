@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 using namespace meshplan;
@@ -401,21 +403,43 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::string verified;
   if (options.all && !options.noVerify && world <= options.verifyLimit) {
     auto verifyStart = Clock::now();
-    std::vector<plan::Plan> plans;
-    plans.reserve(ranks.size());
     // Each full plan is held only while its facts are recorded (as
-    // `meshplan verify` reads a directory).
-    std::vector<plan::FactsBuilder> builder(1);
+    // `meshplan verify` reads a directory), on the writer's threads, each
+    // with a builder of its own (mergeFacts joins them).
+    unsigned threads = options.threads ? unsigned(options.threads) : 2u;
+    std::vector<plan::Plan> plans(ranks.size());
+    std::vector<plan::FactsBuilder> builder(threads);
     ProgressBar bar(showProgress, "verifying");
-    for (int64_t rank : ranks) {
-      auto plan =
-          p.templateFor(rank).instantiate(rank, /*withEstimates=*/false);
-      if (!plan)
-        throw std::runtime_error("internal error: " + plan.error().message);
-      builder[0].add(plans.size(), *plan);
-      plans.push_back(plan::verificationCopy(*plan));
-      bar(static_cast<int64_t>(plans.size()), world);
+    std::atomic<int64_t> done{0};
+    std::mutex failMutex;
+    std::string failure;
+    auto work = [&](unsigned t) {
+      for (size_t i = t; i < ranks.size(); i += threads) {
+        auto plan = p.templateFor(ranks[i]).instantiate(
+            ranks[i], /*withEstimates=*/false);
+        if (!plan) {
+          std::lock_guard<std::mutex> lock(failMutex);
+          failure = plan.error().message;
+          return;
+        }
+        builder[t].add(i, *plan);
+        plans[i] = plan::verificationCopy(*plan);
+        int64_t n = ++done;
+        if (t == 0 && n < world)
+          bar(n, world); // the last one after the join
+      }
+    };
+    {
+      std::vector<std::thread> pool;
+      for (unsigned t = 1; t < threads; ++t)
+        pool.emplace_back(work, t);
+      work(0);
+      for (std::thread &th : pool)
+        th.join();
     }
+    if (!failure.empty())
+      throw std::runtime_error("internal error: " + failure);
+    bar(world, world);
     plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
     auto report = plan::verifyPlans(plans, facts);
     if (!report)

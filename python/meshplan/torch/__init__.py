@@ -368,6 +368,9 @@ class Trainer:
 
     ``loss_fn(output, targets)`` gives a microbatch's loss (default:
     cross entropy over every token in float32, as torchtitan).
+    ``total_steps``: the run's length, for a learning-rate schedule whose
+    spec gives none (the schedule, clipping and no-decay groups are the
+    plan's: the driver needs nothing else for them).
     ``example_input``: see ``describe``. ``model_from_spec``: plan the model
     the spec names (a preset or model file) instead, and refuse a module
     that does not fit it (a parameter it lacks or has extra, a shape that
@@ -392,6 +395,7 @@ class Trainer:
         job: str | None = None,
         example_input: Any = None,
         model_from_spec: bool = False,
+        total_steps: int | None = None,
     ):
         self.model = model
         self.segments = list(segments) if segments is not None else default_segments(model)
@@ -401,7 +405,7 @@ class Trainer:
         if isinstance(spec, _mp.Spec):
             doc = json.loads(spec.text)
             base = os.path.dirname(spec.origin) if not spec.origin.startswith("<") else "."
-            spec = _mp.spec(doc, base_dir=base, model=override)
+            spec = _mp.spec(doc, base_dir=base, model=override, total_steps=total_steps)
         else:
             doc = None
             if isinstance(spec, Mapping):
@@ -409,7 +413,7 @@ class Trainer:
             else:
                 with open(os.fspath(spec)) as f:
                     doc = json.load(f)
-            spec = _mp.spec(spec, model=override)
+            spec = _mp.spec(spec, model=override, total_steps=total_steps)
         for key, what in (
             ("tensor_parallel", "tensor parallelism"),
             ("pipeline_parallel", "pipeline parallelism"),
