@@ -21,6 +21,7 @@ import copy
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -32,6 +33,7 @@ from llama import CONFIGS, Llama  # noqa: E402
 
 import meshplan.torch as mpt  # noqa: E402
 
+TIMEOUT = 40  # the fail mode's session timeout (seconds)
 OPT = {"name": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
 
 
@@ -162,16 +164,20 @@ def main():
             return forward(*args)
 
         layer.forward = flaky
-        t = mpt.Trainer(model, spec(world), timeout=120)
+        t = mpt.Trainer(model, spec(world), timeout=TIMEOUT)
         x, y = data(t.data_parallel_rank)
+        start = time.monotonic()
         try:
             for _ in range(3):
+                start = time.monotonic()
                 t.step(x, y)
             result["raised"] = None
         except Exception as e:  # noqa: BLE001 - the test reads what it was
             result["raised"] = type(e).__name__
             result["message"] = str(e)
             result["rank"] = getattr(e, "rank", None)
+        # How long the failing step took on this rank.
+        result["step_seconds"] = time.monotonic() - start
         t.close()
     with open(f"{out}.rank{rank}", "w") as f:
         json.dump(result, f)
