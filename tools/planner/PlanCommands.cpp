@@ -411,6 +411,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     std::vector<plan::FactsBuilder> builder(threads);
     ProgressBar bar(showProgress, "verifying");
     std::atomic<int64_t> done{0};
+    int64_t shown = 0; // thread 0's, then the caller's after the join
     std::mutex failMutex;
     std::string failure;
     auto work = [&](unsigned t) {
@@ -425,8 +426,11 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
         builder[t].add(i, *plan);
         plans[i] = plan::verificationCopy(*plan);
         int64_t n = ++done;
-        if (t == 0 && n < world)
-          bar(n, world); // the last one after the join
+        // Thread 0 shows every count up to the current one, in order (the
+        // bar's output does not depend on how the threads interleave); the
+        // rest after the join.
+        for (; t == 0 && shown < n && shown + 1 < world; ++shown)
+          bar(shown + 1, world);
       }
     };
     {
@@ -439,7 +443,8 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     }
     if (!failure.empty())
       throw std::runtime_error("internal error: " + failure);
-    bar(world, world);
+    for (; shown < world; ++shown)
+      bar(shown + 1, world);
     plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
     auto report = plan::verifyPlans(plans, facts);
     if (!report)
