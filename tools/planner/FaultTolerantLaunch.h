@@ -44,6 +44,11 @@ namespace meshplan::cli {
 
 struct RunOptions;
 
+/// A TCP port that was free on the loopback a moment ago (bound to port 0
+/// and released, as torchrun picks MASTER_PORT for a standalone job); 0 when
+/// none could be had. The private redis-server's port and MASTER_PORT.
+int freeLoopbackPort();
+
 namespace ft {
 
 using Clock = std::chrono::steady_clock;

@@ -29,12 +29,10 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <memory>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <unordered_map>
@@ -357,25 +355,6 @@ std::vector<std::string> baseEnvironment() {
       env.push_back(entry);
   }
   return env;
-}
-
-/// A TCP port that was free on the loopback a moment ago (bound to port 0
-/// and closed, as torchrun picks MASTER_PORT for a standalone job); 0 when
-/// none could be had.
-int freeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr *>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 /// Everything the child needs between fork and exec, prepared beforehand:
