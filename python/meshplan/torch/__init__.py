@@ -465,6 +465,7 @@ class Trainer:
         self.session = _mp.Session(self.plan, rank=self.rank, **kwargs)
         self.session.on_compute(self._compute)
         self._versions = {n: p._version for n, p in model.named_parameters()}
+        self._shapes = {n: p.shape for n, p in model.named_parameters()}
         if not any(p.is_meta for p in model.parameters()):
             self._init_from_module()
         self._batch: tuple[list, list] | None = None
@@ -752,18 +753,18 @@ class Trainer:
         # One flat float32 all-reduce per extra axis and unit; an unused
         # parameter's gradient counts as zero (every rank must send the same
         # count).
-        params = dict(self.model.named_parameters())
+        shapes = self._shapes
         parts = [
-            (g if g is not None else torch.zeros(params[n].shape)).float().reshape(-1)
+            (g if g is not None else torch.zeros(shapes[n])).float().reshape(-1)
             for n, g in zip(names, grads[: len(names)])
         ]
         flat = torch.cat(parts).contiguous()
         for comm in self._extra_comms:
             self.session.trainer_all_reduce(comm, flat.numpy(), "avg")
         out, at = [], 0
-        for n, g in zip(names, grads[: len(names)]):
-            k = params[n].numel()
-            out.append(flat[at : at + k].view(params[n].shape))
+        for n in names:
+            k = shapes[n].numel()
+            out.append(flat[at : at + k].view(shapes[n]))
             at += k
         return out + list(grads[len(names) :])
 
