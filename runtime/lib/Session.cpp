@@ -1084,8 +1084,10 @@ Result<void> Session::close() {
   if (m.closed)
     return {};
   m.closed = true;
+  // A run that stopped inside the traced range still leaves its trace.
+  Result<void> traced = m.trace ? m.trace->finish() : Result<void>();
   if (m.broken)
-    return {};
+    return traced;
   std::lock_guard<std::mutex> lock(m.commMutex);
   for (size_t i = 0; i < m.comms.size(); ++i)
     if (m.comms[i])
@@ -1095,7 +1097,7 @@ Result<void> Session::close() {
   for (auto &[id, comm] : m.trainerComms)
     if (auto ok = comm->barrier(); !ok)
       return ok.error().within("closing trainer communicator \"" + id + "\"");
-  return {};
+  return traced;
 }
 
 Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
@@ -1139,6 +1141,13 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
                      "\" runs on device buffers: the session needs a device "
                      "(SessionOptions::device; docs/cuda.md)");
   impl->backend = std::move(*backend);
+  if (options.trace) {
+    auto recorder =
+        StepTraceRecorder::start(impl->plan, *options.trace, *impl->backend);
+    if (!recorder)
+      return recorder.error();
+    impl->trace = std::move(*recorder);
+  }
   if (options.faultTolerance)
     MESHPLAN_TRY(impl->setUpFaultTolerance());
   if (options.device)
@@ -1565,6 +1574,8 @@ Result<void> Session::step() {
       return timed.error().within("rank " + std::to_string(m.plan.rank) +
                                   ": step " + std::to_string(m.steps));
     }
+  if (m.trace)
+    MESHPLAN_TRY(m.trace->record(m.steps, stepStart, m.profile));
   return {};
 }
 
