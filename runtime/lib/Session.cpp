@@ -1142,6 +1142,11 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
                      "(SessionOptions::device; docs/cuda.md)");
   impl->backend = std::move(*backend);
   if (options.trace) {
+    // A fault-tolerant step redoes steps and changes groups between
+    // epochs; the trace format has no place for either yet.
+    if (options.faultTolerance)
+      return makeError("trace: fault-tolerant sessions are not traced (yet); "
+                       "trace a run without --fault-tolerant");
     auto recorder =
         StepTraceRecorder::start(impl->plan, *options.trace, *impl->backend);
     if (!recorder)
