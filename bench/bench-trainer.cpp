@@ -12,6 +12,8 @@
 //     time in callbacks, kernels and collectives) must be <= 5% of the step;
 //     the exposed communication is printed beside the plan cost model's
 //     estimate with this machine's measured parameters (--cost-model).
+//  3. Gradient clipping's and executed-step tracing's cost on the same
+//     8-process tiny run: each under 2% of the median step.
 //
 // Usage: bench-trainer [Google Benchmark flags]   (run from anywhere; the
 // paths of the build and the sources are compiled in)
@@ -30,6 +32,7 @@
 #include <random>
 #include <regex>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace meshplan;
@@ -220,7 +223,8 @@ std::string runTrainer(const std::string &model, const std::string &extra,
     std::string line = out.substr(at, end - at);
     if (line.find("summary") != std::string::npos ||
         line.find("cost model") != std::string::npos ||
-        line.find("gradient clipping") != std::string::npos)
+        line.find("gradient clipping") != std::string::npos ||
+        line.find("trace recording") != std::string::npos)
       lines += line + "\n";
     if (end == std::string::npos)
       break;
@@ -305,6 +309,33 @@ int main(int argc, char **argv) {
                   percent, ok ? "PASS" : "FAIL");
       pass &= ok;
     }
+  }
+  // Executed-step traces (docs/observability.md): the same 8-process tiny
+  // run recording steps 2..20 (copying every traced step's times, then
+  // writing the file); the recording's time against the step, measured in
+  // the same run. Target: under 2%.
+  {
+    char dir[] = "/tmp/meshplan-bench-trace-XXXXXX";
+    std::string traceDir = mkdtemp(dir) ? dir : "/tmp/meshplan-bench-trace";
+    std::string lines = runTrainer(
+        "tiny", "--steps 20 --trace " + traceDir + " --trace-steps 2:20",
+        MESHPLAN_SOURCE_DIR "/examples/specs/fsdp-tp.json");
+    std::printf("%s", lines.c_str());
+    std::smatch m;
+    std::regex recording(
+        R"(trace recording: .* = ([0-9.]+)% of the median step)");
+    if (!std::regex_search(lines, m, recording)) {
+      std::printf("  no trace-recording figure: FAIL\n");
+      pass = false;
+    } else {
+      double percent = std::stod(m[1]);
+      bool ok = percent < 2.0;
+      std::printf("  trace recording %.3f%% of the median step [< 2%%: %s]\n",
+                  percent, ok ? "PASS" : "FAIL");
+      pass &= ok;
+    }
+    std::string rm = "rm -rf " + traceDir;
+    (void)std::system(rm.c_str());
   }
   std::printf("\nbench-trainer: %s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;

@@ -56,8 +56,10 @@ echo "Train the tiny model with those plans: meshplan-train (examples/trainer) o
 echo "then the same global batch in one process; the final parameters must agree:"
 TRAIN="$(dirname "$MESHPLAN")/meshplan-train"
 rm -rf "$OUT/train-ranks" "$OUT/train-one"
+rm -rf "$OUT/trace-ranks"
 run run -n 8 --timeout 60 -- "$TRAIN" --spec "$SPEC" --model tiny --steps 30 --log-every 5 \
-  --save-params "$OUT/train-ranks"
+  --save-params "$OUT/train-ranks" --metrics "$OUT/metrics-cpp.jsonl" \
+  --trace "$OUT/trace-ranks" --trace-steps 2:4
 echo "$ meshplan-train --spec $SPEC --model tiny --steps 30 --reference ..."
 "$TRAIN" --spec "$SPEC" --model tiny --steps 30 --log-every 10 --reference \
   --save-params "$OUT/train-one"
@@ -68,7 +70,17 @@ echo "The same spec on a plain torch module (examples/torch/llama.py) from Pytho
 echo "runs each FSDP unit's forward and backward through autograd on the plan's gathered views:"
 PY=${PYTHON:-.venv/bin/python}
 run run -n 8 --timeout 120 -- "$PY" examples/torch/train.py --spec "$SPEC" --model tiny \
-  --steps 30 --log-every 5
+  --steps 30 --log-every 5 --metrics "$OUT/metrics-torch.jsonl"
+echo
+echo "What the two runs did (docs/observability.md): the C++ trainer recorded steps 2..4 of every"
+echo "rank; merged into one Perfetto trace with the cost model's prediction beside it, and summarized;"
+echo "both runs wrote a metrics line per step, drawn side by side:"
+run trace --merge "$OUT/trace-ranks" -o "$OUT/executed-trace.json" --spec "$SPEC" --model tiny
+run trace --summary "$OUT/trace-ranks"
+echo "$ python -m meshplan.plot ... -o $OUT/loss.png"
+"$PY" -m meshplan.plot "$OUT/metrics-cpp.jsonl" "$OUT/metrics-torch.jsonl" \
+  --label "meshplan-train (C++)" --label "meshplan.torch (Python)" \
+  --title "tiny Llama, $SPEC, 8 ranks" -o "$OUT/loss.png"
 echo
 echo "And against torch's own FSDP2 (fully_shard over Gloo) on the same model, init and data,"
 echo "10 steps, FSDP 8 and HSDP 2x4 in float32 (float64 gives the scale of float32 noise):"

@@ -45,7 +45,7 @@ if ! "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" \
   exit 1
 fi
 "$VENV/bin/python" scripts/venv/mkstubs.py >/dev/null
-if ! "$VENV/bin/python" -c "import torch, numpy, safetensors, transformers, nanobind, pytest
+if ! "$VENV/bin/python" -c "import torch, numpy, safetensors, transformers, nanobind, pytest, matplotlib
 assert not torch.cuda.is_available()
 torch.ones(2) @ torch.ones(2)"; then
   echo "setup-venv: error: $VENV does not import torch after the install" >&2

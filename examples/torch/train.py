@@ -44,6 +44,10 @@ def main() -> int:
     ap.add_argument("--data", default="docs", help="a text file or a directory of .md/.txt files")
     ap.add_argument("--log-every", type=int, default=1)
     ap.add_argument("--save-checkpoint", help="save a checkpoint after the last step")
+    ap.add_argument("--metrics", help="write one JSON line per step here (rank 0; '{rank}' for every rank; "
+                    "python -m meshplan.plot draws it)")
+    ap.add_argument("--trace", help="record what steps 2..6 did per instruction into this directory "
+                    "(meshplan trace --merge / --summary)")
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1 or args.seq_len < 1:
         ap.error("--steps, --batch and --seq-len must be >= 1")
@@ -56,8 +60,10 @@ def main() -> int:
     model = Llama(CONFIGS[args.model])
     model.init_weights(args.seed)
     try:
+        trace_steps = (min(2, args.steps), min(6, args.steps)) if args.trace else None
         trainer = mpt.Trainer(model, args.spec, example_input=torch.zeros(1, 1, dtype=torch.long),
-                              total_steps=args.steps)
+                              total_steps=args.steps, metrics=args.metrics, trace=args.trace,
+                              trace_steps=trace_steps)
     except (meshplan.errors.SpecError, mpt.ModuleError) as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 2

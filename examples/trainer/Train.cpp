@@ -22,6 +22,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Metrics.h"
 #include "RankTrainer.h"
 
 #include "meshplan/Core/PipelineSchedule.h"
@@ -69,6 +70,7 @@ const char *kUsage =
     "                      [--device cpu|cuda | --host-device]\n"
     "                      [--device-timing]\n"
     "                      [--trace DIR [--trace-steps A:B]]\n"
+    "                      [--metrics FILE]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -918,8 +920,15 @@ Result<void> RankTrainer::run() {
       std::printf("loaded %s: continuing at step %lld\n",
                   flags.loadCheckpoint.c_str(), (long long)first);
   }
+  std::unique_ptr<MetricsFile> metrics;
+  if (!flags.metrics.empty()) {
+    auto opened = MetricsFile::open(flags.metrics, options.rank);
+    if (!opened)
+      return opened.error();
+    metrics = std::move(*opened);
+  }
   std::vector<double> losses, walls, computes, comms, exposeds, overheads,
-      callbackComputes, planExposed, clips;
+      callbackComputes, planExposed, clips, traceRecordings;
   DeviceTimes deviceTimes;
   // Gradient clipping's instructions (grad_norm, the all_reduce of its
   // buffer, clip_grad): their time per step, for the summary's ratio.
@@ -1017,6 +1026,8 @@ Result<void> RankTrainer::run() {
     walls.push_back(wall);
     if (auto c = clippingSeconds(prof))
       clips.push_back(*c);
+    if (prof.traceRecording > 0)
+      traceRecordings.push_back(prof.traceRecording);
     computes.push_back(compute);
     comms.push_back(comm);
     exposeds.push_back(exposed);
@@ -1036,6 +1047,27 @@ Result<void> RankTrainer::run() {
                   "unchanged)\n",
                   (long long)step, prof.gradNorm.value_or(0.0));
       std::fflush(stdout);
+    }
+    if (metrics) {
+      StepMetrics m;
+      m.step = step;
+      m.rank = options.rank;
+      m.loss = *loss;
+      m.lossIsGlobal = lossIsGlobal;
+      m.lr = stepLr;
+      m.gradNorm = prof.gradNorm;
+      m.clipCoefficient = prof.clipCoefficient;
+      m.updateSkipped = prof.updateSkipped;
+      m.tokens = tokensPerStep;
+      m.stepSeconds = wall;
+      m.computeSeconds = compute;
+      m.communicationSeconds = comm;
+      m.exposedSeconds = exposed;
+      m.runtimeSeconds = prof.overhead;
+      m.peakRssBytes = MetricsFile::peakRssBytes();
+      if (auto ft = session->faultTolerance())
+        m.faultToleranceEpoch = ft->epoch;
+      MESHPLAN_TRY(metrics->write(m));
     }
     if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
       std::string norm;
@@ -1089,6 +1121,19 @@ Result<void> RankTrainer::run() {
       std::printf("gradient clipping: median %.3f ms per step (exact norm, "
                   "its all-reduce, the scale) = %.2f%% of the median step\n",
                   median(clips) * 1e3, 100.0 * median(clips) / w);
+    if (!traceRecordings.empty()) {
+      // Every traced step copies its times; the last also writes the file.
+      double total = 0;
+      for (double t : traceRecordings)
+        total += t;
+      std::printf("trace recording: %zu steps in %.3f ms (the file's write "
+                  "included), %.3f ms per traced step = %.2f%% of the median "
+                  "step (rank 0; %s/rank<R>.json)\n",
+                  traceRecordings.size(), total * 1e3,
+                  total / double(traceRecordings.size()) * 1e3,
+                  100.0 * total / double(traceRecordings.size()) / w,
+                  flags.traceDir.c_str());
+    }
     if (flags.deviceTiming)
       deviceTimes.print(w);
     if (machine)
@@ -1164,6 +1209,10 @@ int main(int argc, char **argv) {
       flags.hostDevice = true;
     } else if (a == "--device-timing") {
       flags.deviceTiming = true;
+    } else if (a == "--metrics") {
+      flags.metrics = next();
+      if (flags.metrics.empty())
+        usageError("--metrics: expected a file");
     } else if (a == "--trace") {
       flags.traceDir = next();
       if (flags.traceDir.empty())
@@ -1202,6 +1251,9 @@ int main(int argc, char **argv) {
   if (flags.cuda && flags.reference)
     usageError("--device cuda: the single-process --reference runs on the "
                "CPU; compare a GPU run's --save-params with it");
+  if (flags.reference && (!flags.metrics.empty() || !flags.traceDir.empty()))
+    usageError(std::string(flags.metrics.empty() ? "--trace" : "--metrics") +
+               ": written by the ranks of a run, not by --reference");
   if (flags.traceSteps && flags.traceDir.empty())
     usageError("--trace-steps needs --trace DIR (where to write)");
   if (flags.traceSteps && flags.traceSteps->second > flags.steps)

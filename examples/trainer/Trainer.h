@@ -78,6 +78,8 @@ struct TrainFlags {
   /// first step creates the communicators), within --steps.
   std::string traceDir;
   std::optional<std::pair<int64_t, int64_t>> traceSteps;
+  /// --metrics FILE: one JSON line per step (Metrics.h).
+  std::string metrics;
 };
 
 /// The mesh axes by their role in the spec.

@@ -20,6 +20,7 @@
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -321,7 +322,9 @@ void openSession(SessionObject *self, nb::handle planOrPath,
                  std::optional<int64_t> rank, std::optional<int64_t> worldSize,
                  std::optional<std::string> store, double timeout,
                  std::optional<std::string> job,
-                 std::optional<std::string> reductionOrder) {
+                 std::optional<std::string> reductionOrder,
+                 std::optional<std::string> trace,
+                 std::optional<std::pair<int64_t, int64_t>> traceSteps) {
   std::shared_ptr<const plan::Plan> plan = planOfArgument(planOrPath, rank);
   int64_t world = worldSizeOf(*plan);
   runtime::SessionOptions options;
@@ -370,6 +373,25 @@ void openSession(SessionObject *self, nb::handle planOrPath,
                             "not \"" +
                                 *reductionOrder + "\"");
     options.keyOrderReductions = *reductionOrder == "key";
+  }
+  if (traceSteps && !trace)
+    raise("SessionError", "trace_steps: needs trace=DIR (where to write)");
+  if (trace) {
+    if (trace->empty())
+      raise("SessionError", "trace: expected a directory");
+    runtime::StepTraceOptions t;
+    t.dir = *trace;
+    if (traceSteps) {
+      if (traceSteps->first < 1 || traceSteps->second < traceSteps->first)
+        raise("SessionError",
+              "trace_steps: expected (first, last) with 1 <= first <= last, "
+              "got (" +
+                  std::to_string(traceSteps->first) + ", " +
+                  std::to_string(traceSteps->second) + ")");
+      t.firstStep = traceSteps->first;
+      t.lastStep = traceSteps->second;
+    }
+    options.trace = t;
   }
   Result<std::unique_ptr<runtime::Session>> opened = makeError("");
   {
@@ -530,10 +552,14 @@ void meshplan::python::bindSession(nb::module_ &m) {
            nb::arg("rank") = nb::none(), nb::arg("world_size") = nb::none(),
            nb::arg("store") = nb::none(), nb::arg("timeout") = 60.0,
            nb::arg("job") = nb::none(), nb::arg("reduction_order") = nb::none(),
+           nb::arg("trace") = nb::none(), nb::arg("trace_steps") = nb::none(),
            "Opens `plan` (a meshplan.Plan, a plan file, or a plan directory). "
            "Without store=, the environment `meshplan run` / torchrun sets "
            "(RANK, WORLD_SIZE, MESHPLAN_STORE, MESHPLAN_TIMEOUT, ...); a "
-           "one-rank plan without either gets a private store.")
+           "one-rank plan without either gets a private store. trace=DIR "
+           "records what steps trace_steps=(first, last) (default: all) did "
+           "into DIR/rank<R>.json (`meshplan trace --merge DIR`; "
+           "docs/observability.md).")
       .def(
           "on_compute",
           [](SessionObject &s, nb::object fn, std::optional<std::string> phase,

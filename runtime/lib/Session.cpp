@@ -1579,8 +1579,12 @@ Result<void> Session::step() {
       return timed.error().within("rank " + std::to_string(m.plan.rank) +
                                   ": step " + std::to_string(m.steps));
     }
-  if (m.trace)
+  if (m.trace && m.trace->wants(m.steps)) {
+    Clock::time_point recording = Clock::now();
     MESHPLAN_TRY(m.trace->record(m.steps, stepStart, m.profile));
+    m.profile.traceRecording =
+        std::chrono::duration<double>(Clock::now() - recording).count();
+  }
   return {};
 }
 

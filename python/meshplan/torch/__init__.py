@@ -378,6 +378,13 @@ class Trainer:
     ``activation_checkpointing``: recompute each unit's forward in its
     backward instead of keeping its activations (default: the spec's
     ``activation_checkpointing``, on unless "none").
+    ``metrics``: a file to write one JSON line per step to (loss, lr,
+    gradient norm, tokens/s, the step's time and its breakdown, peak memory;
+    ``meshplan.metrics``; draw with ``python -m meshplan.plot``). Rank 0
+    writes it, or every rank when it holds ``{rank}``.
+    ``trace``, ``trace_steps``: record what steps ``trace_steps`` (first,
+    last; default all) did, per instruction, into ``trace``/rank<R>.json, for
+    ``meshplan trace --merge`` and ``--summary`` (docs/observability.md).
     """
 
     def __init__(
@@ -396,6 +403,9 @@ class Trainer:
         example_input: Any = None,
         model_from_spec: bool = False,
         total_steps: int | None = None,
+        trace: "str | os.PathLike[str] | None" = None,
+        trace_steps: tuple[int, int] | None = None,
+        metrics: "str | os.PathLike[str] | None" = None,
     ):
         self.model = model
         self.segments = list(segments) if segments is not None else default_segments(model)
@@ -462,8 +472,17 @@ class Trainer:
             kwargs["world_size"] = world_size
         if job is not None:
             kwargs["job"] = job
+        if trace is not None:
+            kwargs["trace"] = os.fspath(trace)
+        if trace_steps is not None:
+            kwargs["trace_steps"] = tuple(trace_steps)
         self.session = _mp.Session(self.plan, rank=self.rank, **kwargs)
         self.session.on_compute(self._compute)
+        self._metrics = None
+        if metrics is not None:
+            from ..metrics import MetricsWriter
+
+            self._metrics = MetricsWriter(metrics, self.rank)
         self._versions = {n: p._version for n, p in model.named_parameters()}
         self._shapes = {n: p.shape for n, p in model.named_parameters()}
         if not any(p.is_meta for p in model.parameters()):
@@ -570,6 +589,7 @@ class Trainer:
                 "microbatches"
             )
         start = time.perf_counter()
+        lr = self.session.lr  # the rate this step runs with
         self._batch = (list(inputs.chunk(m)), list(targets.chunk(m)))
         self._losses = []
         self._torch_s = 0.0
@@ -584,13 +604,37 @@ class Trainer:
             self._grads.clear()
         loss = sum(self._losses) / max(len(self._losses), 1)
         wall = time.perf_counter() - start
-        callbacks = self.session.profile["callbacks"]
+        profile = self.session.profile
+        callbacks = profile["callbacks"]
         self.last_step = {
             "wall": wall,
             "callbacks": callbacks,
             "torch": self._torch_s,
             "overhead": max(callbacks - self._torch_s, 0.0) + (wall - run),
         }
+        if self._metrics is not None:
+            from ..metrics import step_record
+
+            clipped = profile["grad_norm"] is not None
+            tokens = int(inputs.numel()) if hasattr(inputs, "numel") else int(inputs.shape[0])
+            self._metrics.write(
+                step_record(
+                    step=self.session.steps_done,
+                    rank=self.rank,
+                    loss=float(loss),
+                    loss_scope="rank",
+                    lr=lr,
+                    tokens=tokens * self.data_parallel_size,
+                    step_seconds=wall,
+                    compute_seconds=self._torch_s + profile["kernels"],
+                    communication_seconds=profile["collectives"],
+                    exposed_seconds=profile["exposed_collectives"],
+                    runtime_seconds=self.last_step["overhead"],
+                    grad_norm=profile["grad_norm"] if clipped else None,
+                    clip_coefficient=profile["clip_coefficient"] if clipped else None,
+                    update_skipped=profile["update_skipped"] if clipped else None,
+                )
+            )
         return loss
 
     def _check_untouched(self) -> None:
@@ -801,6 +845,8 @@ class Trainer:
         self.session.save_checkpoint(path)
 
     def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
         self.session.close()
 
     def __enter__(self):

@@ -251,6 +251,11 @@ struct StepProfile {
   std::optional<double> gradNorm;
   float clipCoefficient = 1.0f;
   bool updateSkipped = false;
+  /// With SessionOptions::trace: the seconds this step spent recording
+  /// itself (copying its times; on the range's last step, also writing the
+  /// file), at the end of step(), after `wall` was taken (a caller's own
+  /// timing of step() includes it). 0 for a step outside the range.
+  double traceRecording = 0;
 };
 
 class Session {
