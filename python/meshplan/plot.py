@@ -34,7 +34,8 @@ def plot(paths: list[str], output: str, labels: list[str] | None = None, title: 
     for i, run in enumerate(runs):
         label = labels[i] if labels else os.path.basename(run.path)
         s, loss = run.series("loss")
-        axes[0].plot(s, loss, label=label)
+        scope = run.records[0].get("loss_scope")
+        axes[0].plot(s, loss, label=label + (" (rank 0's own loss)" if scope == "rank" else ""))
         s, wall = run.series("step_seconds")
         line = axes[1].plot(s, [w * 1e3 for w in wall], label=f"{label}: step")[0]
         s, exposed = run.series("exposed_seconds")
@@ -42,7 +43,10 @@ def plot(paths: list[str], output: str, labels: list[str] | None = None, title: 
         s, tps = run.series("tokens_per_second")
         axes[2].plot(s, tps, label=label)
     axes[0].set_ylabel("loss")
-    axes[1].set_ylabel("ms per step")
+    # Log scale: a first step that creates the communicators can be 100x
+    # the others and would flatten every later one.
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("ms per step (log)")
     axes[2].set_ylabel("tokens / s")
     axes[2].set_xlabel("step")
     for a in axes:
