@@ -80,7 +80,8 @@ node() {
   if ((k == 1)); then ns=mp2n${tag}b addr=$node1; fi
   ip netns exec "$ns" env MESHPLAN_HOSTNAME="$addr" MESHPLAN_JOB="$job" \
     "$bin/meshplan" run -n 4 --nnodes 2 --node-rank "$k" \
-    --store "redis://$node0:$port" --timeout 60 -- "$train" --spec "$spec" \
+    --store "redis://$node0:$port" --master-addr "$node0" --master-port 29500 \
+    --timeout 60 -- "$train" --spec "$spec" \
     --batch 2 --seq-len 32 "$@" >"$log" 2>&1 &
 }
 
