@@ -71,18 +71,39 @@ for _ in $(seq 50); do
   sleep 0.1
 done
 
-# node K JOB LOG ARGS...: `meshplan run` for node K in its namespace, in the
-# background; the ranks reach their peers at the node's own address.
+# node K JOB LOG [LAUNCHER FLAGS... --] TRAINER FLAGS...: `meshplan run` for
+# node K in its namespace, in the background; the ranks reach their peers at
+# the node's own address.
 node() {
   local k=$1 job=$2 log=$3
   shift 3
+  local launcher=()
+  if [[ $* == *" -- "* ]]; then
+    while [[ $1 != -- ]]; do launcher+=("$1"); shift; done
+    shift
+  fi
   local ns=mp2n${tag}a addr=$node0
   if ((k == 1)); then ns=mp2n${tag}b addr=$node1; fi
   ip netns exec "$ns" env MESHPLAN_HOSTNAME="$addr" MESHPLAN_JOB="$job" \
     "$bin/meshplan" run -n 4 --nnodes 2 --node-rank "$k" \
     --store "redis://$node0:$port" --master-addr "$node0" --master-port 29500 \
-    --timeout 60 -- "$train" --spec "$spec" \
+    --timeout "${timeout:-60}" "${launcher[@]}" -- "$train" --spec "${spec_override:-$spec}" \
     --batch 2 --seq-len 32 "$@" >"$log" 2>&1 &
+}
+
+# kill_node_1_after LOG STEP: once node 0's rank 0 logged STEP, kill every
+# process in node 1's namespace; prints nothing.
+kill_node_1_after() {
+  for _ in $(seq 1200); do
+    grep -q "^\[rank 0\] step $2/" "$1" && break
+    sleep 0.05
+  done
+  grep -q "^\[rank 0\] step $2/" "$1" || {
+    echo "FAIL: no step $2 within 60 s:" >&2
+    cat "$1" >&2
+    exit 1
+  }
+  for pid in $(ip netns pids "mp2n${tag}b"); do kill -9 "$pid" 2>/dev/null || true; done
 }
 
 echo "== two nodes x 4 ranks against the one-process reference"
@@ -108,17 +129,10 @@ echo "== node 1 killed mid-run"
 node 0 kill "$work/kill0.log" --steps 400 --log-every 1
 p0=$!
 node 1 kill "$work/kill1.log" --steps 400 --log-every 1
-for _ in $(seq 1200); do
-  grep -q '^\[rank 0\] step 3/' "$work/kill0.log" && break
-  sleep 0.05
-done
-grep -q '^\[rank 0\] step 3/' "$work/kill0.log" || {
-  echo "FAIL: no step 3 within 60 s:" >&2
-  cat "$work/kill0.log" >&2
-  exit 1
-}
+p1=$!
+kill_node_1_after "$work/kill0.log" 3
 killed=$(date +%s.%N)
-for pid in $(ip netns pids "mp2n${tag}b"); do kill -9 "$pid" 2>/dev/null || true; done
+wait "$p1" 2>/dev/null || true
 code=0
 wait "$p0" || code=$?
 took=$(python3 -c "print(f'{$(date +%s.%N) - $killed:.1f}')")
@@ -136,4 +150,26 @@ grep -m 1 -E "rank [0-3].*$node1" "$work/kill0.log" || {
 }
 grep -m 1 '^meshplan run: rank [0-3] exited with status' "$work/kill0.log"
 echo "node 0 stopped ${took} s after node 1 was killed"
+
+echo "== --fault-tolerant: node 1 killed mid-run"
+# One replica group per node: the survivor is 1 of 2 groups, not the strict
+# majority a quorum needs (two halves must never both train on), so node 0
+# stops too, saying so, once its quorum wait (--timeout) runs out.
+spec_override=$src/test/trainer/specs/ft-hsdp2-fsdp4.json
+timeout=10
+ft=(--fault-tolerant --job "ft$tag" --max-restarts 0 --heartbeat-ms 1000 --)
+node 0 ft "$work/ft0.log" "${ft[@]}" --steps 400 --log-every 1
+p0=$!
+node 1 ft "$work/ft1.log" "${ft[@]}" --steps 400 --log-every 1
+p1=$!
+kill_node_1_after "$work/ft0.log" 5
+wait "$p1" 2>/dev/null || true
+code=0
+wait "$p0" || code=$?
+if ((code != 1)) || ! grep -m 1 "quorum cannot be met: 1 of 2 replica groups remain" "$work/ft0.log"; then
+  echo "FAIL: node 0's fault-tolerant launcher exited $code (want 1, no quorum):" >&2
+  tail -n 20 "$work/ft0.log" >&2
+  exit 1
+fi
+grep -m 1 "found no quorum" "$work/ft0.log"
 echo "two nodes: passed"
