@@ -6,7 +6,10 @@
 #   meshplan run -n 4 --nnodes 2 --node-rank K --store redis://NODE0:PORT
 # and meshplan-train on test/trainer/specs/hsdp2-fsdp2-tp2.json: one replica
 # per node (HSDP across the nodes), FSDP 2 x TP 2 inside each node.
-#  1. The final parameters equal the one-process reference bit for bit.
+#  1. The final parameters equal the one-process reference bit for bit;
+#     again with torchrun on each node instead (--nnodes 2 --node-rank K
+#     --master-addr NODE0: the ranks meet in torchrun's c10d store on node
+#     0, no MESHPLAN_STORE), where PYTHON has torch.
 #  2. Node 1 killed mid-run (every process in its namespace, SIGKILL): node
 #     0's launcher stops the job, exit 1, with a line naming the rank that
 #     failed and the peer (node 1's address) it lost.
@@ -15,9 +18,9 @@
 # 77) with one line where either is missing. Creates and removes everything
 # it uses.
 #
-#   two-nodes.sh BIN_DIR SOURCE_DIR
+#   two-nodes.sh BIN_DIR SOURCE_DIR [PYTHON]
 set -euo pipefail
-bin=$1 src=$2
+bin=$1 src=$2 python=${3:-python3}
 train=$bin/meshplan-train
 spec=$src/test/trainer/specs/hsdp2-fsdp2-tp2.json
 server=$(command -v redis-server || true)
@@ -124,6 +127,30 @@ for k in 0 1; do
 done
 grep '^\[rank 0\] step 6' "$work/node0.log"
 "$train" --compare "$work/two.params" "$work/one.params" --rtol 0 | head -n 1
+
+echo "== the same under torchrun on each node (its store on node 0), no MESHPLAN_STORE"
+if "$python" -c 'import torch.distributed.run' 2>/dev/null; then
+  for k in 0 1; do
+    ns=mp2n${tag}a addr=$node0
+    if ((k == 1)); then ns=mp2n${tag}b addr=$node1; fi
+    ip netns exec "$ns" env -u MESHPLAN_STORE MESHPLAN_HOSTNAME="$addr" MESHPLAN_TIMEOUT=60 \
+      "$python" -m torch.distributed.run --nnodes 2 --node-rank "$k" --nproc-per-node 4 \
+      --master-addr "$node0" --master-port 29400 --no-python "$train" --spec "$spec" \
+      --batch 2 --seq-len 32 --steps 6 --log-every 6 --save-params "$work/torchrun.params" \
+      >"$work/torchrun$k.log" 2>&1 &
+    pids[$k]=$!
+  done
+  for k in 0 1; do
+    if ! wait "${pids[$k]}"; then
+      echo "FAIL: torchrun on node $k:" >&2
+      grep -v '^\[W' "$work/torchrun$k.log" | tail -n 20 >&2
+      exit 1
+    fi
+  done
+  "$train" --compare "$work/torchrun.params" "$work/one.params" --rtol 0 | head -n 1
+else
+  echo "(skipped: $python has no torch)"
+fi
 
 echo "== node 1 killed mid-run"
 node 0 kill "$work/kill0.log" --steps 400 --log-every 1
