@@ -25,10 +25,9 @@ enum class Query : uint8_t {
   Validate = 0,
   Set = 1,
   Get = 3,
-  Wait = 6,
-  CancelWait = 12,
+  Check = 5,
 };
-enum class WaitAnswer : uint8_t { StopWaiting = 0, WaitCanceled = 1 };
+enum class CheckAnswer : uint8_t { Ready = 0, NotReady = 1 };
 constexpr uint32_t kValidationMagic = 0x3C85F7CE;
 
 using Clock = std::chrono::steady_clock;
@@ -170,10 +169,10 @@ void TorchTcpStore::set(const std::string &key, const std::vector<char> &data) {
 }
 
 std::vector<char> TorchTcpStore::get(const std::string &key) {
-  std::lock_guard<std::mutex> lock(mutex);
   // GET of a missing key is an error on the server: wait for it first, as
   // torch's own client does.
-  waitLocked({key}, timeout);
+  wait({key}, timeout);
+  std::lock_guard<std::mutex> lock(mutex);
   send(Message(Query::Get).string(key).bytes);
   uint64_t size = 0;
   receive(&size, sizeof size);
@@ -190,42 +189,42 @@ void TorchTcpStore::wait(const std::vector<std::string> &keys) {
   wait(keys, timeout);
 }
 
-void TorchTcpStore::wait(const std::vector<std::string> &keys,
-                         const std::chrono::milliseconds &limit) {
+bool TorchTcpStore::allPresent(const std::vector<std::string> &keys) {
   std::lock_guard<std::mutex> lock(mutex);
-  waitLocked(keys, limit);
-}
-
-void TorchTcpStore::waitLocked(const std::vector<std::string> &keys,
-                               std::chrono::milliseconds limit) {
-  Message m(Query::Wait);
+  Message m(Query::Check);
   m.value<uint64_t>(keys.size());
   for (const std::string &key : keys)
     m.string(key);
   send(m.bytes);
-  WaitAnswer answer{};
-  if (readable(limit)) {
-    receive(&answer, 1);
-    if (answer != WaitAnswer::StopWaiting)
-      fail("unexpected answer " + std::to_string(int(answer)) + " to WAIT");
-    return;
-  }
-  // Timed out: withdraw the wait so that the connection stays in step. The
-  // keys may have arrived meanwhile: then STOP_WAITING comes first.
-  send(Message(Query::CancelWait).bytes);
+  CheckAnswer answer{};
   receive(&answer, 1);
-  if (answer == WaitAnswer::StopWaiting)
-    receive(&answer, 1);
-  if (answer != WaitAnswer::WaitCanceled)
-    fail("unexpected answer " + std::to_string(int(answer)) +
-         " to CANCEL_WAIT");
-  std::string names;
-  for (const std::string &key : keys)
-    names += (names.empty() ? "" : ", ") + key;
-  // "Timeout" as Gloo's stores say it: CancellableStore retries on it.
-  throw gloo::IoException("c10d TCPStore at " + address +
-                          ": Timeout waiting for key(s) " + names + " after " +
-                          std::to_string(limit.count()) + " ms");
+  if (answer != CheckAnswer::Ready && answer != CheckAnswer::NotReady)
+    fail("unexpected answer " + std::to_string(int(answer)) + " to CHECK");
+  return answer == CheckAnswer::Ready;
+}
+
+void TorchTcpStore::wait(const std::vector<std::string> &keys,
+                         const std::chrono::milliseconds &limit) {
+  // Polled with CHECK rather than a blocking WAIT: the connection is shared
+  // and a WAIT would hold it, so another thread of this rank could not set
+  // the key being waited for. The delay grows from 1 to 50 ms.
+  Clock::time_point deadline = Clock::now() + limit;
+  std::chrono::milliseconds delay(1);
+  while (!allPresent(keys)) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    if (left.count() <= 0) {
+      std::string names;
+      for (const std::string &key : keys)
+        names += (names.empty() ? "" : ", ") + key;
+      // "Timeout" as Gloo's stores say it: CancellableStore retries on it.
+      throw gloo::IoException(
+          "c10d TCPStore at " + address + ": Timeout waiting for key(s) " +
+          names + " after " + std::to_string(limit.count()) + " ms");
+    }
+    std::this_thread::sleep_for(std::min(delay, left));
+    delay = std::min(delay * 2, std::chrono::milliseconds(50));
+  }
 }
 
 } // namespace meshplan::runtime

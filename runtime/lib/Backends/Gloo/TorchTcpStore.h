@@ -14,9 +14,9 @@
 //   VALIDATE  magic 0x3C85F7CE                     (no answer; bad: closed)
 //   SET       key, value                           (no answer)
 //   GET       key                       -> value   (the key must exist)
-//   WAIT      count, keys...            -> STOP_WAITING once all exist
-//   CANCEL_WAIT                         -> WAIT_CANCELED (after a pending
-//                                          STOP_WAITING if it raced)
+//   CHECK     count, keys...            -> READY or NOT_READY
+// (The server's blocking WAIT is not used: it would hold the one connection
+// while another thread of the rank may have to set the awaited key.)
 // Keys are ours: torch's own keys start with "/" or its PrefixStore's
 // prefixes; ours with the session's job name (GlooBackend.cpp).
 //
@@ -36,7 +36,8 @@ namespace meshplan::runtime {
 /// A gloo store over a c10d TCPStore server. Throws gloo::IoException on a
 /// broken connection and on a wait that times out ("Timeout ..." as Gloo's
 /// own stores say, which CancellableStore relies on). One connection, one
-/// query at a time (the protocol has no request ids).
+/// query at a time (the protocol has no request ids); a wait polls, never
+/// holding the connection between its queries.
 class TorchTcpStore final : public gloo::rendezvous::Store {
 public:
   /// Connects (retrying refused connections until `timeout`: the server may
@@ -57,8 +58,8 @@ private:
   void send(const std::vector<char> &bytes);
   void receive(void *data, size_t size);
   bool readable(std::chrono::milliseconds timeout);
-  void waitLocked(const std::vector<std::string> &keys,
-                  std::chrono::milliseconds timeout);
+  /// One CHECK of every key.
+  bool allPresent(const std::vector<std::string> &keys);
   [[noreturn]] void fail(const std::string &what) const;
 
   std::string address; ///< "HOST:PORT", for messages
