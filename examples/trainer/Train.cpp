@@ -68,6 +68,7 @@ const char *kUsage =
     "                      [--reference | --plain-reference]\n"
     "                      [--device cpu|cuda | --host-device]\n"
     "                      [--device-timing]\n"
+    "                      [--trace DIR [--trace-steps A:B]]\n"
     "       meshplan-train --compare DIR_A DIR_B [--rtol X]\n"
     "Run one process per rank under `meshplan run -n WORLD -- meshplan-train "
     "...`;\n--reference runs the same global batch in this one process. "
@@ -122,6 +123,18 @@ Result<void> RankTrainer::open(const std::string &jobSuffix) {
   if (flags.hostDevice)
     o.device = createHostDevice();
   o.deviceTiming = flags.deviceTiming;
+  if (!flags.traceDir.empty()) {
+    StepTraceOptions t;
+    t.dir = flags.traceDir;
+    if (flags.traceSteps) {
+      t.firstStep = flags.traceSteps->first;
+      t.lastStep = flags.traceSteps->second;
+    } else {
+      t.firstStep = std::min<int64_t>(2, flags.steps);
+      t.lastStep = std::min<int64_t>(6, flags.steps);
+    }
+    o.trace = t;
+  }
   auto s = Session::openTemplate(planned.templateFor(options.rank), o);
   if (!s)
     return s.error();
@@ -1151,6 +1164,22 @@ int main(int argc, char **argv) {
       flags.hostDevice = true;
     } else if (a == "--device-timing") {
       flags.deviceTiming = true;
+    } else if (a == "--trace") {
+      flags.traceDir = next();
+      if (flags.traceDir.empty())
+        usageError("--trace: expected a directory");
+    } else if (a == "--trace-steps") {
+      std::string t = next();
+      size_t colon = t.find(':');
+      if (colon == std::string::npos)
+        usageError("--trace-steps: expected A:B (steps A to B, from 1), got "
+                   "\"" +
+                   t + "\"");
+      int64_t first =
+          parseCount("--trace-steps", t.substr(0, colon), 1, INT64_MAX);
+      int64_t last =
+          parseCount("--trace-steps", t.substr(colon + 1), first, INT64_MAX);
+      flags.traceSteps = {first, last};
     } else if (a == "--rtol") {
       std::string t = next();
       char *end = nullptr;
@@ -1173,6 +1202,12 @@ int main(int argc, char **argv) {
   if (flags.cuda && flags.reference)
     usageError("--device cuda: the single-process --reference runs on the "
                "CPU; compare a GPU run's --save-params with it");
+  if (flags.traceSteps && flags.traceDir.empty())
+    usageError("--trace-steps needs --trace DIR (where to write)");
+  if (flags.traceSteps && flags.traceSteps->second > flags.steps)
+    usageError("--trace-steps " + std::to_string(flags.traceSteps->first) +
+               ":" + std::to_string(flags.traceSteps->second) +
+               " ends after --steps " + std::to_string(flags.steps));
   if (flags.checkpointEvery > 0 && flags.saveCheckpoint.empty())
     usageError("--checkpoint-every needs --save-checkpoint DIR (where to "
                "save)");

@@ -72,6 +72,12 @@ struct TrainFlags {
   /// executor's host time per instruction beside the device time it
   /// launched.
   bool deviceTiming = false;
+  /// --trace DIR --trace-steps A:B: record what steps A..B did, per
+  /// instruction, into DIR/rank<R>.json (SessionOptions::trace;
+  /// `meshplan trace --merge DIR` shows them). Default steps: 2..6 (the
+  /// first step creates the communicators), within --steps.
+  std::string traceDir;
+  std::optional<std::pair<int64_t, int64_t>> traceSteps;
 };
 
 /// The mesh axes by their role in the spec.

@@ -1070,8 +1070,10 @@ Result<void> Session::close() {
   if (m.closed)
     return {};
   m.closed = true;
+  // A run that stopped inside the traced range still leaves its trace.
+  Result<void> traced = m.trace ? m.trace->finish() : Result<void>();
   if (m.broken)
-    return {};
+    return traced;
   std::lock_guard<std::mutex> lock(m.commMutex);
   for (size_t i = 0; i < m.comms.size(); ++i)
     if (m.comms[i])
@@ -1081,7 +1083,7 @@ Result<void> Session::close() {
   for (auto &[id, comm] : m.trainerComms)
     if (auto ok = comm->barrier(); !ok)
       return ok.error().within("closing trainer communicator \"" + id + "\"");
-  return {};
+  return traced;
 }
 
 Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
@@ -1125,6 +1127,18 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
                      "\" runs on device buffers: the session needs a device "
                      "(SessionOptions::device; docs/cuda.md)");
   impl->backend = std::move(*backend);
+  if (options.trace) {
+    // A fault-tolerant step redoes steps and changes groups between
+    // epochs; the trace format has no place for either yet.
+    if (options.faultTolerance)
+      return makeError("trace: fault-tolerant sessions are not traced (yet); "
+                       "trace a run without --fault-tolerant");
+    auto recorder =
+        StepTraceRecorder::start(impl->plan, *options.trace, *impl->backend);
+    if (!recorder)
+      return recorder.error();
+    impl->trace = std::move(*recorder);
+  }
   if (options.faultTolerance)
     MESHPLAN_TRY(impl->setUpFaultTolerance());
   if (options.device)
@@ -1551,6 +1565,8 @@ Result<void> Session::step() {
       return timed.error().within("rank " + std::to_string(m.plan.rank) +
                                   ": step " + std::to_string(m.steps));
     }
+  if (m.trace)
+    MESHPLAN_TRY(m.trace->record(m.steps, stepStart, m.profile));
   return {};
 }
 

@@ -14,6 +14,7 @@
 #include "meshplan/Runtime/Session.h"
 
 #include "DeviceMemory.h"
+#include "StepTrace.h"
 #include "StreamGraph.h"
 
 #include "meshplan/Core/Layout.h"
@@ -186,6 +187,8 @@ struct Session::Impl {
   std::vector<std::vector<int>> streams; ///< instruction indices per stream
   std::vector<std::vector<int>> commSequence; ///< collectives per comm
   std::unique_ptr<Backend> backend;
+  /// SessionOptions::trace: records the traced steps (StepTrace.h).
+  std::unique_ptr<StepTraceRecorder> trace;
   std::vector<std::unique_ptr<Communicator>> comms; ///< lazily, per comm
   std::map<std::string, std::unique_ptr<Communicator>> trainerComms;
   std::mutex commMutex;

@@ -927,3 +927,35 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
       << " ms (open in ui.perfetto.dev or chrome://tracing)\n";
   return out.str();
 }
+
+//===----------------------------------------------------------------------===//
+// trace --merge: the cost model's timelines beside a run's
+//===----------------------------------------------------------------------===//
+
+std::vector<RankPrediction>
+meshplan::cli::predictRanks(const SpecFlags &flags, const CostFlags &cost,
+                            const std::vector<int64_t> &ranks) {
+  std::vector<RankPrediction> out;
+  if (ranks.empty())
+    return out;
+  Device device = deviceOrThrow(cost);
+  Planned p = planOrThrow(flags, cost, ranks.front(), nullptr,
+                          /*everyCoordinate=*/true);
+  for (int64_t rank : ranks) {
+    checkRank(*p.spec.mesh, rank);
+    RankPrediction r;
+    r.plan = instantiateOrThrow(p.templateFor(rank), rank);
+    auto schedule = p.spec.pipeline ? [&]() -> Result<plan::Schedule> {
+      auto layout = pipeline::layOutPipeline(p, rank, device.model);
+      if (!layout)
+        return layout.error();
+      return std::move(layout->schedules[size_t(p.pipelineRankOf(rank))]);
+    }()
+        : plan::simulate(r.plan, p.templateFor(rank).flops(), device.model);
+    if (!schedule)
+      throwExplainError(schedule.error());
+    r.schedule = std::move(*schedule);
+    out.push_back(std::move(r));
+  }
+  return out;
+}

@@ -12,15 +12,13 @@
 #ifndef MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
 #define MESHPLAN_TOOLS_PLANNER_PLANCOMMANDS_H
 
+#include "meshplan/Plan/Trace.h"
+
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
-
-namespace meshplan::plan {
-struct Plan;
-struct CostModel;
-} // namespace meshplan::plan
+#include <vector>
 
 namespace meshplan::cli {
 
@@ -93,6 +91,17 @@ struct TraceOptions {
   std::string output;
 };
 std::string runTraceCommand(const TraceOptions &options);
+
+/// The plans of `ranks` under the spec and their timelines under the cost
+/// model, as `trace` lays them out (`trace --merge` puts them beside a
+/// run's measured timelines).
+struct RankPrediction {
+  plan::Plan plan;
+  plan::Schedule schedule;
+};
+std::vector<RankPrediction> predictRanks(const SpecFlags &flags,
+                                         const CostFlags &cost,
+                                         const std::vector<int64_t> &ranks);
 
 /// What the checkpoint commands (`ckpt reshard`, `ckpt import`) need of a
 /// spec: plans it as `plan --all` does (same loading, flags and errors) and

@@ -13,6 +13,7 @@
 #include "Commands.h"
 #include "PlanCommands.h"
 #include "RunCommand.h"
+#include "TraceCommand.h"
 #include "TuneCommand.h"
 
 #include "meshplan/Support/Json.h"
@@ -247,15 +248,30 @@ int main(int argc, char **argv) {
                        "(pipeline::explanationJson)");
 
   TraceOptions traceOptions;
+  ExecutedTraceOptions executedOptions;
   CLI::App *traceCmd = app.add_subcommand(
       "trace", "Write a Chrome/Perfetto trace of one rank's step under the "
-               "cost model");
+               "cost model, or merge and summarize what a run recorded "
+               "(--merge, --summary; docs/observability.md)");
   addSpecFlags(traceCmd, traceOptions.spec);
   addCostFlags(traceCmd, traceOptions.cost);
+  // --spec is needed for the cost model's trace, optional with --merge
+  // (it adds the prediction) and unused by --summary; checked below.
+  traceCmd->get_option("--spec")->required(false);
   traceCmd->add_option("--rank", traceOptions.rank,
                        "The rank to trace (default 0)");
-  traceCmd->add_option("-o,--output", traceOptions.output, "Trace file")
-      ->required();
+  traceCmd->add_option("-o,--output", traceOptions.output,
+                       "Trace file (with --merge, \"-\" writes to stdout)");
+  CLI::Option *mergeOpt = traceCmd->add_option(
+      "--merge", executedOptions.merge,
+      "Merge a run's executed-step traces (the rank<R>.json files "
+      "meshplan-train --trace DIR wrote) into one Perfetto trace; with "
+      "--spec, the cost model's prediction of the same plans beside them");
+  CLI::Option *summaryOpt = traceCmd->add_option(
+      "--summary", executedOptions.summary,
+      "Print per rank and communicator the time in collectives, the exposed "
+      "part, and the rank everyone waited for");
+  mergeOpt->excludes(summaryOpt);
 
   RunOptions runOptions;
   CLI::App *runCmd = app.add_subcommand(
@@ -474,9 +490,19 @@ int main(int argc, char **argv) {
     }
     if (explainCmd->parsed())
       output = runExplainCommand(explainOptions);
-    else if (traceCmd->parsed())
+    else if (traceCmd->parsed() && (*mergeOpt || *summaryOpt)) {
+      executedOptions.output = traceOptions.output;
+      executedOptions.spec = traceOptions.spec;
+      executedOptions.cost = traceOptions.cost;
+      output = runExecutedTraceCommand(executedOptions);
+    } else if (traceCmd->parsed()) {
+      if (traceOptions.spec.spec.empty())
+        throw CliError("--spec is required (or --merge DIR / --summary DIR "
+                       "of a run's executed-step traces)");
+      if (traceOptions.output.empty())
+        throw CliError("--output is required");
       output = runTraceCommand(traceOptions);
-    else if (meshCmd->parsed())
+    } else if (meshCmd->parsed())
       output = runMeshCommand(meshOptions);
     else if (layoutCmd->parsed())
       output = runLayoutCommand(layoutOptions);

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -124,6 +125,15 @@ struct FaultToleranceOptions {
   int64_t incarnation = 0;
 };
 
+/// What SessionOptions::trace records: steps [firstStep, lastStep]
+/// (1-based, as stepsDone() after them) into dir/rank<R>.json
+/// (docs/observability.md). The directory is created if absent.
+struct StepTraceOptions {
+  std::string dir;
+  int64_t firstStep = 1;
+  int64_t lastStep = std::numeric_limits<int64_t>::max();
+};
+
 struct SessionOptions {
   int64_t rank = 0;
   int64_t worldSize = 1;
@@ -161,6 +171,10 @@ struct SessionOptions {
   /// Serializes host and device per instruction: for measuring, not for
   /// speed; off by default.
   bool deviceTiming = false;
+  /// Set: record what every step in its range did, per instruction, into
+  /// a trace file per rank (docs/observability.md; `meshplan trace --merge`
+  /// shows them). Every rank of the job must set the same options.
+  std::optional<StepTraceOptions> trace;
   /// Creates the backend named by `backend` when it lives outside this
   /// library: the NCCL backend is in MeshplanRuntimeNccl
   /// (cudaSessionOptions in meshplan/Runtime/CudaDevice.h sets it). Unset:

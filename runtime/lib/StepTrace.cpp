@@ -1,0 +1,177 @@
+//===- StepTrace.cpp - Recording what each step did (executed traces) -----===//
+
+#include "StepTrace.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <unistd.h>
+
+namespace meshplan::runtime {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<char> bytesOf(const std::string &s) {
+  return std::vector<char>(s.begin(), s.end());
+}
+std::string textOf(const std::vector<char> &v) {
+  return std::string(v.begin(), v.end());
+}
+
+/// Seconds on this process's monotonic clock.
+double now() {
+  return std::chrono::duration<double>(SteadyClock::now().time_since_epoch())
+      .count();
+}
+
+std::string hostName() {
+  if (const char *h = std::getenv("MESHPLAN_HOSTNAME"); h && *h)
+    return h;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+/// The run's nonce: rank 0 draws it, the others read it.
+Result<std::string> agreeOnRun(Backend &store, int64_t rank) {
+  if (rank == 0) {
+    std::random_device rd;
+    uint64_t v = (uint64_t(rd()) << 32) ^ rd() ^
+                 uint64_t(SteadyClock::now().time_since_epoch().count());
+    char text[17];
+    std::snprintf(text, sizeof text, "%016llx", (unsigned long long)v);
+    MESHPLAN_TRY(store.storeSet("trace/run", bytesOf(text)));
+    return std::string(text);
+  }
+  auto got = store.storeGet("trace/run");
+  if (!got)
+    return got.error();
+  return textOf(*got);
+}
+
+/// This rank's offset to rank 0's clock (seconds to add), its uncertainty
+/// and the method's name. Rank 0 answers the pings of every rank on another
+/// host, in rank order.
+Result<void> alignClock(Backend &store, plan::RankTrace &t) {
+  MESHPLAN_TRY(
+      store.storeSet("trace/host/" + std::to_string(t.rank), bytesOf(t.host)));
+  if (t.rank == 0) {
+    for (int64_t r = 1; r < t.worldSize; ++r) {
+      auto host = store.storeGet("trace/host/" + std::to_string(r));
+      if (!host)
+        return host.error();
+      if (textOf(*host) == t.host)
+        continue;
+      auto ping = store.storeGet("trace/ping/" + std::to_string(r));
+      if (!ping)
+        return ping.error();
+      char text[64];
+      std::snprintf(text, sizeof text, "%.9f", now());
+      MESHPLAN_TRY(
+          store.storeSet("trace/pong/" + std::to_string(r), bytesOf(text)));
+    }
+    return {};
+  }
+  auto host0 = store.storeGet("trace/host/0");
+  if (!host0)
+    return host0.error();
+  if (textOf(*host0) == t.host)
+    return {}; // one CLOCK_MONOTONIC
+  double sent = now();
+  MESHPLAN_TRY(store.storeSet("trace/ping/" + std::to_string(t.rank), {'1'}));
+  auto pong = store.storeGet("trace/pong/" + std::to_string(t.rank));
+  if (!pong)
+    return pong.error();
+  double received = now();
+  double theirs = std::strtod(textOf(*pong).c_str(), nullptr);
+  t.clockOffset = theirs - (sent + received) / 2;
+  t.clockUncertainty = (received - sent) / 2;
+  t.clockMethod = "store ping";
+  return {};
+}
+
+} // namespace
+
+Result<std::unique_ptr<StepTraceRecorder>>
+StepTraceRecorder::start(const plan::Plan &plan,
+                         const StepTraceOptions &options, Backend &backend) {
+  if (options.dir.empty())
+    return makeError("trace: no directory given");
+  if (options.firstStep < 1 || options.lastStep < options.firstStep)
+    return makeError("trace: steps " + std::to_string(options.firstStep) + ":" +
+                     std::to_string(options.lastStep) +
+                     " are not a range of steps from 1");
+  std::error_code ec;
+  fs::create_directories(options.dir, ec);
+  if (ec || !fs::is_directory(options.dir))
+    return makeError("trace: cannot create " + options.dir +
+                     (ec ? ": " + ec.message() : ""));
+  plan::RankTrace header = plan::rankTraceOf(plan);
+  header.host = hostName();
+  auto run = agreeOnRun(backend, header.rank);
+  if (!run)
+    return run.error().within("trace: agreeing on the run");
+  header.run = *run;
+  MESHPLAN_TRY(alignClock(backend, header));
+  return std::unique_ptr<StepTraceRecorder>(
+      new StepTraceRecorder(std::move(header), options));
+}
+
+Result<void> StepTraceRecorder::record(int64_t step,
+                                       SteadyClock::time_point begun,
+                                       const StepProfile &profile) {
+  if (!wants(step))
+    return {};
+  plan::ExecutedStep s;
+  s.step = step;
+  s.start = std::chrono::duration<double>(begun.time_since_epoch()).count() +
+            trace.clockOffset;
+  s.wall = profile.wall;
+  s.ready = profile.instructionReady;
+  s.begin = profile.instructionStart;
+  s.end = profile.instructionEnd;
+  size_t n = trace.instructions.size();
+  s.ready.resize(n, 0);
+  s.begin.resize(n, 0);
+  s.end.resize(n, 0);
+  trace.steps.push_back(std::move(s));
+  written = false;
+  if (step == options.lastStep)
+    return write();
+  return {};
+}
+
+Result<void> StepTraceRecorder::finish() {
+  return written ? Result<void>() : write();
+}
+
+Result<void> StepTraceRecorder::write() {
+  std::string path =
+      (fs::path(options.dir) / ("rank" + std::to_string(trace.rank) + ".json"))
+          .string();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << plan::writeRankTrace(trace);
+    out.flush();
+    if (!out.good()) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      return makeError("trace: cannot write " + path);
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    return makeError("trace: cannot write " + path + ": " + ec.message());
+  }
+  written = true;
+  return {};
+}
+
+} // namespace meshplan::runtime
