@@ -1301,10 +1301,23 @@ int main(int argc, char **argv) {
     return runReference(flags, *planned, *data);
 
   auto options = sessionOptionsFromEnv();
+  // The other messages say what the launcher should have set; with no
+  // launcher at all, say how to start one.
   if (!options)
-    fatal(options.error().message +
-          " (start meshplan-train with `meshplan run -n N -- meshplan-train "
-          "...`, or use --reference for one process)");
+    usageError(options.error().message +
+               (options.error().message.starts_with("RANK is not set")
+                    ? " (start meshplan-train with `meshplan run -n N -- "
+                      "meshplan-train ...`, or use --reference for one "
+                      "process)"
+                    : ""));
+  // The launcher's world against the spec's, before any rank waits for a
+  // peer that will never come: the variable as the launcher set it.
+  if (int64_t meshSize = planned->spec.mesh->size();
+      options->worldSize != meshSize)
+    usageError(options->worldSizeVariable + "=" +
+               std::to_string(options->worldSize) + " but the spec's mesh (" +
+               flags.spec + ") has " + std::to_string(meshSize) +
+               " ranks: start " + std::to_string(meshSize) + " processes");
 #if MESHPLAN_HAVE_CUDA
   if (flags.cuda) {
     // One GPU per rank over NCCL, unless MESHPLAN_BACKEND=gloo asks for

@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 #include "Bindings.h"
 
+#include "meshplan/Runtime/LauncherEnvironment.h"
 #include "meshplan/Runtime/Session.h"
 
 #include <nanobind/ndarray.h>
@@ -336,8 +337,9 @@ void openSession(SessionObject *self, nb::handle planOrPath,
     options.store = *parsed;
     options.rank = rank ? *rank : plan->rank;
     options.worldSize = worldSize ? *worldSize : world;
-  } else if (std::getenv("MESHPLAN_STORE")) {
-    // As `meshplan run`, torchrun or Slurm set it.
+  } else if (runtime::launcherEnvironmentPresent()) {
+    // `meshplan run`, torchrun or srun started this process
+    // (LauncherEnvironment.h).
     options = take("StoreError", runtime::sessionOptionsFromEnv());
     if (rank)
       options.rank = *rank;

@@ -1,6 +1,6 @@
 """One rank of the multi-process tests (test_multirank.py): RANK,
 WORLD_SIZE and MESHPLAN_STORE come from the environment, as `meshplan run`
-or torchrun set them."""
+sets them, or what torchrun or srun set (test_launchers.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from common import adamw_first_step, fsdp_spec, init_value
 def train(out_path: str) -> None:
     """Each rank adds (rank + 1) to every gradient; the plan averages them
     over the FSDP axis, so the update uses the mean."""
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    # torchrun and `meshplan run` set RANK and WORLD_SIZE; srun
+    # SLURM_PROCID and SLURM_NTASKS (the session reads the same).
+    world = int(os.environ.get("WORLD_SIZE") or os.environ["SLURM_NTASKS"])
+    rank = int(os.environ.get("RANK") or os.environ["SLURM_PROCID"])
     plan = meshplan.plan(meshplan.spec(fsdp_spec(world)), rank)
     with meshplan.Session(plan) as session:
         session.init_parameters(lambda v: v.copy_(init_value(v.offset, v.local_shape)))
@@ -50,8 +52,10 @@ def train(out_path: str) -> None:
 def fail(out_path: str, failing_rank: int) -> None:
     """Rank `failing_rank`'s forward of layers.0 raises; every rank records
     what step() raised."""
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    # torchrun and `meshplan run` set RANK and WORLD_SIZE; srun
+    # SLURM_PROCID and SLURM_NTASKS (the session reads the same).
+    world = int(os.environ.get("WORLD_SIZE") or os.environ["SLURM_NTASKS"])
+    rank = int(os.environ.get("RANK") or os.environ["SLURM_PROCID"])
     plan = meshplan.plan(meshplan.spec(fsdp_spec(world)), rank)
     session = meshplan.Session(plan)
     session.init_parameters(lambda v: v.copy_(init_value(v.offset, v.local_shape)))

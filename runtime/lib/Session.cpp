@@ -29,6 +29,7 @@
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Plan/Template.h"
 #include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Runtime/LauncherEnvironment.h"
 #include "meshplan/Runtime/Membership.h"
 
 #include <nlohmann/json.hpp>
@@ -83,25 +84,16 @@ static Result<int64_t> envInt(const char *name, bool required,
 
 Result<SessionOptions> sessionOptionsFromEnv() {
   SessionOptions o;
-  auto rank = envInt("RANK", true, 0);
-  if (!rank)
-    return rank.error();
-  auto world = envInt("WORLD_SIZE", true, 1);
-  if (!world)
-    return world.error();
-  if (*world < 1 || *rank >= *world)
-    return makeError("RANK=" + std::to_string(*rank) +
-                     " is not below WORLD_SIZE=" + std::to_string(*world));
-  o.rank = *rank;
-  o.worldSize = *world;
-  const char *store = std::getenv("MESHPLAN_STORE");
-  if (!store || !*store)
-    return makeError("MESHPLAN_STORE is not set (file:DIR or "
-                     "redis://HOST:PORT; `meshplan run` sets it)");
-  auto address = parseStoreAddress(store);
-  if (!address)
-    return address.error().within("MESHPLAN_STORE");
-  o.store = *address;
+  // meshplan run, torchrun or srun (LauncherEnvironment.h).
+  auto launched = readLauncherEnvironment();
+  if (!launched)
+    return launched.error();
+  o.rank = launched->rank;
+  o.worldSize = launched->worldSize;
+  o.worldSizeVariable = launched->worldSizeVariable;
+  o.store = launched->store;
+  o.localRank = launched->localRank;
+  o.job = launched->job.value_or(o.job);
   if (const char *t = std::getenv("MESHPLAN_TIMEOUT"); t && *t) {
     char *end = nullptr;
     double s = std::strtod(t, &end);
@@ -110,8 +102,6 @@ Result<SessionOptions> sessionOptionsFromEnv() {
                        "\" is not a number of seconds in (0, 86400]");
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
-  if (const char *job = std::getenv("MESHPLAN_JOB"); job && *job)
-    o.job = job;
   if (const char *backend = std::getenv("MESHPLAN_BACKEND");
       backend && *backend) {
     std::string v = backend;
@@ -124,10 +114,6 @@ Result<SessionOptions> sessionOptionsFromEnv() {
                        "(docs/cuda.md)");
     o.backend = v;
   }
-  auto localRank = envInt("LOCAL_RANK", false, 0);
-  if (!localRank)
-    return localRank.error();
-  o.localRank = *localRank;
   if (const char *order = std::getenv("MESHPLAN_REDUCTION_ORDER");
       order && *order) {
     std::string v = order;
@@ -307,7 +293,7 @@ Result<void> Session::Impl::bind() {
   mesh = std::make_shared<const Mesh>(std::move(*meshOr));
   if (mesh->size() != options.worldSize)
     return makeError("the plan's mesh has " + std::to_string(mesh->size()) +
-                     " ranks, but WORLD_SIZE is " +
+                     " ranks, but " + options.worldSizeVariable + " is " +
                      std::to_string(options.worldSize));
   root = View::root(mesh);
   AxisNamespace names(mesh);

@@ -9,13 +9,15 @@ namespace meshplan::runtime {
 std::string StoreAddress::text() const {
   if (kind == Kind::File)
     return "file:" + path;
-  return "redis://" + host + ":" + std::to_string(port);
+  return (kind == Kind::Redis ? "redis://" : "tcp://") + host + ":" +
+         std::to_string(port);
 }
 
 Result<StoreAddress> parseStoreAddress(std::string_view text) {
   auto expected = [&](const std::string &what) {
-    return makeError("store \"" + std::string(text) + "\": " + what +
-                     " (expected file:DIR or redis://HOST:PORT)");
+    return makeError(
+        "store \"" + std::string(text) + "\": " + what +
+        " (expected file:DIR, redis://HOST:PORT or tcp://HOST:PORT)");
   };
   StoreAddress a;
   if (text.starts_with("file:")) {
@@ -25,9 +27,10 @@ Result<StoreAddress> parseStoreAddress(std::string_view text) {
       return expected("the directory is empty");
     return a;
   }
-  if (text.starts_with("redis://")) {
-    a.kind = StoreAddress::Kind::Redis;
-    std::string_view rest = text.substr(8);
+  bool redis = text.starts_with("redis://");
+  if (redis || text.starts_with("tcp://")) {
+    a.kind = redis ? StoreAddress::Kind::Redis : StoreAddress::Kind::Tcp;
+    std::string_view rest = text.substr(redis ? 8 : 6);
     size_t colon = rest.rfind(':');
     if (colon == std::string_view::npos || colon == 0)
       return expected("no HOST:PORT");

@@ -65,7 +65,7 @@ refuse "the plan is for rank 0, but this process is rank 1" RANK=1 WORLD_SIZE=3 
 refuse "the plan's mesh has 3 ranks, but WORLD_SIZE is 4" RANK=0 WORLD_SIZE=4 "$store" -- --plans "$work/plans"
 refuse "RANK is not set" WORLD_SIZE=3 "$store" -- --plans "$work/plans"
 refuse "MESHPLAN_STORE is not set" RANK=0 WORLD_SIZE=3 -- --plans "$work/plans"
-refuse "expected file:DIR or redis://HOST:PORT" RANK=0 WORLD_SIZE=3 MESHPLAN_STORE=tcp://x -- --plans "$work/plans"
+refuse "expected file:DIR, redis://HOST:PORT or tcp://HOST:PORT" RANK=0 WORLD_SIZE=3 MESHPLAN_STORE=ftp://x -- --plans "$work/plans"
 refuse "MESHPLAN_TIMEOUT" RANK=0 WORLD_SIZE=3 "$store" MESHPLAN_TIMEOUT=-1 -- --plans "$work/plans"
 refuse "MESHPLAN_REDUCTION_ORDER=\"fast\": expected" RANK=0 WORLD_SIZE=3 "$store" MESHPLAN_REDUCTION_ORDER=fast -- --plans "$work/plans"
 sed 's/"version": 2/"version": 1/' "$work/plans/rank0.json" >"$work/v1.json"

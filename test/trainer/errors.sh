@@ -82,8 +82,9 @@ PY
 expect 2 "pipeline_parallel: meshplan-train passes float32 or bfloat16 activations between stages; mixed_precision.param_dtype float16" -- \
   "$train" --spec "$work/pp-fp16.json" --steps 1 --reference
 
-# Outside a launcher: no RANK / MESHPLAN_STORE.
-expect 1 "RANK.*meshplan run" -- env -u RANK -u MESHPLAN_STORE "$train" \
+# Outside a launcher: no RANK / MESHPLAN_STORE (a bad environment is bad
+# input, exit 2: test/trainer/launchers.sh errors has the others).
+expect 2 "RANK.*meshplan run" -- env -u RANK -u MESHPLAN_STORE -u SLURM_PROCID "$train" \
   --spec "$spec" --model tiny --steps 1
 
 # Parameter dumps are untrusted input.

@@ -344,9 +344,23 @@ void drainStream(Rank &rank, int s) {
 }
 
 std::vector<std::string> baseEnvironment() {
-  static const char *const kOurs[] = {
-      "RANK",       "WORLD_SIZE", "LOCAL_RANK",       "LOCAL_WORLD_SIZE",
-      "GROUP_RANK", "NODE_RANK",  "GROUP_WORLD_SIZE", "MESHPLAN_STORE"};
+  // What this launcher sets for each rank, torchrun's names included: a
+  // value from an enclosing launcher must not leak through.
+  static const char *const kOurs[] = {"RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_RANK",
+                                      "LOCAL_WORLD_SIZE",
+                                      "GROUP_RANK",
+                                      "NODE_RANK",
+                                      "GROUP_WORLD_SIZE",
+                                      "ROLE_RANK",
+                                      "ROLE_NAME",
+                                      "ROLE_WORLD_SIZE",
+                                      "TORCHELASTIC_RESTART_COUNT",
+                                      "TORCHELASTIC_MAX_RESTARTS",
+                                      "TORCHELASTIC_RUN_ID",
+                                      "TORCHELASTIC_USE_AGENT_STORE",
+                                      "MESHPLAN_STORE"};
   std::vector<std::string> env;
   for (char **e = environ; e && *e; ++e) {
     std::string entry = *e;
@@ -406,6 +420,11 @@ public:
           const std::optional<std::string> &timeout, const rlimit &childFiles,
           const ft::Config *ftConfig = nullptr,
           ft::StoreServer *ftStore = nullptr);
+
+  /// --master-addr, --master-port as given (checked).
+  struct {
+    std::optional<std::string> addr, port;
+  } master;
 
   // RankControl
   bool running(int64_t rank) const override {
@@ -641,6 +660,18 @@ int Job::run(const std::string &storeAddress,
   env.push_back("NODE_RANK=" + std::to_string(nodeRank));
   env.push_back("GROUP_WORLD_SIZE=" + std::to_string(nnodes));
   env.push_back("MESHPLAN_STORE=" + storeAddress);
+  // torchrun's names for the same facts: one role ("default", torchrun's),
+  // the restart budget (--fault-tolerant's per group; none otherwise) and
+  // the run's id (--fault-tolerant's job name; else "none", as torchrun's
+  // static rendezvous).
+  // TORCHELASTIC_USE_AGENT_STORE stays unset: no store of torch's runs at
+  // MASTER_ADDR:MASTER_PORT, so torch's env:// makes rank 0 host one.
+  env.push_back("ROLE_NAME=default");
+  env.push_back("ROLE_WORLD_SIZE=" + std::to_string(nnodes * nprocs));
+  env.push_back("TORCHELASTIC_MAX_RESTARTS=" +
+                std::to_string(ftConfig ? ftConfig->maxRestarts : 0));
+  env.push_back("TORCHELASTIC_RUN_ID=" +
+                (ftConfig ? ftConfig->job : std::string("none")));
   // What torch.distributed's env:// rendezvous reads, as torchrun sets it,
   // so that a plain torch program runs under `meshplan run` too. One node:
   // the loopback and a free port. Several: the caller's MASTER_ADDR and
@@ -652,7 +683,16 @@ int Job::run(const std::string &storeAddress,
       return e.rfind(prefix, 0) == 0;
     });
   };
-  if (nnodes == 1 && !has("MASTER_ADDR") && !has("MASTER_PORT")) {
+  if (master.addr || master.port) {
+    std::erase_if(env, [](const std::string &e) {
+      return e.rfind("MASTER_ADDR=", 0) == 0 || e.rfind("MASTER_PORT=", 0) == 0;
+    });
+    env.push_back("MASTER_ADDR=" + master.addr.value_or("127.0.0.1"));
+    if (master.port)
+      env.push_back("MASTER_PORT=" + *master.port);
+    else if (int port = freeLoopbackPort())
+      env.push_back("MASTER_PORT=" + std::to_string(port));
+  } else if (nnodes == 1 && !has("MASTER_ADDR") && !has("MASTER_PORT")) {
     if (int port = freeLoopbackPort()) {
       env.push_back("MASTER_ADDR=127.0.0.1");
       env.push_back("MASTER_PORT=" + std::to_string(port));
@@ -780,10 +820,17 @@ int Job::run(const std::string &storeAddress,
 std::vector<std::string> Job::environmentOf(const Rank &rank) const {
   std::vector<std::string> env = baseEnv;
   env.push_back("RANK=" + std::to_string(rank.rank));
+  env.push_back("ROLE_RANK=" + std::to_string(rank.rank));
   env.push_back("LOCAL_RANK=" + std::to_string(rank.rank - nodeRank * nprocs));
+  std::string restarts = "0";
   if (supervisor)
-    for (std::string &e : supervisor->environment(rank.rank))
+    for (std::string &e : supervisor->environment(rank.rank)) {
+      // A restarted replica group's processes count as torchrun's restart.
+      if (e.rfind("MESHPLAN_FT_INCARNATION=", 0) == 0)
+        restarts = e.substr(e.find('=') + 1);
       env.push_back(std::move(e));
+    }
+  env.push_back("TORCHELASTIC_RESTART_COUNT=" + restarts);
   return env;
 }
 
@@ -877,6 +924,13 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
     parseSeconds("--timeout", *options.timeout, false);
   double grace = parseSeconds("--grace", options.grace, true);
   Store store = parseStore(options.store, nnodes);
+  if (options.masterPort)
+    parseInt("--master-port", *options.masterPort, 1, 65535);
+  if (options.masterAddr &&
+      (options.masterAddr->empty() ||
+       options.masterAddr->find_first_of(" \t\n=") != std::string::npos))
+    throw CliError("--master-addr: " + inQuotes(*options.masterAddr) +
+                   " is not a host name or address");
   std::optional<ft::Config> ftConfig = ft::parseFlags(options, nnodes);
   if (options.program.empty() || options.program[0].empty())
     throw CliError("PROGRAM: no program to run; usage: " + std::string(kUsage));
@@ -920,6 +974,8 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
     store.address = "file:" + storeDir.path;
 
   Job job(nprocs, nodeRank, nnodes, grace, options.program);
+  job.master.addr = options.masterAddr;
+  job.master.port = options.masterPort;
   int code = job.run(store.address, options.timeout, files,
                      ftConfig ? &*ftConfig : nullptr, &ftStore);
   ftStore.stop();

@@ -17,12 +17,14 @@ namespace meshplan::cli {
 /// The flags as written; runLaunchCommand parses and checks them so that
 /// every message names the flag in the CLI's usual form.
 struct RunOptions {
-  std::string nprocPerNode;           ///< -n (required)
-  std::optional<std::string> store;   ///< file:DIR | redis://HOST:PORT
-  std::optional<std::string> timeout; ///< seconds, exported to the ranks
-  std::string nnodes = "1";           ///< --nnodes
-  std::string nodeRank = "0";         ///< --node-rank
-  std::string grace = "5";            ///< seconds from SIGTERM to SIGKILL
+  std::string nprocPerNode;              ///< -n (required)
+  std::optional<std::string> store;      ///< file:DIR | redis://HOST:PORT
+  std::optional<std::string> timeout;    ///< seconds, exported to the ranks
+  std::string nnodes = "1";              ///< --nnodes
+  std::string nodeRank = "0";            ///< --node-rank
+  std::string grace = "5";               ///< seconds from SIGTERM to SIGKILL
+  std::optional<std::string> masterAddr; ///< exported as MASTER_ADDR
+  std::optional<std::string> masterPort; ///< exported as MASTER_PORT
   /// --fault-tolerant: restart a failed replica group's processes while the
   /// others continue (FaultTolerantLaunch.h, docs/fault-tolerance.md).
   bool faultTolerant = false;

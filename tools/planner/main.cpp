@@ -303,6 +303,17 @@ int main(int argc, char **argv) {
                    "This node's rank in [0, nnodes) (default 0)")
       ->type_name("K");
   runCmd
+      ->add_option("--master-addr", runOptions.masterAddr,
+                   "Exported as MASTER_ADDR, for torch's env:// rendezvous: "
+                   "node 0's address, as torchrun's --master-addr (default "
+                   "127.0.0.1 on one node; several: the caller's)")
+      ->type_name("HOST");
+  runCmd
+      ->add_option("--master-port", runOptions.masterPort,
+                   "Exported as MASTER_PORT (default: a free port on one "
+                   "node; several: the caller's)")
+      ->type_name("PORT");
+  runCmd
       ->add_option("--grace", runOptions.grace,
                    "Seconds between SIGTERM and SIGKILL when stopping the "
                    "ranks (default 5)")

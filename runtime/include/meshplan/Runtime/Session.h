@@ -137,6 +137,9 @@ struct StepTraceOptions {
 struct SessionOptions {
   int64_t rank = 0;
   int64_t worldSize = 1;
+  /// The launcher's variable that gave worldSize ("SLURM_NTASKS" under
+  /// srun), named when the plan's mesh has another size.
+  std::string worldSizeVariable = "WORLD_SIZE";
   StoreAddress store;
   /// Every rendezvous, collective and wait gives up after this long.
   std::chrono::milliseconds timeout{60000};
@@ -181,12 +184,13 @@ struct SessionOptions {
 };
 
 /// Options from the environment that `meshplan run`, torchrun or Slurm set:
-/// RANK, WORLD_SIZE, MESHPLAN_STORE (required), MESHPLAN_TIMEOUT (seconds,
+/// RANK, WORLD_SIZE, LOCAL_RANK and MESHPLAN_STORE, or what torchrun or srun
+/// give instead (LauncherEnvironment.h), MESHPLAN_TIMEOUT (seconds,
 /// default 60), MESHPLAN_JOB, MESHPLAN_REDUCTION_ORDER ("key", the default,
-/// or "gloo"), MESHPLAN_BACKEND ("gloo", the default, or "nccl"), LOCAL_RANK
-/// (default 0). Fault tolerance, when MESHPLAN_FT_STORE (redis://HOST:PORT)
-/// is set: MESHPLAN_FT_MIN_REPLICAS (default 1), MESHPLAN_FT_HEARTBEAT_MS
-/// (default 2000), MESHPLAN_FT_INCARNATION (default 0); `meshplan run
+/// or "gloo"), MESHPLAN_BACKEND ("gloo", the default, or "nccl"). Fault
+/// tolerance, when MESHPLAN_FT_STORE (redis://HOST:PORT) is set:
+/// MESHPLAN_FT_MIN_REPLICAS (default 1), MESHPLAN_FT_HEARTBEAT_MS (default
+/// 2000), MESHPLAN_FT_INCARNATION (default 0); `meshplan run
 /// --fault-tolerant` sets them. Errors name the variable.
 Result<SessionOptions> sessionOptionsFromEnv();
 

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "GlooBackend.h"
+#include "TorchTcpStore.h"
 
 #include "meshplan/Runtime/Kernels.h"
 
@@ -1200,7 +1201,13 @@ public:
     if (const char *env = std::getenv("MESHPLAN_HOSTNAME"); env && *env)
       host = env;
     if (host.empty()) {
-      if (o.store.kind == StoreAddress::Kind::File) {
+      // A file store, or torchrun's store on the loopback (--standalone),
+      // means one machine: peers meet on the loopback.
+      bool loopbackTcp =
+          o.store.kind == StoreAddress::Kind::Tcp &&
+          (o.store.host == "localhost" || o.store.host.starts_with("127.") ||
+           o.store.host == "::1");
+      if (o.store.kind == StoreAddress::Kind::File || loopbackTcp) {
         host = "127.0.0.1";
       } else {
         char name[256] = {0};
@@ -1214,6 +1221,9 @@ public:
       if (o.store.kind == StoreAddress::Kind::File)
         backend->store =
             std::make_unique<gloo::rendezvous::FileStore>(o.store.path);
+      else if (o.store.kind == StoreAddress::Kind::Tcp)
+        backend->store = std::make_unique<TorchTcpStore>(
+            o.store.host, o.store.port, o.timeout);
       else
         backend->store = std::make_unique<gloo::rendezvous::RedisStore>(
             o.store.host, o.store.port);
