@@ -20,6 +20,7 @@
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Runtime/Membership.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -147,6 +148,21 @@ std::pair<int64_t, bool> packedStart(const plan::Buffer &b,
 float scaleOf(const std::vector<BufferState> &buffers,
               const std::unordered_map<std::string, int> &ids,
               const plan::Buffer &b);
+
+/// Where a step's time went, from each instruction's [start, end)
+/// (Session.cpp). `streams` and `commSequence` give the orders an instruction
+/// waits on besides its deps (StepProfile::instructionReady).
+StepProfile profileOf(
+    const std::vector<Bound> &program,
+    const std::vector<std::pair<Clock::time_point, Clock::time_point>> &spans,
+    const std::vector<std::vector<int>> &streams,
+    const std::vector<std::vector<int>> &commSequence, Clock::time_point start,
+    Clock::time_point end);
+
+/// Whether a sorted list of replica groups holds `g`.
+inline bool containsGroup(const std::vector<int> &groups, int g) {
+  return std::binary_search(groups.begin(), groups.end(), g);
+}
 
 /// A session on a device (SessionOptions::device; DeviceExecution.cpp):
 /// where its buffers are and what orders its streams.

@@ -1,4 +1,4 @@
-//===- SessionOptions.cpp - Session options from the environment ---------===//
+//===- SessionOptions.cpp - Session options from the environment ----------===//
 //
 // sessionOptionsFromEnv: what `meshplan run`, torchrun or Slurm set, read into
 // SessionOptions (meshplan/Runtime/Session.h). In a file of its own so that
