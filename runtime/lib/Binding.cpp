@@ -115,9 +115,9 @@ Result<void> Session::Impl::bind() {
                    b.kind == BufferKind::OptimizerState;
     bufferIds[b.id] = static_cast<int>(i);
     if (s.persistent && options.device)
-      s.live = true; // in the device arena (setUpDevice zeroes it)
+      s.live = true; // in the device arena (setUpExecutor zeroes it)
     else if (s.persistent)
-      ensure(static_cast<int>(i));
+      ensureOnHost(static_cast<int>(i));
   }
 
   std::unordered_map<std::string, int> ids, streamIds, commIds;

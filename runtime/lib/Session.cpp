@@ -22,29 +22,14 @@
 #include "SessionImpl.h"
 #include "StagedCommunicator.h"
 
-#include "meshplan/Core/Layout.h"
-#include "meshplan/Core/MeshView.h"
 #include "meshplan/Plan/Template.h"
-#include "meshplan/Runtime/Kernels.h"
-#include "meshplan/Runtime/Membership.h"
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cmath>
 #include <condition_variable>
-#include <csignal>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <thread>
-#include <unordered_map>
-
-#include <sys/mman.h>
 
 namespace meshplan::runtime {
 
@@ -98,11 +83,9 @@ TensorView Session::Impl::view(int buffer) {
   BufferState &s = buffers[buffer];
   TensorView v;
   v.buffer = s.meta;
-  if (dev) {
-    // Device memory; a float8 scale is a device value (deviceScale).
-    v.bytes =
-        std::span<std::byte>(deviceAddress(buffer),
-                             size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
+  if (onDevice()) {
+    // Device memory; a float8 scale is a device value (scaleFor).
+    v.bytes = std::span<std::byte>(address(buffer), bytesOf(s));
     v.onDevice = true;
     return v;
   }
@@ -113,7 +96,7 @@ TensorView Session::Impl::view(int buffer) {
 }
 
 /// Allocates (zeroed) a buffer about to be written.
-void Session::Impl::ensure(int buffer) {
+void Session::Impl::ensureOnHost(int buffer) {
   BufferState &s = buffers[buffer];
   if (!s.live) {
     s.data.assign(size_t(s.numel * plan::dtypeBytes(s.meta->dtype)),
@@ -130,7 +113,7 @@ Result<Communicator *> Session::Impl::communicator(int index) {
       return comm.error();
     comms[index] = std::move(*comm);
     // On a device, a host backend's collectives go through host memory.
-    if (dev && comms[index]->memoryKind() == MemoryKind::Host)
+    if (onDevice() && comms[index]->memoryKind() == MemoryKind::Host)
       comms[index] = stageThroughHost(std::move(comms[index]), dev->device);
   }
   return comms[index].get();
@@ -182,496 +165,6 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
   };
   g.nominalSize = static_cast<int64_t>(c.ranks.size());
   return g;
-}
-
-bool Session::Impl::sharing(const Bound &b) const {
-  return ft && !ft->shareLayout.empty() && b.comm >= 0 &&
-         plan.communicators[size_t(b.comm)].faultTolerant;
-}
-
-/// A fault_tolerant all-reduce while groups are missing (FaultTolerance::
-/// sharesApart): in every pass but this rank's last, keeps the packed input
-/// of the pass's share; in the last, sums every share of every member in
-/// group order into `data`. True once `data` holds the sum.
-Result<bool> Session::Impl::allReduceShare(const Bound &b, Communicator &c,
-                                           std::byte *data, int64_t count,
-                                           DType wire) {
-  FaultTolerance &f = *ft;
-  size_t bytes = size_t(count * plan::dtypeBytes(wire));
-  std::lock_guard<std::mutex> lock(*f.stashMutex);
-  std::vector<std::vector<std::byte>> &kept = f.shareStash[b.index];
-  if (f.sharePass + 1 < f.dataRanks.size()) {
-    kept.emplace_back(data, data + bytes);
-    return false;
-  }
-  std::vector<const void *> mine;
-  for (const std::vector<std::byte> &k : kept)
-    mine.push_back(k.data());
-  mine.push_back(data);
-  MESHPLAN_TRY(
-      c.allReduceShares(mine, data, count, wire, *b.in->reduce, f.shareLayout));
-  kept.clear();
-  return true;
-}
-
-Result<void> Session::Impl::runCollective(Bound &b) {
-  const Instruction &in = *b.in;
-  auto comm = communicator(b.comm);
-  if (!comm)
-    return comm.error();
-  Communicator &c = **comm;
-  DType wire = *in.dtype;
-  int64_t esize = plan::dtypeBytes(wire);
-  int64_t n = c.size();
-  int64_t count = in.count;
-  auto box = [&](int buffer) {
-    BufferState &s = buffers[buffer];
-    return BoxRef{s.data.data(), s.meta->dtype, &s.meta->localShape,
-                  &s.meta->offset};
-  };
-  auto chunkRef = [&](std::vector<std::byte> &stage, int64_t elementAt,
-                      const Pair &p, const ShardBox &member) {
-    return BoxRef{stage.data() + elementAt * esize, wire, &p.padded,
-                  &member.offset};
-  };
-  for (int x : b.inputs)
-    if (!buffers[x].live)
-      return makeError("reads \"" + buffers[x].meta->id +
-                       "\" before anything wrote it");
-  for (int x : b.outputs)
-    ensure(x);
-
-  if (b.direct) {
-    std::byte *src = buffers[b.pairs[0].in].data.data();
-    std::byte *dst = buffers[b.pairs[0].out].data.data();
-    switch (in.op) {
-    case OpKind::AllGather:
-      return c.allGather(src, dst, count, wire);
-    case OpKind::ReduceScatter:
-      return c.reduceScatter(src, dst, count, wire, *in.reduce);
-    case OpKind::AllReduce:
-      if (src != dst)
-        std::memcpy(dst, src, size_t(count * esize));
-      if (sharing(b)) {
-        auto summed = allReduceShare(b, c, dst, count, wire);
-        return summed ? Result<void>() : Result<void>(summed.error());
-      }
-      return c.allReduce(dst, count, wire, *in.reduce);
-    case OpKind::Broadcast:
-      if (src != dst)
-        std::memcpy(dst, src, size_t(count * esize));
-      return c.broadcast(dst, count, wire, in.root);
-    default:
-      break;
-    }
-  }
-
-  switch (in.op) {
-  case OpKind::AllGather: {
-    std::vector<std::byte> send(size_t(count * esize), std::byte{0});
-    std::vector<std::byte> recv(size_t(count * n * esize));
-    for (const Pair &p : b.pairs) {
-      const ShardBox &mine = p.members[size_t(c.key())];
-      // Copy-in: the shard converted to the wire type (fp32 -> bf16, or
-      // -> float8 with the gathered buffer's scale).
-      float scale = scaleOf(buffers, bufferIds, *buffers[p.out].meta);
-      copyBox(box(p.in), chunkRef(send, p.at, p, mine), mine.offset,
-              mine.localShape, scale);
-    }
-    MESHPLAN_TRY(c.allGather(send.data(), recv.data(), count, wire));
-    for (const Pair &p : b.pairs)
-      for (int64_t m = 0; m < n; ++m) {
-        const ShardBox &theirs = p.members[size_t(m)];
-        copyBox(chunkRef(recv, m * count + p.at, p, theirs), box(p.out),
-                theirs.offset, theirs.localShape);
-      }
-    return {};
-  }
-  case OpKind::ReduceScatter: {
-    std::vector<std::byte> send(size_t(count * n * esize), std::byte{0});
-    std::vector<std::byte> recv(size_t(count * esize));
-    for (const Pair &p : b.pairs)
-      for (int64_t m = 0; m < n; ++m) {
-        const ShardBox &theirs = p.members[size_t(m)];
-        copyBox(box(p.in), chunkRef(send, m * count + p.at, p, theirs),
-                theirs.offset, theirs.localShape);
-      }
-    MESHPLAN_TRY(
-        c.reduceScatter(send.data(), recv.data(), count, wire, *in.reduce));
-    for (const Pair &p : b.pairs) {
-      const ShardBox &mine = p.members[size_t(c.key())];
-      copyBox(chunkRef(recv, p.at, p, mine), box(p.out), mine.offset,
-              mine.localShape);
-    }
-    return {};
-  }
-  case OpKind::AllReduce:
-  case OpKind::Broadcast: {
-    std::vector<std::byte> data(size_t(count * esize), std::byte{0});
-    for (const Pair &p : b.pairs) {
-      const ShardBox &mine = p.members[0];
-      copyBox(box(p.in), chunkRef(data, p.at, p, mine), mine.offset,
-              mine.localShape);
-    }
-    if (in.op == OpKind::AllReduce && sharing(b)) {
-      auto summed = allReduceShare(b, c, data.data(), count, wire);
-      if (!summed)
-        return summed.error();
-      if (!*summed)
-        return {}; // deferred to the last share's pass
-    } else if (in.op == OpKind::AllReduce) {
-      MESHPLAN_TRY(c.allReduce(data.data(), count, wire, *in.reduce));
-    } else {
-      MESHPLAN_TRY(c.broadcast(data.data(), count, wire, in.root));
-    }
-    for (const Pair &p : b.pairs) {
-      const ShardBox &mine = p.members[0];
-      copyBox(chunkRef(data, p.at, p, mine), box(p.out), mine.offset,
-              mine.localShape);
-    }
-    return {};
-  }
-  case OpKind::Permute: {
-    std::vector<std::byte> send(size_t(count * esize), std::byte{0});
-    std::vector<std::byte> recv(size_t(count * esize));
-    const Pair &first = b.pairs[0];
-    for (const Pair &p : b.pairs) {
-      const ShardBox &mine = p.inBoxes[size_t(c.key())];
-      copyBox(box(p.in), chunkRef(send, p.at, p, mine), mine.offset,
-              mine.localShape);
-    }
-    MESHPLAN_TRY(c.sendRecv(send.data(), first.sendTo, recv.data(),
-                            first.recvFrom, count, wire));
-    for (const Pair &p : b.pairs) {
-      const ShardBox &theirs = p.inBoxes[size_t(p.recvFrom)];
-      copyBox(chunkRef(recv, p.at, p, theirs), box(p.out), theirs.offset,
-              theirs.localShape);
-    }
-    return {};
-  }
-  case OpKind::AllToAll: {
-    std::vector<std::byte> send(size_t(count * n * esize), std::byte{0});
-    std::vector<std::byte> recv(size_t(count * n * esize));
-    int64_t me = c.key();
-    // Block k carries the part of my input that member k's output holds,
-    // packed densely; both sides compute the same intersection.
-    auto dense = [&](std::vector<std::byte> &stage, int64_t elementAt,
-                     const ShardBox &part) {
-      return BoxRef{stage.data() + elementAt * esize, wire, &part.localShape,
-                    &part.offset};
-    };
-    for (const Pair &p : b.pairs)
-      for (int64_t k = 0; k < n; ++k) {
-        ShardBox part = intersect(p.inBoxes[size_t(me)], p.outBoxes[size_t(k)]);
-        copyBox(box(p.in), dense(send, k * count + p.at, part), part.offset,
-                part.localShape);
-      }
-    MESHPLAN_TRY(c.allToAll(send.data(), recv.data(), count, wire));
-    for (const Pair &p : b.pairs)
-      for (int64_t k = 0; k < n; ++k) {
-        ShardBox part = intersect(p.inBoxes[size_t(k)], p.outBoxes[size_t(me)]);
-        copyBox(dense(recv, k * count + p.at, part), box(p.out), part.offset,
-                part.localShape);
-      }
-    return {};
-  }
-  default:
-    return makeError("unsupported collective");
-  }
-}
-
-Result<void> Session::Impl::runTransfer(Bound &b) {
-  const Instruction &in = *b.in;
-  auto comm = communicator(b.comm);
-  if (!comm)
-    return comm.error();
-  if (in.op == OpKind::Send) {
-    BufferState &src = buffers[b.inputs[0]];
-    if (!src.live)
-      return makeError("sends \"" + src.meta->id +
-                       "\" before anything wrote it");
-    return (*comm)->send(src.data.data(), in.peer, in.count, *in.dtype, in.tag);
-  }
-  ensure(b.outputs[0]);
-  return (*comm)->recv(buffers[b.outputs[0]].data.data(), in.peer, in.count,
-                       *in.dtype, in.tag);
-}
-
-ComputeCall Session::Impl::callOf(const Bound &b) const {
-  const Instruction &in = *b.in;
-  ComputeCall call;
-  call.phase = in.phase;
-  call.unit = in.unit;
-  call.microbatch = in.microbatch;
-  call.step = steps + 1;
-  call.session = self;
-  if (ft && !ft->shareLayout.empty())
-    call.shares = {int64_t(ft->sharePass)};
-  else if (ft)
-    for (size_t k = 0; k < ft->dataRanks.size(); ++k)
-      call.shares.push_back(int64_t(k));
-  return call;
-}
-
-Result<void> Session::Impl::invoke(ComputeCall &call) {
-  auto it = callbacks.find({call.phase, call.unit});
-  const ComputeCallback *fn =
-      it != callbacks.end() ? &it->second : (fallback ? &fallback : nullptr);
-  if (!fn)
-    return makeError("no compute callback for " + call.phase + " " + call.unit +
-                     " (register one with onCompute)");
-  Result<void> ok = (*fn)(call);
-  if (!ok)
-    return ok.error().within("the " + call.phase + " callback of " + call.unit);
-  return {};
-}
-
-Result<void> Session::Impl::runCompute(Bound &b) {
-  ComputeCall call = callOf(b);
-  // Inputs: parameters, then (accumulating microbatches) the gradients so
-  // far; amax buffers only feed the scales.
-  std::map<std::string, int> accumulated;
-  for (int x : b.inputs) {
-    BufferState &s = buffers[x];
-    if (!s.live)
-      return makeError("reads \"" + s.meta->id + "\" before anything wrote it");
-    if (s.meta->kind == BufferKind::Gradient) {
-      accumulated[s.meta->tensor] = x;
-      continue;
-    }
-    // An amax: its values reach the callback as scales. A pipeline stage's
-    // activation (docs/pipeline.md, "Planning") is passed in its place among
-    // the inputs, as is the activation a compute writes among the outputs.
-    if (s.meta->tensor.empty() && s.meta->kind != BufferKind::Activation)
-      continue;
-    call.params.push_back(view(x));
-  }
-  for (int x : b.outputs) {
-    BufferState &s = buffers[x];
-    auto from = accumulated.find(s.meta->tensor);
-    if (from != accumulated.end() && from->second != x) {
-      const BufferState &prev = buffers[from->second];
-      if (prev.data.size() != size_t(s.numel * plan::dtypeBytes(s.meta->dtype)))
-        return makeError("accumulates \"" + prev.meta->id + "\" into \"" +
-                         s.meta->id + "\", which has another size");
-      s.data = prev.data;
-      s.live = true;
-    } else if (from == accumulated.end()) {
-      s.live = false; // a fresh gradient starts at zero
-      ensure(x);
-    }
-    call.grads.push_back(view(x));
-  }
-  return invoke(call);
-}
-
-double Session::Impl::stepLr() const {
-  return lrOverride ? *lrOverride : plan.optimizer->lrAt(steps + 1);
-}
-
-Result<void> Session::Impl::runOptimizer(Bound &b) {
-  const plan::OptimizerConfig &o = *plan.optimizer;
-  // A non-finite gradient norm skips every update of the step; every rank
-  // of the norm's group reduced the same integers, so all skip alike.
-  if (skipUpdates)
-    return {};
-  k::AdamWParams hp{stepLr(), o.beta1, o.beta2, o.eps, o.weightDecay};
-  int64_t step = steps + 1;
-  for (size_t g = 0; g + 3 < b.inputs.size(); g += 4) {
-    BufferState &param = buffers[b.inputs[g]];
-    hp.weightDecay = o.weightDecayOf(param.meta->tensor);
-    BufferState &grad = buffers[b.inputs[g + 1]];
-    BufferState &m = buffers[b.inputs[g + 2]];
-    BufferState &v = buffers[b.inputs[g + 3]];
-    if (!grad.live)
-      return makeError("reads \"" + grad.meta->id +
-                       "\" before anything wrote it");
-    size_t n = size_t(param.numel);
-    std::span<const float> gs(reinterpret_cast<const float *>(grad.data.data()),
-                              n);
-    std::span<float> ms(reinterpret_cast<float *>(m.data.data()), n);
-    std::span<float> vs(reinterpret_cast<float *>(v.data.data()), n);
-    if (o.stochasticRounding) {
-      auto runs = k::boxIndexRuns(param.meta->globalShape, param.meta->offset,
-                                  param.meta->localShape);
-      if (!runs)
-        return makeError("\"" + param.meta->id + "\": bad box");
-      k::adamwBf16StochasticRounding(
-          {reinterpret_cast<uint16_t *>(param.data.data()), n}, gs, ms, vs, hp,
-          step, static_cast<uint64_t>(o.seed),
-          static_cast<uint64_t>(*param.meta->tensorId), *runs);
-    } else {
-      k::adamwFp32({reinterpret_cast<float *>(param.data.data()), n}, gs, ms,
-                   vs, hp, step);
-    }
-  }
-  return {};
-}
-
-Result<void> Session::Impl::execute(Bound &b) {
-  const Instruction &in = *b.in;
-  switch (in.op) {
-  case OpKind::AllGather:
-  case OpKind::ReduceScatter:
-  case OpKind::AllReduce:
-  case OpKind::Broadcast:
-  case OpKind::AllToAll:
-  case OpKind::Permute:
-    return runCollective(b);
-  case OpKind::Send:
-  case OpKind::Recv:
-    return runTransfer(b);
-  case OpKind::Compute:
-    return runCompute(b);
-  case OpKind::OptimizerUpdate:
-    return runOptimizer(b);
-  case OpKind::Free:
-    for (int x : b.inputs) {
-      buffers[x].data = {};
-      buffers[x].live = false;
-    }
-    return {};
-  case OpKind::Wait:
-    return {};
-  default:
-    break;
-  }
-  // Local elementwise ops.
-  for (int x : b.inputs)
-    if (!buffers[x].live)
-      return makeError("reads \"" + buffers[x].meta->id +
-                       "\" before anything wrote it");
-  switch (in.op) {
-  case OpKind::Cast:
-    for (size_t i = 0; i < b.inputs.size(); ++i) {
-      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
-      if (src.numel != dst.numel ||
-          !canConvert(src.meta->dtype, dst.meta->dtype))
-        return makeError("cannot cast \"" + src.meta->id + "\" into \"" +
-                         dst.meta->id + "\"");
-      ensure(b.outputs[i]);
-      convertElements(src.data.data(), src.meta->dtype, dst.data.data(),
-                      dst.meta->dtype, src.numel, 1.0f);
-    }
-    return {};
-  case OpKind::Sum:
-    for (size_t i = 0; i < b.inputs.size(); ++i) {
-      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
-      if (src.meta->dtype != DType::Float32 ||
-          dst.meta->dtype != DType::Float32 || dst.numel == 0 ||
-          src.numel % dst.numel != 0)
-        return makeError("cannot sum the rows of \"" + src.meta->id +
-                         "\" into \"" + dst.meta->id + "\"");
-      ensure(b.outputs[i]);
-      auto *s = reinterpret_cast<const float *>(src.data.data());
-      auto *d = reinterpret_cast<float *>(dst.data.data());
-      std::fill(d, d + dst.numel, 0.0f);
-      for (int64_t r = 0; r < src.numel / dst.numel; ++r)
-        for (int64_t j = 0; j < dst.numel; ++j)
-          d[j] += s[r * dst.numel + j];
-    }
-    return {};
-  case OpKind::Accumulate:
-    // Per tensor: inputs (accumulator, addend), added in place (the reader
-    // checked shapes and dtypes). bfloat16 adds in float32 and rounds to
-    // nearest even, once per addition.
-    for (size_t i = 0; i < b.outputs.size(); ++i) {
-      BufferState &acc = buffers[b.inputs[2 * i]];
-      const BufferState &add = buffers[b.inputs[2 * i + 1]];
-      if (acc.numel != add.numel || acc.meta->dtype != add.meta->dtype)
-        return makeError("cannot add \"" + add.meta->id + "\" into \"" +
-                         acc.meta->id + "\"");
-      if (acc.meta->dtype == DType::Float32) {
-        auto *d = reinterpret_cast<float *>(acc.data.data());
-        auto *s = reinterpret_cast<const float *>(add.data.data());
-        for (int64_t j = 0; j < acc.numel; ++j)
-          d[j] += s[j];
-      } else if (acc.meta->dtype == DType::BFloat16) {
-        auto *d = reinterpret_cast<uint16_t *>(acc.data.data());
-        auto *s = reinterpret_cast<const uint16_t *>(add.data.data());
-        for (int64_t j = 0; j < acc.numel; ++j)
-          d[j] = k::floatToBf16(k::bf16ToFloat(d[j]) + k::bf16ToFloat(s[j]));
-      } else {
-        return makeError("cannot accumulate a " +
-                         std::string(plan::dtypeName(acc.meta->dtype)) +
-                         " buffer");
-      }
-    }
-    return {};
-  case OpKind::GradNorm: {
-    // The exact partial norm of the gradients this rank counts (core's
-    // accumulator; the reader checked the buffer's dtype and length).
-    BufferState &out = buffers[b.outputs[0]];
-    ensure(b.outputs[0]);
-    std::span<int64_t> acc(reinterpret_cast<int64_t *>(out.data.data()),
-                           size_t(out.numel));
-    std::fill(acc.begin(), acc.end(), 0);
-    for (int x : b.inputs) {
-      const BufferState &g = buffers[x];
-      accumulateGradNorm(
-          plan.optimizer->normType,
-          {reinterpret_cast<const float *>(g.data.data()), size_t(g.numel)},
-          acc);
-    }
-    return {};
-  }
-  case OpKind::ClipGradients: {
-    const plan::OptimizerConfig &o = *plan.optimizer;
-    const BufferState &reduced = buffers[b.inputs[0]];
-    double norm = gradNormOf(
-        o.normType, {reinterpret_cast<const int64_t *>(reduced.data.data()),
-                     size_t(reduced.numel)});
-    gradNorm = norm;
-    skipUpdates = !std::isfinite(norm);
-    clipCoefficient =
-        skipUpdates ? 1.0f : meshplan::clipCoefficient(*o.maxNorm, norm);
-    if (skipUpdates || clipCoefficient == 1.0f)
-      return {};
-    for (size_t i = 1; i < b.inputs.size(); ++i) {
-      BufferState &g = buffers[b.inputs[i]];
-      auto *d = reinterpret_cast<float *>(g.data.data());
-      for (int64_t j = 0; j < g.numel; ++j)
-        d[j] *= clipCoefficient;
-    }
-    return {};
-  }
-  case OpKind::Fp8Amax: {
-    if (b.outputs.size() != 1)
-      return makeError("fp8_amax needs one output");
-    BufferState &out = buffers[b.outputs[0]];
-    if (out.meta->dtype != DType::Float32 ||
-        out.numel != static_cast<int64_t>(b.inputs.size()))
-      return makeError("fp8_amax's output must hold one float32 per input");
-    ensure(b.outputs[0]);
-    auto *a = reinterpret_cast<float *>(out.data.data());
-    for (size_t i = 0; i < b.inputs.size(); ++i) {
-      BufferState &s = buffers[b.inputs[i]];
-      size_t n = size_t(s.numel);
-      if (s.meta->dtype == DType::Float32)
-        a[i] = k::amax({reinterpret_cast<const float *>(s.data.data()), n});
-      else if (s.meta->dtype == DType::BFloat16)
-        a[i] = k::amax({reinterpret_cast<const uint16_t *>(s.data.data()), n});
-      else
-        return makeError("fp8_amax of a " +
-                         std::string(plan::dtypeName(s.meta->dtype)) +
-                         " buffer");
-    }
-    return {};
-  }
-  case OpKind::Fp8Cast:
-    for (size_t i = 0; i < b.outputs.size(); ++i) {
-      BufferState &src = buffers[b.inputs[i]], &dst = buffers[b.outputs[i]];
-      if (!canConvert(src.meta->dtype, dst.meta->dtype))
-        return makeError("cannot cast \"" + src.meta->id + "\" to float8");
-      ensure(b.outputs[i]);
-      convertElements(src.data.data(), src.meta->dtype, dst.data.data(),
-                      dst.meta->dtype, src.numel,
-                      scaleOf(buffers, bufferIds, *dst.meta));
-    }
-    return {};
-  default:
-    return makeError("unsupported op " + std::string(plan::opKindName(in.op)));
-  }
 }
 
 //===----------------------------------------------------------------------===//
@@ -745,8 +238,7 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
   impl->backend = std::move(*backend);
   if (options.faultTolerance)
     MESHPLAN_TRY(impl->setUpFaultTolerance());
-  if (options.device)
-    MESHPLAN_TRY(impl->setUpDevice());
+  MESHPLAN_TRY(impl->setUpExecutor());
   // Every group this session may create, in the plan's communicator order
   // (the same on every rank): the plan's, then the trainer's separate ones
   // over the same members (trainerCommunicator). A backend whose group
@@ -801,7 +293,7 @@ void Session::onCompute(const std::string &phase, const std::string &unit,
 
 Result<void>
 Session::initParameters(const std::function<Result<void>(TensorView &)> &init) {
-  if (impl->dev)
+  if (impl->onDevice())
     return impl->initOnDevice(init);
   for (size_t i = 0; i < impl->buffers.size(); ++i) {
     BufferState &s = impl->buffers[i];
@@ -834,13 +326,13 @@ Result<void> Session::copyIn(const std::string &id,
              &s.meta->globalShape, &zero};
   std::vector<std::byte> staging;
   std::byte *into = s.data.data();
-  if (impl->dev) {
+  if (impl->onDevice()) {
     staging.resize(size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
     into = staging.data();
   }
   BoxRef dst{into, s.meta->dtype, &s.meta->localShape, &s.meta->offset};
   copyBox(src, dst, s.meta->offset, s.meta->localShape);
-  if (impl->dev)
+  if (impl->onDevice())
     return impl->toDevice(it->second, staging);
   return {};
 }
@@ -856,7 +348,7 @@ Result<void> Session::copyOut(const TensorView &view,
       std::memcpy(host.data(), view.bytes.data(), host.size());
     return {};
   }
-  if (!impl->dev)
+  if (!impl->onDevice())
     return makeError("copyOut of \"" + view.id() +
                      "\": a device view, but this session has no device");
   return impl->fromDevice(view.bytes.data(), host);
@@ -871,7 +363,7 @@ Result<void> Session::copyInto(const TensorView &view,
     return makeError(
         "copyInto \"" + view.id() + "\": " + std::to_string(host.size()) +
         " bytes given, the shard has " + std::to_string(view.bytes.size()));
-  if (impl->dev)
+  if (impl->onDevice())
     return impl->toDevice(it->second, host);
   if (!host.empty())
     std::memcpy(impl->buffers[it->second].data.data(), host.data(),
@@ -879,9 +371,7 @@ Result<void> Session::copyInto(const TensorView &view,
   return {};
 }
 
-Device *Session::device() const {
-  return impl->dev ? impl->dev->device.get() : nullptr;
-}
+Device *Session::device() const { return impl->options.device.get(); }
 
 namespace detail {
 using SpanClock = std::chrono::steady_clock;
@@ -1092,7 +582,7 @@ Session::Impl::runPass(StepState &state,
         state.running[size_t(index)] = 1;
       }
       state.spans[size_t(index)].first = Clock::now();
-      Result<void> ok = skip ? Result<void>() : run ? run(b) : execute(b);
+      Result<void> ok = skip ? Result<void>() : run ? run(b) : enqueue(b);
       state.spans[size_t(index)].second = Clock::now();
       std::unique_lock<std::mutex> lock(mutex);
       if (!ok) {
@@ -1143,17 +633,14 @@ Result<void> Session::step() {
   StepState state{
       std::vector<std::pair<Clock::time_point, Clock::time_point>>(n),
       std::vector<char>(n, 0), std::vector<int>(m.commSequence.size(), 0)};
-  PassOutcome out = m.dev ? m.runDevicePass(state)
-                          : m.runPass(state, m.streams, /*soft=*/false);
-  if (m.dev) {
-    // The step ends when the device is done with it; report the first
-    // failure, the host's (enqueueing) before the device's.
-    Result<void> done = m.synchronizeDevice();
-    if (!out.failure && !done)
-      out.failure =
-          done.error().within("rank " + std::to_string(m.plan.rank) +
-                              ": step " + std::to_string(m.steps + 1));
-  }
+  PassOutcome out = m.runPass(state, m.streams, /*soft=*/false);
+  // The step ends when the device is done with it (on host buffers, it is
+  // already); report the first failure, the host's (enqueueing) before the
+  // device's.
+  Result<void> done = m.synchronizeDevice();
+  if (!out.failure && !done)
+    out.failure = done.error().within("rank " + std::to_string(m.plan.rank) +
+                                      ": step " + std::to_string(m.steps + 1));
   if (out.failure) {
     m.broken = true;
     return *out.failure;
@@ -1163,12 +650,11 @@ Result<void> Session::step() {
                         stepStart, Clock::now());
   m.profile.needlessWakeups = state.needlessWakeups;
   m.reportOptimizerStep(m.profile);
-  if (m.dev)
-    if (auto timed = m.readDeviceTiming(m.profile); !timed) {
-      m.broken = true;
-      return timed.error().within("rank " + std::to_string(m.plan.rank) +
-                                  ": step " + std::to_string(m.steps));
-    }
+  if (auto timed = m.readDeviceTiming(m.profile); !timed) {
+    m.broken = true;
+    return timed.error().within("rank " + std::to_string(m.plan.rank) +
+                                ": step " + std::to_string(m.steps));
+  }
   return {};
 }
 

@@ -266,11 +266,10 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
       b.owned = *owns && !b.box.empty() &&
                 m.ft->group == m.ft->quorum.members.front();
     }
-    if (m.dev) {
+    if (m.onDevice()) {
       fromDevice.emplace_back(
           size_t(s.numel * plan::dtypeBytes(s.meta->dtype)));
-      MESHPLAN_TRY(
-          m.fromDevice(m.deviceAddress(it->second), fromDevice.back()));
+      MESHPLAN_TRY(m.fromDevice(m.address(it->second), fromDevice.back()));
       save.push_back({&b, std::span<const std::byte>(fromDevice.back())});
       continue;
     }
@@ -372,7 +371,7 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   // the data pointers handed out earlier (TensorView, the C API's
   // mp_tensor) stay valid.
   for (const Loaded &l : loaded)
-    if (l.size && m.dev)
+    if (l.size && m.onDevice())
       MESHPLAN_TRY(m.toDevice(l.index, {*staging + l.offset, l.size}));
     else if (l.size)
       std::memcpy(m.buffers[size_t(l.index)].data.data(), *staging + l.offset,

@@ -68,6 +68,12 @@ public:
   virtual ~Device();
   /// "cuda:0", "host".
   virtual std::string name() const = 0;
+  /// True when every enqueued call has completed, in memory the host reads
+  /// and writes, by the time it returns (the inline host device a session
+  /// without a device runs on). The executor then also runs what needs a
+  /// value on the host (the gradient norm, clipping); elsewhere it refuses
+  /// plans that need them until the device has kernels for them.
+  virtual bool completesOnEnqueue() const { return false; }
 
   //===--- Memory --------------------------------------------------------===//
   /// Device memory (at least 256-byte aligned); released by release().
