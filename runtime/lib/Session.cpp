@@ -1,11 +1,12 @@
 //===- Session.cpp - The session API and its steps ------------------------===//
 //
-// Session's public functions, the pass that runs a step's instructions and
-// the host executor. The rest of a session lives beside it: plan binding
-// (Binding.cpp), fault tolerance (FaultTolerance.cpp), checkpoints
-// (SessionCheckpoint.cpp), options from the environment (SessionOptions.cpp)
-// and the executor on devices (DeviceExecution.cpp); SessionImpl.h holds the
-// state they share.
+// Session's public functions and the pass that runs a step's instructions,
+// a thread per plan stream. The rest of a session lives beside it: plan
+// binding (Binding.cpp), the executor that runs each instruction on the
+// session's device (Execution.cpp; the inline host device for host buffers)
+// and its set-up (ExecutionSetUp.cpp), fault tolerance (FaultTolerance.cpp),
+// checkpoints (SessionCheckpoint.cpp) and options from the environment
+// (SessionOptions.cpp); SessionImpl.h holds the state they share.
 //
 // Execution: one thread per stream runs that stream's instructions in
 // program order. An instruction starts when its deps have completed and, for
