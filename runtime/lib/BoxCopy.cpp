@@ -72,10 +72,10 @@ void convertElements(const std::byte *in, DType from, std::byte *out, DType to,
   }
 }
 
-bool boxContains(const std::vector<int64_t> &origin,
-                 const std::vector<int64_t> &shape,
-                 const std::vector<int64_t> &offset,
-                 const std::vector<int64_t> &size) {
+bool boxContains(std::span<const int64_t> origin,
+                 std::span<const int64_t> shape,
+                 std::span<const int64_t> offset,
+                 std::span<const int64_t> size) {
   if (origin.size() != offset.size() || shape.size() != size.size() ||
       origin.size() != shape.size())
     return false;
@@ -91,26 +91,36 @@ bool boxContains(const std::vector<int64_t> &origin,
 void copyBox(const BoxRef &src, const BoxRef &dst,
              const std::vector<int64_t> &offset,
              const std::vector<int64_t> &size, float scale) {
+  copyBox(DeviceBoxRef{src.data, src.dtype, *src.shape, *src.origin},
+          DeviceBoxRef{dst.data, dst.dtype, *dst.shape, *dst.origin}, offset,
+          size, scale);
+}
+
+void copyBox(const DeviceBoxRef &src, const DeviceBoxRef &dst,
+             std::span<const int64_t> offset, std::span<const int64_t> size,
+             float scale) {
   size_t rank = size.size();
-  if (product(size) == 0)
-    return;
+  for (int64_t extent : size)
+    if (extent == 0)
+      return;
   int64_t srcBytes = plan::dtypeBytes(src.dtype);
   int64_t dstBytes = plan::dtypeBytes(dst.dtype);
   if (rank == 0) {
-    convertElements(src.data, src.dtype, dst.data, dst.dtype, 1, scale);
+    convertElements(static_cast<const std::byte *>(src.data), src.dtype,
+                    static_cast<std::byte *>(dst.data), dst.dtype, 1, scale);
     return;
   }
   // Strides of both packed boxes, in elements.
   std::vector<int64_t> srcStride(rank, 1), dstStride(rank, 1);
   for (size_t d = rank - 1; d > 0; --d) {
-    srcStride[d - 1] = srcStride[d] * (*src.shape)[d];
-    dstStride[d - 1] = dstStride[d] * (*dst.shape)[d];
+    srcStride[d - 1] = srcStride[d] * src.shape[d];
+    dstStride[d - 1] = dstStride[d] * dst.shape[d];
   }
   // Merge trailing dims that are whole in both boxes into one long row.
   size_t inner = rank - 1;
   int64_t rowLength = size[inner];
-  while (inner > 0 && size[inner] == (*src.shape)[inner] &&
-         size[inner] == (*dst.shape)[inner]) {
+  while (inner > 0 && size[inner] == src.shape[inner] &&
+         size[inner] == dst.shape[inner]) {
     --inner;
     rowLength *= size[inner];
   }
@@ -120,10 +130,12 @@ void copyBox(const BoxRef &src, const BoxRef &dst,
     int64_t s = 0, t = 0;
     for (size_t d = 0; d < rank; ++d) {
       int64_t i = d < inner ? idx[d] : 0;
-      s += (offset[d] + i - (*src.origin)[d]) * srcStride[d];
-      t += (offset[d] + i - (*dst.origin)[d]) * dstStride[d];
+      s += (offset[d] + i - src.origin[d]) * srcStride[d];
+      t += (offset[d] + i - dst.origin[d]) * dstStride[d];
     }
-    convertElements(src.data + s * srcBytes, src.dtype, dst.data + t * dstBytes,
+    convertElements(static_cast<const std::byte *>(src.data) + s * srcBytes,
+                    src.dtype,
+                    static_cast<std::byte *>(dst.data) + t * dstBytes,
                     dst.dtype, rowLength, scale);
     size_t d = inner;
     while (d > 0) {

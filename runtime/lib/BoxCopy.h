@@ -13,9 +13,11 @@
 
 #include "meshplan/Core/Result.h"
 #include "meshplan/Plan/Plan.h"
+#include "meshplan/Runtime/Device.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace meshplan::runtime {
@@ -38,11 +40,17 @@ void copyBox(const BoxRef &src, const BoxRef &dst,
              const std::vector<int64_t> &offset,
              const std::vector<int64_t> &size, float scale = 1.0f);
 
+/// The same on boxes given by spans (DeviceBoxRef's data in host memory):
+/// what the host devices run, with no copy of the shapes.
+void copyBox(const DeviceBoxRef &src, const DeviceBoxRef &dst,
+             std::span<const int64_t> offset, std::span<const int64_t> size,
+             float scale);
+
 /// True when the region lies inside the box.
-bool boxContains(const std::vector<int64_t> &origin,
-                 const std::vector<int64_t> &shape,
-                 const std::vector<int64_t> &offset,
-                 const std::vector<int64_t> &size);
+bool boxContains(std::span<const int64_t> origin,
+                 std::span<const int64_t> shape,
+                 std::span<const int64_t> offset,
+                 std::span<const int64_t> size);
 
 /// Converts n contiguous elements.
 void convertElements(const std::byte *in, plan::DType from, std::byte *out,

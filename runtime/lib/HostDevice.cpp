@@ -13,6 +13,14 @@
 // as completed (waits on them must not hang); synchronize() returns the
 // first error, as CUDA reports a sticky error.
 //
+// createInlineHostDevice (SessionImpl.h) is the same device without the
+// queues: every enqueued call runs on the calling thread before it returns,
+// streams and events are empty handles, and waits, records and synchronize
+// have nothing to do. A session without a device runs its plan on it, so
+// that host and device sessions share one executor (Execution.cpp) while
+// the host keeps its synchronous speed: no thread hand-off, no queue, no
+// copy of a kernel's arguments.
+//
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Runtime/Device.h"
@@ -153,7 +161,10 @@ k::Fp8Format formatOf(plan::DType t) {
 
 class HostDevice final : public Device {
 public:
+  /// `immediate`: the inline host device (above).
+  explicit HostDevice(bool immediate) : immediate(immediate) {}
   std::string name() const override { return "host"; }
+  bool completesOnEnqueue() const override { return immediate; }
 
   Result<void *> allocate(size_t bytes) override {
     void *p = std::aligned_alloc(
@@ -168,16 +179,23 @@ public:
   void releaseHost(void *p) override { std::free(p); }
 
   Result<DeviceStream> createStream() override {
+    if (immediate)
+      return DeviceStream{};
     return DeviceStream{new HostStream()};
   }
   void destroyStream(DeviceStream s) override { delete streamOf(s); }
   Result<DeviceEvent> createEvent() override {
+    if (immediate)
+      return DeviceEvent{};
     return DeviceEvent{new HostEvent()};
   }
   void destroyEvent(DeviceEvent e) override {
     delete static_cast<HostEvent *>(e.handle);
   }
   Result<DeviceEvent> createTimingEvent() override {
+    if (immediate)
+      return makeError("the inline host device has no timing events: its "
+                       "work is the host's own (StepProfile)");
     auto *event = new HostEvent();
     event->timing = true;
     return DeviceEvent{event};
@@ -196,14 +214,20 @@ public:
     return std::chrono::duration<double>(*b - *a).count();
   }
   Result<void> hold(DeviceStream s) override {
+    if (immediate)
+      return {};
     streamOf(s)->hold();
     return {};
   }
   Result<void> release(DeviceStream s) override {
+    if (immediate)
+      return {};
     streamOf(s)->release();
     return {};
   }
   Result<void> record(DeviceEvent e, DeviceStream s) override {
+    if (immediate)
+      return {}; // the work before it is complete already
     auto *event = static_cast<HostEvent *>(e.handle);
     std::lock_guard<std::mutex> lock(event->mutex);
     event->stream = streamOf(s);
@@ -220,6 +244,8 @@ public:
     return {};
   }
   Result<void> wait(DeviceStream s, DeviceEvent e) override {
+    if (immediate)
+      return {};
     auto *event = static_cast<HostEvent *>(e.handle);
     HostStream *on;
     uint64_t position;
@@ -237,6 +263,8 @@ public:
     return {};
   }
   Result<void> synchronize(DeviceStream s) override {
+    if (immediate)
+      return {};
     return streamOf(s)->synchronize();
   }
 
@@ -267,14 +295,19 @@ public:
     for (int64_t extent : size)
       if (extent == 0)
         return {}; // nothing to copy
-    auto srcShape = vec(src.shape), srcOrigin = vec(src.origin),
-         dstShape = vec(dst.shape), dstOrigin = vec(dst.origin),
-         at = vec(offset), extent = vec(size);
-    if (!boxContains(srcOrigin, srcShape, at, extent) ||
-        !boxContains(dstOrigin, dstShape, at, extent))
+    if (!boxContains(src.origin, src.shape, offset, size) ||
+        !boxContains(dst.origin, dst.shape, offset, size))
       return makeError("host device: a box copy's region lies outside a box");
+    if (immediate) {
+      runtime::copyBox(src, dst, offset, size, scale ? *scale : 1.0f);
+      return {};
+    }
+    // The shapes by value: the caller's spans end with the call.
     return enqueue(s, [=, srcData = src.data, srcType = src.dtype,
-                       dstData = dst.data, dstType = dst.dtype] {
+                       dstData = dst.data, dstType = dst.dtype,
+                       srcShape = vec(src.shape), srcOrigin = vec(src.origin),
+                       dstShape = vec(dst.shape), dstOrigin = vec(dst.origin),
+                       at = vec(offset), extent = vec(size)] {
       BoxRef from{static_cast<std::byte *>(srcData), srcType, &srcShape,
                   &srcOrigin};
       BoxRef to{static_cast<std::byte *>(dstData), dstType, &dstShape,
@@ -359,18 +392,28 @@ public:
 
 private:
   template <typename F> Result<void> enqueue(DeviceStream s, F f) {
+    if (immediate) {
+      f();
+      return {};
+    }
     streamOf(s)->enqueue([f = std::move(f)]() -> Result<void> {
       f();
       return {};
     });
     return {};
   }
+
+  const bool immediate;
 };
 
 } // namespace
 
 std::shared_ptr<Device> createHostDevice() {
-  return std::make_shared<HostDevice>();
+  return std::make_shared<HostDevice>(/*immediate=*/false);
+}
+
+std::shared_ptr<Device> createInlineHostDevice() {
+  return std::make_shared<HostDevice>(/*immediate=*/true);
 }
 
 } // namespace meshplan::runtime

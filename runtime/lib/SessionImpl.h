@@ -3,9 +3,11 @@
 //
 // Internal to the runtime. Session::Impl holds the bound plan (buffers,
 // instructions resolved to buffer indices, per-collective boxes), the
-// backend and its communicators, and either host buffers or, for a session
-// on a device, the device state (DeviceState). Session.cpp binds the plan
-// and runs it on host buffers; DeviceExecution.cpp runs it on a device.
+// backend and its communicators, and the device the plan runs on
+// (DeviceState: the inline host device for host buffers). Binding.cpp binds
+// the plan, Execution.cpp runs its instructions on the device,
+// ExecutionSetUp.cpp sets the device up, Session.cpp runs the passes of a
+// step, FaultTolerance.cpp and SessionCheckpoint.cpp the rest.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_RUNTIME_LIB_SESSIONIMPL_H
@@ -21,6 +23,7 @@
 #include "meshplan/Core/MeshView.h"
 #include "meshplan/Runtime/Membership.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -35,6 +38,11 @@ namespace meshplan::runtime {
 
 using plan::Instruction;
 
+/// The device of sessions without one (HostDevice.cpp):
+/// every enqueued call runs at once on host memory, on the calling thread
+/// (Device::completesOnEnqueue).
+std::shared_ptr<Device> createInlineHostDevice();
+
 namespace detail {
 
 struct BufferState {
@@ -45,6 +53,11 @@ struct BufferState {
   bool live = false;
   bool persistent = false;
 };
+
+/// A buffer's length in bytes.
+inline size_t bytesOf(const BufferState &s) {
+  return size_t(s.numel * plan::dtypeBytes(s.meta->dtype));
+}
 
 /// One (input, output) pair of a collective, resolved.
 struct Pair {
@@ -149,11 +162,28 @@ float scaleOf(const std::vector<BufferState> &buffers,
               const std::unordered_map<std::string, int> &ids,
               const plan::Buffer &b);
 
-/// A session on a device (SessionOptions::device; DeviceExecution.cpp):
-/// where its buffers are and what orders its streams.
+/// Where a step's time went, from each instruction's [start, end)
+/// (Session.cpp). `streams` and `commSequence` give the orders an instruction
+/// waits on besides its deps (StepProfile::instructionReady).
+StepProfile profileOf(
+    const std::vector<Bound> &program,
+    const std::vector<std::pair<Clock::time_point, Clock::time_point>> &spans,
+    const std::vector<std::vector<int>> &streams,
+    const std::vector<std::vector<int>> &commSequence, Clock::time_point start,
+    Clock::time_point end);
+
+/// Whether a sorted list of replica groups holds `g`.
+inline bool containsGroup(const std::vector<int> &groups, int g) {
+  return std::binary_search(groups.begin(), groups.end(), g);
+}
+
+/// The device a session's plan runs on (ExecutionSetUp.cpp): where its
+/// buffers are and what orders its streams. Host sessions: the inline host
+/// device, no arena (each BufferState holds its bytes), empty stream and
+/// event handles, no packing blocks (each collective allocates its own).
 struct DeviceState {
   std::shared_ptr<Device> device;
-  std::unique_ptr<DeviceArena> arena;
+  std::unique_ptr<DeviceArena> arena; ///< null: host buffers
   /// Which events each instruction waits for and records.
   StreamGraph graph;
   std::vector<DeviceStream> streams; ///< per plan stream
@@ -211,15 +241,16 @@ struct Session::Impl {
   bool closed = false;
   Session *self = nullptr;
   std::optional<FaultTolerance> ft;
-  /// Set when the plan runs on a device (DeviceExecution.cpp).
+  /// Where the plan runs (setUpExecutor; set for every open session).
   std::unique_ptr<DeviceState> dev;
+  /// The plan runs on SessionOptions::device (not on host buffers).
+  bool onDevice() const { return options.device != nullptr; }
 
   Result<void> bind();
   /// Runs the instructions of `order` (per stream), continuing `state`.
   /// With `soft`, a fault_tolerant communicator's failure is recorded, not
   /// fatal.
-  /// `run` executes one instruction (default: execute(); on a device:
-  /// enqueue it).
+  /// `run` executes one instruction (default: enqueue()).
   PassOutcome runPass(StepState &state,
                       const std::vector<std::vector<int>> &order, bool soft,
                       const std::function<Result<void>(Bound &)> &run = {});
@@ -249,24 +280,38 @@ struct Session::Impl {
   }
   Result<void> bindCollective(Bound &b);
 
-  // On a device (DeviceExecution.cpp).
-  /// Places the buffers, creates streams, events and scratch, and zeroes
-  /// the persistent buffers.
-  Result<void> setUpDevice();
-  /// One step: each plan stream's instructions enqueued by a host thread of
-  /// its own, then every stream synchronized.
-  PassOutcome runDevicePass(StepState &state);
-  Result<void> executeOnDevice(Bound &b, DeviceStream s);
-  Result<void> runCollectiveOnDevice(Bound &b, DeviceStream s);
-  Result<void> runComputeOnDevice(Bound &b, DeviceStream s);
-  Result<void> runOptimizerOnDevice(Bound &b, DeviceStream s);
-  /// Enqueues the computation of buffer's float8 scale for instruction b
-  /// and returns where it lands (null: the buffer has no scale).
-  Result<const float *> deviceScale(const Bound &b, int buffer, DeviceStream s);
-  /// The device address of a buffer.
-  std::byte *deviceAddress(int buffer) const;
-  /// ensure() on a device: zeroes a buffer about to be written first.
-  Result<void> ensureOnDevice(int buffer, DeviceStream s);
+  // The executor (Execution.cpp, ExecutionSetUp.cpp).
+  /// Gives the session its DeviceState: the inline host device, or
+  /// SessionOptions::device with the arena, streams, events, scratch and
+  /// scale slots, the persistent buffers zeroed.
+  Result<void> setUpExecutor();
+  Result<void> setUpStreams(DeviceState &state);
+  /// Runs one instruction on its stream: the stream graph's waits, the
+  /// instruction (timed with SessionOptions::deviceTiming), its record.
+  Result<void> enqueue(Bound &b);
+  Result<void> execute(Bound &b, DeviceStream s);
+  Result<void> runCollective(Bound &b, DeviceStream s);
+  Result<void> runTransfer(Bound &b, DeviceStream s);
+  Result<void> runCompute(Bound &b, DeviceStream s);
+  Result<void> runOptimizer(Bound &b, DeviceStream s);
+  Result<void> runLocal(Bound &b, DeviceStream s);
+  /// A collective's packing blocks in bytes: (send, receive).
+  std::pair<size_t, size_t> stagingBytes(const Bound &b) const;
+  /// Computes buffer's float8 scale for instruction b (from its amax, into
+  /// the instruction's slot) and returns where it lands (null: the buffer
+  /// has no scale).
+  Result<const float *> scaleFor(const Bound &b, int buffer, DeviceStream s);
+  /// Where a buffer's bytes are (host memory on host buffers).
+  std::byte *address(int buffer);
+  /// Makes a buffer about to be written live: zeroed (on host buffers,
+  /// allocated so).
+  Result<void> ensure(int buffer, DeviceStream s);
+  /// Host buffers: allocates (zeroed) a buffer about to be written.
+  void ensureOnHost(int buffer);
+  /// Buffer `from`'s bytes into buffer `into`, which becomes live.
+  Result<void> copyBuffer(int into, int from, DeviceStream s);
+  /// `free`: the buffer is dead (on host buffers, its bytes released).
+  void releaseBuffer(int buffer);
   /// Waits for every stream (and device communicator) of the session.
   Result<void> synchronizeDevice();
   /// The device's own spans of the last step (deviceTiming), into profile.
@@ -283,15 +328,10 @@ struct Session::Impl {
   Result<void> toDevice(int buffer, std::span<const std::byte> host);
   Result<void> fromDevice(const std::byte *device, std::span<std::byte> host);
   Result<Communicator *> communicator(int comm);
-  Result<void> execute(Bound &b);
-  Result<void> runCollective(Bound &b);
-  Result<void> runTransfer(Bound &b);
-  Result<void> runCompute(Bound &b);
   /// A compute instruction's call without its views, and running the
-  /// callback registered for it (both executors).
+  /// callback registered for it.
   ComputeCall callOf(const Bound &b) const;
   Result<void> invoke(ComputeCall &call);
-  Result<void> runOptimizer(Bound &b);
   /// The rate of the coming step: setLr's, else the plan's schedule.
   double stepLr() const;
   void reportOptimizerStep(StepProfile &p);
@@ -308,7 +348,6 @@ struct Session::Impl {
   /// GroupSpec::cancelled.
   std::atomic<bool> stepFailed{false};
   TensorView view(int buffer);
-  void ensure(int buffer);
   bool sharing(const Bound &b) const;
   Result<bool> allReduceShare(const Bound &b, Communicator &c, std::byte *data,
                               int64_t count, DType wire);

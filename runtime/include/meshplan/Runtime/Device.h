@@ -1,13 +1,14 @@
 //===- Device.h - Where a session's buffers live and its kernels run ------===//
 //
-// A session runs its plan either on host buffers (no device: the executor
-// calls the CPU kernels itself, one thread per plan stream, every instruction
-// complete when it returns) or on a Device (docs/cuda.md, "Executor on
-// devices"): every buffer of the plan at a fixed offset of one arena sized
-// from the plan, every plan stream one device stream, every ordering the plan
-// states across streams an event, and every instruction *enqueued* on its
-// stream; the host waits only where it needs a value (a host communicator's
-// input, the end of the step).
+// A session runs its plan through one executor over this interface, either
+// on host buffers (no SessionOptions::device: the runtime's inline host
+// device, whose every call completes on host memory before it returns, one
+// thread per plan stream, every instruction complete when it returns) or on
+// a Device (docs/cuda.md, "Executor on devices"): every buffer of the plan
+// at a fixed offset of one arena sized from the plan, every plan stream one
+// device stream, every ordering the plan states across streams an event, and
+// every instruction *enqueued* on its stream; the host waits only where it
+// needs a value (a host communicator's input, the end of the step).
 //
 // Two devices implement it:
 //   - createCudaDevice (meshplan/Runtime/CudaDevice.h, CUDA builds only):
@@ -19,7 +20,7 @@
 //     device executor on machines without a GPU, so that everything above
 //     the device calls (the arena, the stream and event graph, staging,
 //     callbacks on streams) is tested by real multi-process runs against the
-//     host executor's results, bit for bit.
+//     host sessions' results, bit for bit.
 //
 // Contract (CUDA's): calls on one stream run in the order they were
 // enqueued; wait(s, e) makes later work on s wait for the work enqueued on
@@ -68,6 +69,12 @@ public:
   virtual ~Device();
   /// "cuda:0", "host".
   virtual std::string name() const = 0;
+  /// True when every enqueued call has completed, in memory the host reads
+  /// and writes, by the time it returns (the inline host device a session
+  /// without a device runs on). The executor then also runs what needs a
+  /// value on the host (the gradient norm, clipping); elsewhere it refuses
+  /// plans that need them until the device has kernels for them.
+  virtual bool completesOnEnqueue() const { return false; }
 
   //===--- Memory --------------------------------------------------------===//
   /// Device memory (at least 256-byte aligned); released by release().
