@@ -31,6 +31,15 @@ std::string_view activationCheckpointingName(ActivationCheckpointing mode) {
   return kActivationCheckpointingNames[static_cast<int>(mode)];
 }
 
+int64_t defaultStagesPerRank(PipelineScheduleKind schedule) {
+  // torchtitan's pipeline_llm: one stage per rank for its single-stage
+  // schedules, two for the multi-stage ones (a V holds exactly two).
+  return schedule == PipelineScheduleKind::Interleaved1F1B ||
+                 schedule == PipelineScheduleKind::ZeroBubbleV
+             ? 2
+             : 1;
+}
+
 std::string_view pipelineSplitName(PipelineSplit split) {
   return split == PipelineSplit::Explicit
              ? std::string_view("explicit")
@@ -297,12 +306,7 @@ static Result<PipelineParallelSpec> parsePipelineParallel(const Json &value) {
                    childPointer(ptr, "microbatches"));
   MESHPLAN_TRY(m);
   pp.microbatches = *m;
-  // torchtitan's pipeline_llm: one stage per rank for its single-stage
-  // schedules, two for the multi-stage ones (a V holds exactly two).
-  pp.stagesPerRank = pp.schedule == PipelineScheduleKind::Interleaved1F1B ||
-                             pp.schedule == PipelineScheduleKind::ZeroBubbleV
-                         ? 2
-                         : 1;
+  pp.stagesPerRank = defaultStagesPerRank(pp.schedule);
   if (const Json *v = member(value, "stages_per_rank")) {
     auto stages = readInt(*v, childPointer(ptr, "stages_per_rank"));
     MESHPLAN_TRY(stages);
@@ -615,7 +619,9 @@ static int64_t meshAxisSize(const MeshSpec &mesh, const std::string &name) {
 /// The schedule's rules on (pp size, microbatches, stages per rank), asked
 /// of core, and how pipeline_parallel combines with the other sections.
 /// Needs the axis roles checked.
-static Result<void> checkPipelineParallel(const Spec &spec, const Json &root) {
+static Result<void>
+checkPipelineParallel(const Spec &spec,
+                      const std::string &accumulationStepsPointer) {
   const PipelineParallelSpec &pp = *spec.pipelineParallel;
   const std::string ptr = "/pipeline_parallel";
   PipelineScheduleConfig config{pp.schedule, meshAxisSize(spec.mesh, pp.axis),
@@ -653,10 +659,7 @@ static Result<void> checkPipelineParallel(const Spec &spec, const Json &root) {
   // around whole pipeline steps would be a second loop that the plans do
   // not express, so a second count is refused rather than ignored.
   if (spec.gradientAccumulationSteps != 1) {
-    std::string stepsPtr = member(root, "gradient_accumulation_steps")
-                               ? std::string("/gradient_accumulation_steps")
-                               : std::string("/gradient_accumulation/steps");
-    return errorAt(stepsPtr,
+    return errorAt(accumulationStepsPointer,
                    "gradient accumulation (" +
                        std::to_string(spec.gradientAccumulationSteps) +
                        " steps) cannot be combined with pipeline_parallel: "
@@ -672,6 +675,72 @@ static Result<void> checkPipelineParallel(const Spec &spec, const Json &root) {
 //===----------------------------------------------------------------------===//
 // parseSpec
 //===----------------------------------------------------------------------===//
+
+/// What parseSpec checks across sections once each has been read (see
+/// checkSpec); `accumulationStepsPointer` locates the gradient accumulation
+/// count in the document.
+static Result<void> checkSections(Spec &spec, const SpecOptions &options,
+                                  const std::string &accumulationStepsPointer) {
+  int64_t devices = 1;
+  for (const MeshAxis &axis : spec.mesh.axes)
+    devices *= axis.size;
+  if (spec.worldSize && *spec.worldSize != devices)
+    return errorAt("/world_size", "world size " +
+                                      std::to_string(*spec.worldSize) +
+                                      " does not match the mesh, which has " +
+                                      std::to_string(devices) + " devices (" +
+                                      meshProduct(spec.mesh) + ")");
+  if (spec.optimizer.schedule) {
+    // The schedule's length: the spec's total_steps, else the run's.
+    LrSchedule &schedule = *spec.optimizer.schedule;
+    if (!spec.optimizer.totalStepsGiven) {
+      if (!options.totalSteps)
+        return errorAt("/optimizer/lr_schedule/total_steps",
+                       "the schedule needs the run's length: give "
+                       "total_steps (a trainer gives its step count)");
+      schedule.totalSteps = *options.totalSteps;
+    }
+    if (auto ok = checkLrSchedule(schedule); !ok) {
+      // Located at the value the message is about.
+      const std::string &m = ok.error().message;
+      std::string key = m.rfind("warmup_steps", 0) == 0    ? "warmup_steps"
+                        : m.rfind("decay_ratio", 0) == 0   ? "decay_ratio"
+                        : m.rfind("min_lr_factor", 0) == 0 ? "min_lr_factor"
+                                                           : "total_steps";
+      return errorAt("/optimizer/lr_schedule/" + key, m);
+    }
+  }
+  if (options.worldSize && *options.worldSize != devices)
+    return errorAt("/mesh/axes", "the mesh has " + std::to_string(devices) +
+                                     " devices (" + meshProduct(spec.mesh) +
+                                     "), but the world size is " +
+                                     std::to_string(*options.worldSize));
+  if (auto core = buildMesh(spec.mesh); !core)
+    return core.error().within("/mesh");
+  MESHPLAN_TRY(checkAxisRoles(spec));
+  if (spec.pipelineParallel)
+    MESHPLAN_TRY(checkPipelineParallel(spec, accumulationStepsPointer));
+  if (spec.float8 && spec.float8->enabled && spec.float8->allGather &&
+      spec.dataParallel.shardAxes.empty())
+    return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
+                                         "data_parallel.shard_axes is empty");
+  // bfloat16 and float16 have the same width and different ranges: casting
+  // one to the other is neither a truncation nor an extension (the planner
+  // has no such cast; found by fuzz-spec, exit 3 before), and bfloat16
+  // values beyond 65504 would overflow float16.
+  if (spec.optimizer.paramDtype == DType::BFloat16 &&
+      spec.mixedPrecision.paramDtype == DType::Float16)
+    return errorAt("/mixed_precision/param_dtype",
+                   "float16 compute from bfloat16 parameters "
+                   "(/optimizer/param_dtype) is not supported: bfloat16 "
+                   "values beyond float16's range would overflow; compute in "
+                   "bfloat16, or keep float32 parameters");
+  return {};
+}
+
+Result<void> checkSpec(Spec &spec, const SpecOptions &options) {
+  return checkSections(spec, options, "/gradient_accumulation/steps");
+}
 
 Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
   auto doc = parseJson(jsonText);
@@ -755,60 +824,10 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
         indexOf(kActivationCheckpointingNames, str(*v)));
 
   // Cross-section checks, in the order a reader would fix them.
-  int64_t devices = 1;
-  for (const MeshAxis &axis : spec.mesh.axes)
-    devices *= axis.size;
-  if (spec.worldSize && *spec.worldSize != devices)
-    return errorAt("/world_size", "world size " +
-                                      std::to_string(*spec.worldSize) +
-                                      " does not match the mesh, which has " +
-                                      std::to_string(devices) + " devices (" +
-                                      meshProduct(spec.mesh) + ")");
-  if (spec.optimizer.schedule) {
-    // The schedule's length: the spec's total_steps, else the run's.
-    LrSchedule &schedule = *spec.optimizer.schedule;
-    if (!spec.optimizer.totalStepsGiven) {
-      if (!options.totalSteps)
-        return errorAt("/optimizer/lr_schedule/total_steps",
-                       "the schedule needs the run's length: give "
-                       "total_steps (a trainer gives its step count)");
-      schedule.totalSteps = *options.totalSteps;
-    }
-    if (auto ok = checkLrSchedule(schedule); !ok) {
-      // Located at the value the message is about.
-      const std::string &m = ok.error().message;
-      std::string key = m.rfind("warmup_steps", 0) == 0    ? "warmup_steps"
-                        : m.rfind("decay_ratio", 0) == 0   ? "decay_ratio"
-                        : m.rfind("min_lr_factor", 0) == 0 ? "min_lr_factor"
-                                                           : "total_steps";
-      return errorAt("/optimizer/lr_schedule/" + key, m);
-    }
-  }
-  if (options.worldSize && *options.worldSize != devices)
-    return errorAt("/mesh/axes", "the mesh has " + std::to_string(devices) +
-                                     " devices (" + meshProduct(spec.mesh) +
-                                     "), but the world size is " +
-                                     std::to_string(*options.worldSize));
-  if (auto core = buildMesh(spec.mesh); !core)
-    return core.error().within("/mesh");
-  MESHPLAN_TRY(checkAxisRoles(spec));
-  if (spec.pipelineParallel)
-    MESHPLAN_TRY(checkPipelineParallel(spec, root));
-  if (spec.float8 && spec.float8->enabled && spec.float8->allGather &&
-      spec.dataParallel.shardAxes.empty())
-    return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
-                                         "data_parallel.shard_axes is empty");
-  // bfloat16 and float16 have the same width and different ranges: casting
-  // one to the other is neither a truncation nor an extension (the planner
-  // has no such cast; found by fuzz-spec, exit 3 before), and bfloat16
-  // values beyond 65504 would overflow float16.
-  if (spec.optimizer.paramDtype == DType::BFloat16 &&
-      spec.mixedPrecision.paramDtype == DType::Float16)
-    return errorAt("/mixed_precision/param_dtype",
-                   "float16 compute from bfloat16 parameters "
-                   "(/optimizer/param_dtype) is not supported: bfloat16 "
-                   "values beyond float16's range would overflow; compute in "
-                   "bfloat16, or keep float32 parameters");
+  MESHPLAN_TRY(checkSections(spec, options,
+                             member(root, "gradient_accumulation_steps")
+                                 ? "/gradient_accumulation_steps"
+                                 : "/gradient_accumulation/steps"));
   return spec;
 }
 
