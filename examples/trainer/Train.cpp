@@ -25,6 +25,8 @@
 #include "Metrics.h"
 #include "RankTrainer.h"
 
+#include "CommandLine.h"
+
 #include "meshplan/Core/PipelineSchedule.h"
 #include "meshplan/Plan/Trace.h"
 #include "meshplan/Runtime/Kernels.h"
@@ -81,6 +83,8 @@ const char *kUsage =
   std::exit(2);
 }
 
+/// `text` as an integer in [min, max] (--trace-steps' two ends), or a usage
+/// error naming `flag`.
 int64_t parseCount(const std::string &flag, const std::string &text,
                    int64_t min, int64_t max) {
   char *end = nullptr;
@@ -1144,104 +1148,166 @@ Result<void> RankTrainer::run() {
   return {};
 }
 
+/// meshplan-train's flags (docs/trainer.md, "Flags"), parsed by CLI11 in
+/// `meshplan`'s error style (tools/common/CommandLine.h).
+static void addTrainFlags(CLI::App &app, TrainFlags &flags,
+                          std::vector<std::string> &compare, double &rtol,
+                          std::string &device, std::string &traceSteps) {
+  app.add_option("--spec", flags.spec,
+                 "The parallelism (JSON; docs/spec.md); planned in-process by "
+                 "every rank (required, except with --compare)")
+      ->type_name("FILE");
+  app.add_option("--model", flags.model,
+                 "A preset name or a model file (relative to the working "
+                 "directory); default: the spec's")
+      ->type_name("NAME|FILE");
+  app.add_option("--steps", flags.steps, "Optimizer steps (default 100)")
+      ->type_name("N")
+      ->check(cli::integerIn(1, 100000000));
+  app.add_option("--batch", flags.batch,
+                 "Sequences per data-parallel rank and microbatch (default 4)")
+      ->type_name("B")
+      ->check(cli::integerIn(1, 1 << 20));
+  app.add_option("--seq-len", flags.seqLen,
+                 "Tokens per sequence; a multiple of the TP degree (default "
+                 "64)")
+      ->type_name("T")
+      ->check(cli::integerIn(1, 1 << 20));
+  app.add_option("--seed", flags.seed,
+                 "Initial weights and data order (default 0)")
+      ->type_name("S")
+      ->check(cli::integerIn(0, INT64_MAX));
+  app.add_option("--data", flags.data,
+                 "A text file, or a directory whose .md/.txt files are "
+                 "concatenated (default: docs)")
+      ->type_name("PATH");
+  app.add_option("--save-params", flags.saveParams,
+                 "After the last step, each rank writes its parameter shards "
+                 "to DIR/rank<R>.bin")
+      ->type_name("DIR");
+  app.add_option("--resume-after", flags.resumeAfter,
+                 "After step K keep every shard in memory, open a fresh "
+                 "session from those bytes and continue")
+      ->type_name("K")
+      ->check(cli::integerIn(0, INT64_MAX));
+  app.add_option("--load-checkpoint", flags.loadCheckpoint,
+                 "Start from a checkpoint written under any layout of the "
+                 "same model; the run continues at its step + 1")
+      ->type_name("DIR");
+  app.add_option("--save-checkpoint", flags.saveCheckpoint,
+                 "After the last step, save a checkpoint "
+                 "(docs/checkpoint-format.md)")
+      ->type_name("DIR");
+  app.add_option("--checkpoint-every", flags.checkpointEvery,
+                 "With --save-checkpoint: also save after every step "
+                 "divisible by N (default 0: only at the end)")
+      ->type_name("N")
+      ->check(cli::integerIn(1, INT64_MAX));
+  app.add_flag("--synthetic-grads", flags.syntheticGrads,
+               "Gradients are a function of (tensor, global index, step): "
+               "every layout reduces to the same gradient exactly");
+  app.add_option("--log-every", flags.logEvery,
+                 "Print every N-th step's line (default 1)")
+      ->type_name("N")
+      ->check(cli::integerIn(1, INT64_MAX));
+  app.add_flag("--cost-model", flags.costModel,
+               "Measure this machine's collective latency and bandwidth and "
+               "print the plan's cost model beside the measured step");
+  app.add_flag("--reference", flags.reference,
+               "The single-process run of the same global batch");
+  app.add_flag("--plain-reference", flags.plainReference,
+               "The single-process run without emulating TP's order of sums");
+  app.add_option("--device", device,
+                 "Where the plan and the model run: cpu (default) or cuda "
+                 "(docs/cuda.md); not with --host-device or --reference")
+      ->type_name("cpu|cuda")
+      ->check(CLI::Validator(
+          [](std::string &d) -> std::string {
+            if (d != "cpu" && d != "cuda")
+              return "expected cpu or cuda, got \"" + d + "\"";
+            return {};
+          },
+          ""));
+  app.add_flag("--host-device", flags.hostDevice,
+               "Run the plan through the device executor on the host device "
+               "(docs/cuda.md, \"Executor on devices\")");
+  app.add_flag("--device-timing", flags.deviceTiming,
+               "With --device cuda or --host-device: time every instruction "
+               "on the device too");
+  app.add_option("--metrics", flags.metrics,
+                 "Write one JSON line per step (loss, lr, grad norm, tokens/s, "
+                 "step time and breakdown, peak memory) to FILE; rank 0, or "
+                 "every rank when FILE holds {rank} (docs/observability.md)")
+      ->type_name("FILE");
+  app.add_option("--trace", flags.traceDir,
+                 "Record the executed steps' per-instruction times into "
+                 "DIR/rank<R>.json (meshplan trace --merge DIR)")
+      ->type_name("DIR");
+  app.add_option("--trace-steps", traceSteps,
+                 "With --trace: the steps traced, A to B from 1 (default "
+                 "2:6, within --steps)")
+      ->type_name("A:B");
+  app.add_option("--compare", compare,
+                 "Compare two parameter dumps (--save-params directories)")
+      ->type_name("DIR_A DIR_B")
+      ->expected(2);
+  app.add_option("--rtol", rtol,
+                 "With --compare: the relative tolerance (default 1e-5)")
+      ->type_name("X")
+      ->check(CLI::Validator(
+          [](std::string &t) -> std::string {
+            char *end = nullptr;
+            double v = std::strtod(t.c_str(), &end);
+            if (t.empty() || *end || !(v >= 0))
+              return "expected a number >= 0, got \"" + t + "\"";
+            return {};
+          },
+          ""));
+}
+
 int main(int argc, char **argv) {
   TrainFlags flags;
-  std::string compareA, compareB;
+  std::vector<std::string> compare;
   double rtol = 1e-5;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc)
-        usageError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--spec")
-      flags.spec = next();
-    else if (a == "--model")
-      flags.model = next();
-    else if (a == "--data")
-      flags.data = next();
-    else if (a == "--steps")
-      flags.steps = parseCount(a, next(), 1, 100000000);
-    else if (a == "--batch")
-      flags.batch = parseCount(a, next(), 1, 1 << 20);
-    else if (a == "--seq-len")
-      flags.seqLen = parseCount(a, next(), 1, 1 << 20);
-    else if (a == "--seed")
-      flags.seed = uint64_t(parseCount(a, next(), 0, INT64_MAX));
-    else if (a == "--log-every")
-      flags.logEvery = parseCount(a, next(), 1, INT64_MAX);
-    else if (a == "--resume-after")
-      flags.resumeAfter = parseCount(a, next(), 0, INT64_MAX);
-    else if (a == "--save-params")
-      flags.saveParams = next();
-    else if (a == "--load-checkpoint")
-      flags.loadCheckpoint = next();
-    else if (a == "--save-checkpoint")
-      flags.saveCheckpoint = next();
-    else if (a == "--checkpoint-every")
-      flags.checkpointEvery = parseCount(a, next(), 1, INT64_MAX);
-    else if (a == "--synthetic-grads")
-      flags.syntheticGrads = true;
-    else if (a == "--cost-model")
-      flags.costModel = true;
-    else if (a == "--reference")
-      flags.reference = true;
-    else if (a == "--plain-reference")
-      flags.reference = flags.plainReference = true;
-    else if (a == "--compare") {
-      compareA = next();
-      compareB = next();
-    } else if (a == "--device") {
-      std::string device = next();
+  std::string device = "cpu";
+  std::string traceSteps;
+  CLI::App app{"meshplan-train: a Llama 3 model trained by the meshplan "
+               "runtime, one process per rank (docs/trainer.md)",
+               "meshplan-train"};
+  app.footer(kUsage);
+  addTrainFlags(app, flags, compare, rtol, device, traceSteps);
+  if (auto exit = cli::parseCommandLine(
+          app, std::vector<char *>(argv, argv + argc), "meshplan-train"))
+    return *exit;
 #if !MESHPLAN_HAVE_CUDA
-      if (device == "cuda")
-        usageError("--device cuda: this build has no CUDA backend (build "
-                   "with the CUDA toolkit installed; docs/cuda.md)");
+  if (device == "cuda")
+    usageError("--device cuda: this build has no CUDA backend (build with the "
+               "CUDA toolkit installed; docs/cuda.md)");
 #endif
-      if (device != "cpu" && device != "cuda")
-        usageError("--device: expected cpu or cuda, got \"" + device + "\"");
-      flags.cuda = device == "cuda";
-    } else if (a == "--host-device") {
-      flags.hostDevice = true;
-    } else if (a == "--device-timing") {
-      flags.deviceTiming = true;
-    } else if (a == "--metrics") {
-      flags.metrics = next();
-      if (flags.metrics.empty())
-        usageError("--metrics: expected a file");
-    } else if (a == "--trace") {
-      flags.traceDir = next();
-      if (flags.traceDir.empty())
-        usageError("--trace: expected a directory");
-    } else if (a == "--trace-steps") {
-      std::string t = next();
-      size_t colon = t.find(':');
-      if (colon == std::string::npos)
-        usageError("--trace-steps: expected A:B (steps A to B, from 1), got "
-                   "\"" +
-                   t + "\"");
-      int64_t first =
-          parseCount("--trace-steps", t.substr(0, colon), 1, INT64_MAX);
-      int64_t last =
-          parseCount("--trace-steps", t.substr(colon + 1), first, INT64_MAX);
-      flags.traceSteps = {first, last};
-    } else if (a == "--rtol") {
-      std::string t = next();
-      char *end = nullptr;
-      rtol = std::strtod(t.c_str(), &end);
-      if (t.empty() || *end || !(rtol >= 0))
-        usageError("--rtol: expected a number >= 0, got \"" + t + "\"");
-    } else
-      usageError("unknown flag \"" + a + "\"\n" + kUsage);
+  flags.cuda = device == "cuda";
+  flags.reference = flags.reference || flags.plainReference;
+  std::string compareA = compare.size() == 2 ? compare[0] : "";
+  std::string compareB = compare.size() == 2 ? compare[1] : "";
+  if (app.count("--metrics") && flags.metrics.empty())
+    usageError("--metrics: expected a file");
+  if (app.count("--trace") && flags.traceDir.empty())
+    usageError("--trace: expected a directory");
+  if (!traceSteps.empty()) {
+    size_t colon = traceSteps.find(':');
+    if (colon == std::string::npos)
+      usageError("--trace-steps: expected A:B (steps A to B, from 1), got "
+                 "\"" +
+                 traceSteps + "\"");
+    int64_t first =
+        parseCount("--trace-steps", traceSteps.substr(0, colon), 1, INT64_MAX);
+    int64_t last = parseCount("--trace-steps", traceSteps.substr(colon + 1),
+                              first, INT64_MAX);
+    flags.traceSteps = {first, last};
   }
   if (!compareA.empty())
     return compareDumps(compareA, compareB, rtol);
   if (flags.spec.empty())
-    usageError(std::string("--spec is required\n") + kUsage);
+    usageError("--spec is required; see 'meshplan-train --help'");
   if (flags.cuda && flags.hostDevice)
     usageError("--device cuda and --host-device exclude each other (the "
                "host device runs the device executor on the CPU)");

@@ -33,19 +33,19 @@ constexpr double kScreenMargin = 1.15;
 
 /// torchtitan's Llama 3 tensor-parallel plan (parallelize_llama), with
 /// sequence-parallel norms.
-const char *const kTPPlan[][2] = {
-    {"tok_embeddings", "rowwise"},
-    {"layers.*.attention_norm", "sequence_parallel"},
-    {"layers.*.attention.wq", "colwise"},
-    {"layers.*.attention.wk", "colwise"},
-    {"layers.*.attention.wv", "colwise"},
-    {"layers.*.attention.wo", "rowwise"},
-    {"layers.*.ffn_norm", "sequence_parallel"},
-    {"layers.*.feed_forward.w1", "colwise"},
-    {"layers.*.feed_forward.w2", "rowwise"},
-    {"layers.*.feed_forward.w3", "colwise"},
-    {"norm", "sequence_parallel"},
-    {"output", "colwise"},
+const TPRule kTPPlan[] = {
+    {"tok_embeddings", TPStyle::Rowwise},
+    {"layers.*.attention_norm", TPStyle::SequenceParallel},
+    {"layers.*.attention.wq", TPStyle::Colwise},
+    {"layers.*.attention.wk", TPStyle::Colwise},
+    {"layers.*.attention.wv", TPStyle::Colwise},
+    {"layers.*.attention.wo", TPStyle::Rowwise},
+    {"layers.*.ffn_norm", TPStyle::SequenceParallel},
+    {"layers.*.feed_forward.w1", TPStyle::Colwise},
+    {"layers.*.feed_forward.w2", TPStyle::Rowwise},
+    {"layers.*.feed_forward.w3", TPStyle::Colwise},
+    {"norm", TPStyle::SequenceParallel},
+    {"output", TPStyle::Colwise},
 };
 
 std::vector<int64_t> divisors(int64_t n) {
@@ -162,8 +162,9 @@ std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
     s["data_parallel"] = dp;
   if (c.tp > 1) {
     ordered_json plan = ordered_json::array();
-    for (auto &rule : kTPPlan)
-      plan.push_back({{"pattern", rule[0]}, {"style", rule[1]}});
+    for (const TPRule &rule : kTPPlan)
+      plan.push_back({{"pattern", rule.pattern},
+                      {"style", std::string(tpStyleName(rule.style))}});
     s["tensor_parallel"] = {{"axis", "tp"}, {"plan", plan}};
   }
   if (c.cp > 1)
@@ -198,6 +199,72 @@ std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
 
 namespace {
 
+/// The spec that tuneSpecJson writes for `c` (world size `world`), as
+/// parseSpec would read it, built without the JSON round trip: the model,
+/// mixed precision and optimizer, which tuneSpecJson writes the same for
+/// every candidate, come from `base`, the plainest candidate's spec read
+/// once from its JSON (Tuner::run); the rest from the candidate. checkSpec
+/// then makes parseSpec's cross-section checks, which refuse some
+/// candidates (e.g. float8 all-gather without FSDP).
+Spec candidateSpec(const Spec &base, int64_t world, const TuneCandidate &c) {
+  Spec s;
+  s.description = "meshplan tune: " + c.describe();
+  s.model = base.model;
+  s.worldSize = world;
+  auto axis = [&](const char *n, int64_t size) {
+    if (size > 1)
+      s.mesh.axes.push_back({n, size, false});
+  };
+  // torchtitan's mesh order: pp outermost.
+  axis("pp", c.pp);
+  axis("dp_replicate", c.replicate);
+  axis("dp_shard", c.shard);
+  axis("cp", c.cp);
+  axis("tp", c.tp);
+  if (s.mesh.axes.empty())
+    s.mesh.axes.push_back({"dp_shard", 1, false});
+  if (c.replicate > 1)
+    s.dataParallel.replicateAxes = {"dp_replicate"};
+  if (c.shard > 1) {
+    s.dataParallel.shardAxes = {"dp_shard"};
+    s.dataParallel.reshardAfterForward =
+        c.reshardAfterForward ? ReshardPolicy::Default : ReshardPolicy::Never;
+  }
+  if (c.tp > 1)
+    s.tensorParallel = TensorParallelSpec{
+        "tp", std::vector<TPRule>(std::begin(kTPPlan), std::end(kTPPlan))};
+  if (c.cp > 1)
+    s.extraAxes = {"cp"};
+  if (c.pp > 1) {
+    PipelineParallelSpec pp;
+    pp.axis = "pp";
+    pp.schedule = c.schedule;
+    pp.microbatches = c.microbatches;
+    pp.stagesPerRank = defaultStagesPerRank(c.schedule);
+    if (c.stagesPerRank > 1) {
+      pp.stagesPerRank = c.stagesPerRank;
+      pp.stagesPerRankGiven = true;
+    }
+    pp.split = PipelineSplit::Auto;
+    s.pipelineParallel = std::move(pp);
+  }
+  s.mixedPrecision = base.mixedPrecision;
+  if (c.float8AllGather) {
+    Float8Spec f8;
+    f8.allGather = true;
+    f8.exclude = {"output"};
+    f8.powerOf2Scales = true;
+    s.float8 = std::move(f8);
+  }
+  s.optimizer = base.optimizer;
+  if (c.pp == 1) {
+    s.gradientAccumulationSteps = c.accumulationSteps;
+    s.accumulationReduce = c.reduce;
+  }
+  s.activationCheckpointing = c.checkpointing;
+  return s;
+}
+
 class Tuner {
 public:
   explicit Tuner(const TuneOptions &options) : options(options) {}
@@ -206,6 +273,10 @@ public:
 
 private:
   const TuneOptions &options;
+  /// The plainest candidate's spec and its model, read once (run): every
+  /// candidate's spec is built from them (candidateSpec).
+  Spec baseSpec;
+  std::shared_ptr<const Model> model;
   int64_t tokensPerStep = 0;
   /// Transformer blocks of the model ("layers.N" units): a stage holds at
   /// least one.
@@ -239,6 +310,14 @@ private:
     return import;
   }
 
+  /// The candidate's spec (world size `world`) checked and resolved
+  /// against the model, as loadSpec(tuneSpecJson(...)) would give it.
+  Result<ResolvedSpec> resolveCandidate(const TuneCandidate &c,
+                                        int64_t world) const {
+    Spec spec = candidateSpec(baseSpec, world, c);
+    MESHPLAN_TRY(checkSpec(spec));
+    return resolveSpec(std::move(spec), model);
+  }
   std::vector<int64_t> pipelineDegrees() const;
   std::vector<TuneCandidate> enumerate() const;
   Result<Figures> figures(const TuneCandidate &c);
@@ -393,7 +472,7 @@ Result<Figures> Tuner::figures(const TuneCandidate &c) {
   rep.shard = options.world / (c.tp * c.cp);
   rep.float8AllGather = c.float8AllGather;
   rep.checkpointing = c.checkpointing;
-  auto spec = loadSpec(tuneSpecJson(options, rep), options.baseDir);
+  auto spec = resolveCandidate(rep, options.world);
   if (!spec)
     return spec.error();
   Figures f;
@@ -468,14 +547,11 @@ const std::optional<std::vector<int>> &Tuner::stageOfParam(int64_t stages) {
   auto [it, inserted] = splitCache.try_emplace(stages);
   if (!inserted)
     return it->second;
-  TuneOptions one = options;
-  one.world = stages;
   TuneCandidate rep;
   rep.pp = stages;
   rep.schedule = PipelineScheduleKind::GPipe;
   rep.microbatches = 1;
-  if (auto spec = loadSpec(tuneSpecJson(one, rep), options.baseDir);
-      spec && spec->pipeline)
+  if (auto spec = resolveCandidate(rep, stages); spec && spec->pipeline)
     it->second = spec->pipeline->stageOfParam;
   return it->second;
 }
@@ -689,7 +765,7 @@ bool Tuner::screen(TuneCandidate &c, const Figures &f) {
 }
 
 Result<void> Tuner::confirm(TuneCandidate &c) {
-  auto spec = loadSpec(c.specJson, options.baseDir);
+  auto spec = resolveCandidate(c, options.world);
   if (!spec)
     return spec.error();
   auto f = figures(c);
@@ -845,6 +921,8 @@ Result<TuneResult> Tuner::run() {
     auto spec = loadSpec(tuneSpecJson(options, plain), options.baseDir);
     if (!spec)
       return makeError("tune: " + spec.error().message);
+    baseSpec = spec->spec;
+    model = spec->model;
     for (const Unit &u : fsdpUnits(*spec))
       modelBlocks += u.name.rfind("layers.", 0) == 0 ? 1 : 0;
   }

@@ -32,7 +32,14 @@ expect() {
 
 spec=$src/examples/specs/fsdp-tp.json
 expect 2 "--spec is required" -- "$train" --steps 3
-expect 2 'unknown flag "--stpes"' -- "$train" --spec "$spec" --stpes 3
+expect 2 'unknown flag "--stpes" \(did you mean "--steps"\?\)' -- "$train" --spec "$spec" --stpes 3
+expect 2 '--device: expected cpu or cuda, got "gpu"' -- "$train" --spec "$spec" --device gpu
+expect 2 '--rtol: expected a number >= 0' -- "$train" --compare a b --rtol -1
+# --help lists every flag (CLI11's help, tools/common/CommandLine.h).
+if ! "$train" --help | grep -q -- "--checkpoint-every"; then
+  echo "FAIL: meshplan-train --help does not list --checkpoint-every" >&2
+  failures=$((failures + 1))
+fi
 expect 2 "--steps: expected an integer" -- "$train" --spec "$spec" --steps 0
 expect 2 "--batch: expected an integer" -- "$train" --spec "$spec" --batch x
 expect 2 "--device-timing needs a device: --device cuda or --host-device" -- \

@@ -10,88 +10,16 @@
 //===----------------------------------------------------------------------===//
 
 #include "CkptCommands.h"
+#include "CommandLine.h"
 #include "Commands.h"
 #include "PlanCommands.h"
 #include "RunCommand.h"
 #include "TraceCommand.h"
 #include "TuneCommand.h"
 
-#include "meshplan/Support/Json.h"
-
-#include <CLI/CLI.hpp>
-
 #include <iostream>
-#include <optional>
 
 using namespace meshplan::cli;
-
-/// A mistyped subcommand or long flag, named with the closest known one
-/// (CLI11 reports `plan --sepc F` as "--spec is required" and `meshplan
-/// paln` as "A subcommand is required"). Walks the words as CLI11 will:
-/// a word naming a subcommand enters it; a word after a flag that takes a
-/// value is that value; the rest are left to CLI11.
-static std::optional<std::string> unknownWord(CLI::App &app,
-                                              const std::vector<char *> &args) {
-  CLI::App *current = &app;
-  std::string path = "meshplan";
-  bool valueNext = false;
-  for (size_t i = 1; i < args.size(); ++i) {
-    std::string word = args[i];
-    if (word == "--")
-      break;
-    if (valueNext) {
-      valueNext = false;
-      continue;
-    }
-    if (word.rfind("--", 0) == 0) {
-      std::string name = word.substr(0, word.find('='));
-      const CLI::Option *opt = nullptr;
-      for (CLI::App *a = current; a && !opt; a = a->get_parent())
-        opt = a->get_option_no_throw(name);
-      if (!opt) {
-        std::vector<std::string> names;
-        for (CLI::App *a = current; a; a = a->get_parent())
-          for (const CLI::Option *o : a->get_options())
-            for (const std::string &l : o->get_lnames())
-              names.push_back("--" + l);
-        std::vector<std::string_view> views(names.begin(), names.end());
-        return path + ": unknown flag " + meshplan::json::quote(name) +
-               meshplan::json::didYouMean(name, views) + "; see '" + path +
-               " --help'";
-      }
-      valueNext =
-          word.find('=') == std::string::npos && opt->get_type_size() != 0;
-      continue;
-    }
-    if (word.size() > 1 && word[0] == '-') {
-      // A short flag: "-o" takes a value, "-n" too; CLI11 knows which.
-      const CLI::Option *opt = nullptr;
-      for (CLI::App *a = current; a && !opt; a = a->get_parent())
-        opt = a->get_option_no_throw(word.substr(0, 2));
-      valueNext = opt && word.size() == 2 && opt->get_type_size() != 0;
-      continue;
-    }
-    std::vector<CLI::App *> subs = current->get_subcommands({});
-    if (subs.empty())
-      continue; // a positional argument
-    CLI::App *next = nullptr;
-    std::vector<std::string> names;
-    for (CLI::App *sub : subs) {
-      names.push_back(sub->get_name());
-      if (sub->check_name(word))
-        next = sub;
-    }
-    if (!next) {
-      std::vector<std::string_view> views(names.begin(), names.end());
-      return path + ": unknown subcommand " + meshplan::json::quote(word) +
-             meshplan::json::didYouMean(word, views) + "; expected one of " +
-             meshplan::json::joinNames(names);
-    }
-    current = next;
-    path += " " + next->get_name();
-  }
-  return std::nullopt;
-}
 
 static void addMeshFlags(CLI::App *cmd, MeshFlags &flags) {
   cmd->add_option("--mesh", flags.mesh,
@@ -143,6 +71,9 @@ static void addCostFlags(CLI::App *cmd, CostFlags &flags) {
       ->type_name("AXIS");
 }
 
+// Over 200 lines on purpose: main is the command line's table, one
+// add_option per flag with its help text, in the order `meshplan --help`
+// shows them; the commands themselves live in *Commands.cpp.
 int main(int argc, char **argv) {
   CLI::App app{"meshplan: declarative parallelism planner (mesh and layout "
                "algebra)"};
@@ -437,23 +368,14 @@ int main(int argc, char **argv) {
   std::vector<char *> cliArgs =
       splitRunCommandLine(*runCmd, argc, argv, runOptions.program);
 
-  if (auto unknown = unknownWord(app, cliArgs)) {
-    std::cerr << "meshplan: error: " << *unknown << "\n";
-    return 2;
-  }
-  try {
-    app.parse(static_cast<int>(cliArgs.size()), cliArgs.data());
-  } catch (const CLI::Success &e) {
-    return app.exit(e); // --help, --version
-  } catch (const CLI::ParseError &e) {
-    std::cerr << "meshplan: error: " << e.what();
-    if (app.get_subcommands().empty())
-      std::cerr << " (subcommands: plan, explain, trace, verify, mesh, "
-                   "layout, redistribute, run, ckpt, tune; see "
-                   "'meshplan --help')";
-    std::cerr << "\n";
-    return 2;
-  }
+  if (auto exit = parseCommandLine(app, cliArgs, "meshplan", [&] {
+        return app.get_subcommands().empty()
+                   ? std::string(" (subcommands: plan, explain, trace, "
+                                 "verify, mesh, layout, redistribute, run, "
+                                 "ckpt, tune; see 'meshplan --help')")
+                   : std::string();
+      }))
+    return *exit;
 
   try {
     std::string output;

@@ -189,6 +189,9 @@ inline constexpr std::array<std::string_view, 2> kPipelineSplitNames = {
     "auto", "torchtitan"};
 std::string_view pipelineSplitName(PipelineSplit split);
 
+/// "pipeline_parallel.stages_per_rank" when the spec leaves it out.
+int64_t defaultStagesPerRank(PipelineScheduleKind schedule);
+
 /// "pipeline_parallel": the document's values, checked against the mesh and
 /// core's schedule rules by parseSpec; the split is checked against the
 /// model by resolveSpec (ResolvedPipeline).
@@ -242,6 +245,14 @@ struct SpecOptions {
 /// model (see file comment).
 Result<Spec> parseSpec(std::string_view jsonText,
                        const SpecOptions &options = {});
+
+/// The checks parseSpec makes across sections (the world size against the
+/// mesh, the axes' roles, the pipeline's schedule rules, float8 all-gather
+/// and dtype combinations, the learning-rate schedule, which it completes
+/// with options.totalSteps), for a spec built in code rather than read from
+/// a document (tune's candidates); errors are located as in a document
+/// that writes gradient accumulation as an object.
+Result<void> checkSpec(Spec &spec, const SpecOptions &options = {});
 
 /// The core mesh of a parsed spec.
 Result<Mesh> buildMesh(const MeshSpec &mesh);

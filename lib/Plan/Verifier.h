@@ -1,0 +1,192 @@
+//===- Verifier.h - The cross-rank verifier's shared state (internal) ----===//
+//
+// Verify.cpp's Verifier, split by what it checks: Verify.cpp runs the checks
+// in order (run, the mesh); VerifyCollectives.cpp matches collectives and
+// transfers across ranks and finds deadlocks (stream cycles, the
+// simulation); VerifyFacts.cpp checks what the step computes from the
+// plans' PlanFacts (operands, buffers, parameters, reductions,
+// microbatches, compute order, ownership, lifetimes). Internal to
+// lib/Plan.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef MESHPLAN_LIB_PLAN_VERIFIER_H
+#define MESHPLAN_LIB_PLAN_VERIFIER_H
+
+#include "meshplan/Plan/Verify.h"
+
+#include "meshplan/Core/Text.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+namespace meshplan::plan::verifier {
+
+inline std::string quote(std::string_view s) {
+  return "\"" + std::string(s) + "\"";
+}
+
+/// "[0,1,2,3]", shortened to "[0,1,2,...,4095] (4096 ranks)" when long.
+inline std::string rankList(const std::vector<int64_t> &ranks) {
+  if (ranks.size() <= 16)
+    return "[" + joinInts(ranks) + "]";
+  std::vector<int64_t> head(ranks.begin(), ranks.begin() + 8);
+  return "[" + joinInts(head) + ",...," + std::to_string(ranks.back()) + "] (" +
+         std::to_string(ranks.size()) + " ranks)";
+}
+
+inline std::string meshText(const PlanMesh &m) {
+  std::string s;
+  for (const MeshAxis &a : m.axes)
+    s += (s.empty() ? "" : ",") + a.name + "=" + std::to_string(a.size) +
+         (a.managed ? "(managed)" : "");
+  if (m.deviceOrder)
+    s += " order [" + joinInts(*m.deviceOrder) + "]";
+  return s;
+}
+
+/// Per-rank index structures shared by all checks.
+struct RankInfo {
+  const Plan *plan = nullptr;
+  int64_t base = 0; ///< global index of instruction 0
+  /// Resolved deps (CSR).
+  std::vector<int32_t> depStart, deps;
+  std::vector<int32_t> streamPrev; ///< previous instruction on the stream
+  /// send / recv: the previous send or recv on the same communicator, which
+  /// must complete first (the runtime runs a communicator's operations one
+  /// at a time, in program order); -1 otherwise.
+  std::vector<int32_t> transferPrev;
+  std::vector<int32_t> localComm; ///< collectives: local comm index, else -1
+  std::vector<int32_t> instance;  ///< collectives: position in its sequence
+  std::vector<std::vector<int32_t>> seqs; ///< per local comm: collectives
+  std::vector<int32_t> globalComm;        ///< local comm -> global comm
+  /// send / recv: the global index of the instruction it pairs with.
+  std::vector<int64_t> partner;
+  std::unordered_map<std::string_view, int32_t> commIds; ///< id -> local
+};
+
+struct GlobalComm {
+  const Communicator *def = nullptr;
+  int64_t definer = -1;
+  std::vector<int32_t> memberPlan;  ///< member key -> plan index
+  std::vector<int32_t> memberLocal; ///< member key -> local comm index
+};
+
+inline std::string where(const Plan &p, int64_t index) {
+  return "/program/" + std::to_string(index) + " " + quote(p.program[index].id);
+}
+
+inline std::string describeCollective(const Instruction &in) {
+  std::string s(opKindName(in.op));
+  if (in.dtype)
+    s += " " + std::string(dtypeName(*in.dtype));
+  s += " count=" + std::to_string(in.count);
+  if (in.reduce)
+    s += " reduce=" + std::string(reduceOpName(*in.reduce));
+  if (in.op == OpKind::Broadcast)
+    s += " root=" + std::to_string(in.root);
+  if (isPointToPoint(in.op))
+    s += " tag=" + quote(in.tag);
+  return s;
+}
+
+/// The first field in which two collectives differ, as "count 1024" for `a`
+/// and "count 2048" for `b`; empty when equal.
+inline std::pair<std::string, std::string>
+firstDifference(const Instruction &a, const Instruction &b) {
+  if (a.op != b.op)
+    return {"op " + std::string(opKindName(a.op)),
+            "op " + std::string(opKindName(b.op))};
+  if (a.dtype != b.dtype)
+    return {"dtype " + std::string(dtypeName(*a.dtype)),
+            "dtype " + std::string(dtypeName(*b.dtype))};
+  if (a.count != b.count)
+    return {"count " + std::to_string(a.count),
+            "count " + std::to_string(b.count)};
+  if (a.reduce != b.reduce)
+    return {"reduce " + std::string(reduceOpName(*a.reduce)),
+            "reduce " + std::string(reduceOpName(*b.reduce))};
+  if (a.op == OpKind::Broadcast && a.root != b.root)
+    return {"root " + std::to_string(a.root), "root " + std::to_string(b.root)};
+  return {};
+}
+
+inline bool sameCollective(const Instruction &a, const Instruction &b) {
+  return a.op == b.op && a.dtype == b.dtype && a.count == b.count &&
+         a.reduce == b.reduce &&
+         (a.op != OpKind::Broadcast || a.root == b.root);
+}
+
+inline std::string ordinal(int64_t k) { return "#" + std::to_string(k + 1); }
+
+class Verifier {
+public:
+  Verifier(const std::vector<Plan> &plans, const PlanSetFacts &facts)
+      : plans(plans), facts(facts) {}
+
+  Result<VerifyResult> run();
+
+private:
+  Result<void> indexRanks();
+  std::optional<VerifyFailure> checkMeshes();
+  std::optional<VerifyFailure> buildCommunicators();
+  std::optional<VerifyFailure> checkSequences();
+  std::optional<VerifyFailure> matchPointToPoint();
+  std::optional<VerifyFailure> checkStreamCycles();
+  std::optional<VerifyFailure> simulate();
+  // (d): what the step computes (docs/plan-format.md).
+  std::optional<VerifyFailure> checkFacts();
+  std::optional<VerifyFailure> checkOperands();
+  std::optional<VerifyFailure> checkTransferOperands();
+  std::optional<VerifyFailure> checkBuffers();
+  std::optional<VerifyFailure> checkParameters();
+  std::optional<VerifyFailure> checkReductions();
+  std::optional<VerifyFailure> checkMicrobatches();
+  std::optional<VerifyFailure> checkComputeOrder();
+  std::optional<VerifyFailure> checkOwnership();
+  std::optional<VerifyFailure> checkLifetimes();
+
+  // Facts of plan p (a plan index).
+  const PlanFacts &factsOf(int32_t p) const { return facts.plans[p]; }
+  const BufferFacts &bufferOf(int32_t p, int32_t local) const {
+    return facts.buffers[facts.plans[p].buffers[local]];
+  }
+  std::string_view text(int32_t s) const {
+    return s < 0 ? std::string_view() : std::string_view(facts.strings[s]);
+  }
+  /// `/program/3 "ag.w" ("all-gather w")`: where() with the label.
+  std::string whereLabeled(int32_t p, int64_t i) const;
+  /// `"w.full" (gathered bfloat16 [8,4] of "layers.0.weight", layout
+  /// "[{}, {}]")`.
+  std::string describeBuffer(const BufferFacts &b) const;
+  /// The first field two buffer descriptions differ in, for both sides:
+  /// {"tensor \"a\"", "tensor \"b\""}; empty when equal.
+  std::pair<std::string, std::string>
+  bufferDifference(const BufferFacts &a, const BufferFacts &b) const;
+  VerifyFailure failureAt(FailureKind kind, int32_t p, int64_t i) const;
+  /// The layout a buffer names, parsed once per distinct text.
+  const Layout *layoutOf(int32_t text);
+  /// A communicator's axes as core refs, parsed once per communicator.
+  const AxisRefList *refsOf(int32_t globalComm);
+
+  const std::vector<Plan> &plans;
+  const PlanSetFacts &facts;
+  std::shared_ptr<const Mesh> sharedMesh;
+  std::unordered_map<int32_t, std::optional<Layout>> layouts;
+  std::unordered_map<int32_t, std::optional<AxisRefList>> commRefs;
+  std::optional<Mesh> mesh;
+  std::vector<int32_t> planOfPosition; ///< mesh position -> plan index
+  std::vector<int32_t> order;          ///< plan indices by rank id
+  std::vector<RankInfo> info;          ///< per plan index
+  std::vector<GlobalComm> comms;
+  int64_t totalInstructions = 0, totalCollectives = 0;
+};
+
+} // namespace meshplan::plan::verifier
+
+#endif // MESHPLAN_LIB_PLAN_VERIFIER_H
