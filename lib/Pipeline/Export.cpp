@@ -30,6 +30,12 @@ static Error opError(Operation *op, const std::string &message) {
   return Error(describe(op) + ": " + message);
 }
 
+/// The spelling of one of dist's discardable attributes (DistBase.td), for
+/// messages: `nameOf<dist::DistDialect::IdAttrHelper>()` spells dist.id.
+template <typename AttrHelper> static std::string nameOf() {
+  return AttrHelper::getNameStr().str();
+}
+
 static std::optional<pl::DType> planDType(Type type) {
   if (type.isF32())
     return pl::DType::Float32;
@@ -69,7 +75,8 @@ public:
       return ok.error();
     func::FuncOp step;
     for (auto func : module.getOps<func::FuncOp>())
-      if (func->hasAttr("dist.train_step")) {
+      if (dist::DistDialect::TrainStepAttrHelper(func->getContext())
+              .isAttrPresent(func)) {
         if (step)
           return opError(func, "a second dist.train_step function");
         step = func;
@@ -77,9 +84,11 @@ public:
     if (!step)
       return Error("the module has no dist.train_step function");
     // One pp rank's program (dist-lower-pipeline) names its pipeline axis.
-    if (auto axis = step->getAttrOfType<StringAttr>("dist.pp_axis")) {
+    if (auto axis = dist::DistDialect::PpAxisAttrHelper(step->getContext())
+                        .getAttr(step)) {
       if (!mesh->findAxis(axis.getValue()))
-        return opError(step, "dist.pp_axis names no mesh axis");
+        return opError(step, nameOf<dist::DistDialect::PpAxisAttrHelper>() +
+                                 " names no mesh axis");
       out.mesh.pipelineAxis = axis.getValue().str();
     }
     if (auto ok = exportComms(); !ok)
@@ -171,13 +180,17 @@ private:
   /// axes): no instruction of the plan uses it, the trainer's compute
   /// callbacks do, and the runtime creates exactly the plan's communicators.
   Result<void> exportTrainerComms(func::FuncOp step) {
-    auto axes = step->getAttrOfType<ArrayAttr>("dist.trainer_axes");
+    ArrayAttr axes =
+        dist::DistDialect::TrainerAxesAttrHelper(step->getContext())
+            .getAttr(step);
     if (!axes)
       return {};
     for (Attribute attr : axes) {
       auto name = dyn_cast<StringAttr>(attr);
       if (!name || !mesh->findAxis(name.getValue()))
-        return opError(step, "dist.trainer_axes names no mesh axis");
+        return opError(step,
+                       nameOf<dist::DistDialect::TrainerAxesAttrHelper>() +
+                           " names no mesh axis");
       bool exists = false;
       for (const pl::CommTemplate &c : out.comms)
         exists |= c.axes == std::vector<std::string>{name.str()};
@@ -301,11 +314,12 @@ private:
       unsigned i = arg.getArgNumber();
       pl::BufferKind kind;
       std::string name;
-      if (auto param = step.getArgAttrOfType<StringAttr>(i, "dist.param")) {
+      if (auto param = step.getArgAttrOfType<StringAttr>(
+              i, dist::DistDialect::ParamAttrHelper::getNameStr())) {
         kind = pl::BufferKind::ParamShard;
         name = param.str();
-      } else if (auto state =
-                     step.getArgAttrOfType<StringAttr>(i, "dist.state")) {
+      } else if (auto state = step.getArgAttrOfType<StringAttr>(
+                     i, dist::DistDialect::StateAttrHelper::getNameStr())) {
         kind = pl::BufferKind::OptimizerState;
         name = state.str();
       } else {
@@ -320,7 +334,8 @@ private:
       // order, the same under every layout (dist.adamw's tensor_id).
       // (A pp rank's program states it: dist.tensor_id.)
       if (kind == pl::BufferKind::ParamShard) {
-        auto id = step.getArgAttrOfType<IntegerAttr>(i, "dist.tensor_id");
+        auto id = step.getArgAttrOfType<IntegerAttr>(
+            i, dist::DistDialect::TensorIdAttrHelper::getNameStr());
         out.buffers[*index].tensorId = id ? id.getInt() : nextTensorId;
         ++nextTensorId;
       }
@@ -360,8 +375,10 @@ private:
   }
 
   Result<void> exportOp(Operation *op) {
-    auto idAttr = op->getAttrOfType<IntegerAttr>("dist.id");
-    auto streamAttr = op->getAttrOfType<StringAttr>("dist.stream");
+    IntegerAttr idAttr =
+        dist::DistDialect::IdAttrHelper(op->getContext()).getAttr(op);
+    StringAttr streamAttr =
+        dist::DistDialect::StreamAttrHelper(op->getContext()).getAttr(op);
     if (!idAttr || !streamAttr)
       return opError(op, "has no dist.id / dist.stream (run dist-schedule)");
     int64_t distId = idAttr.getInt();
@@ -450,7 +467,8 @@ private:
       }
       in.label = in.phase + " " + compute.getModule().str();
       in.unit = compute.getModule().str();
-      auto mbAttr = op->getAttrOfType<IntegerAttr>("dist.microbatch");
+      IntegerAttr mbAttr =
+          dist::DistDialect::MicrobatchAttrHelper(op->getContext()).getAttr(op);
       if (auto stage = compute.getStageAttr())
         in.label +=
             " (stage " + std::to_string(stage.getInt()) + (mbAttr ? ", " : ")");
@@ -464,7 +482,8 @@ private:
         flops = f.getValueAsDouble();
       in.inputs = inputs;
       int64_t mb = 0;
-      if (auto attr = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
+      if (auto attr = dist::DistDialect::MicrobatchAttrHelper(op->getContext())
+                          .getAttr(op))
         mb = attr.getInt();
       auto stageTag = [&](std::string_view what) {
         return std::string(what) + ".s" +
@@ -526,8 +545,9 @@ private:
       config.stochasticRounding = adam.getStochasticRounding();
       config.seed = adam.getSeed();
       if (out.optimizer && *out.optimizer != config)
-        return opError(op, "its hyperparameters differ from an earlier "
-                           "dist.adamw's (a plan has one optimizer)");
+        return opError(op, "its hyperparameters differ from an earlier " +
+                               dist::AdamWOp::getOperationName().str() +
+                               "'s (a plan has one optimizer)");
       out.optimizer = config;
       std::string unit = unitOfGradient(adam.getGrad());
       in.label = "adamw " + unit;
@@ -552,7 +572,9 @@ private:
           return opError(op, "frees a persistent buffer");
         freed.insert(index);
       }
-    } else if (isa<arith::AddFOp>(op) && op->hasAttr("dist.accumulate")) {
+    } else if (isa<arith::AddFOp>(op) &&
+               dist::DistDialect::AccumulateAttrHelper(op->getContext())
+                   .isAttrPresent(op)) {
       // A microbatch's reduced gradient added into the accumulated one, in
       // place (dist-schedule frees neither the sum nor its first operand).
       Value result = op->getResult(0), acc = op->getOperand(0);
@@ -639,7 +661,8 @@ private:
           out.buffers[*index].scale = from.scale;
         if (auto ok = exportCollective(op, in); !ok)
           return ok.error();
-        if (auto bucket = op->getAttrOfType<IntegerAttr>("dist.bucket")) {
+        if (auto bucket = dist::DistDialect::BucketAttrHelper(op->getContext())
+                              .getAttr(op)) {
           auto it = bucketInstruction.find(bucket.getInt());
           if (it != bucketInstruction.end())
             return mergeInto(it->second, op, distId, in, 0);
@@ -794,7 +817,8 @@ private:
       if (it->second < 0) {
         // Folded into this consumer, which inherits what it waited for
         // (a prefetch bound, a free).
-        if (auto after = def->getAttrOfType<DenseI64ArrayAttr>("dist.after"))
+        if (auto after = dist::DistDialect::AfterAttrHelper(def->getContext())
+                             .getAttr(def))
           for (int64_t id : after.asArrayRef())
             if (auto dep = instructionOfId.find(id);
                 dep != instructionOfId.end() && dep->second >= 0)
@@ -804,11 +828,13 @@ private:
       if (out.program[it->second].stream != in.stream)
         addDep(it->second);
     }
-    if (auto after = op->getAttrOfType<DenseI64ArrayAttr>("dist.after"))
+    if (auto after =
+            dist::DistDialect::AfterAttrHelper(op->getContext()).getAttr(op))
       for (int64_t id : after.asArrayRef()) {
         auto it = instructionOfId.find(id);
         if (it == instructionOfId.end())
-          return opError(op, "dist.after names id " + std::to_string(id) +
+          return opError(op, nameOf<dist::DistDialect::AfterAttrHelper>() +
+                                 " names id " + std::to_string(id) +
                                  ", which no earlier op has");
         if (it->second >= 0)
           addDep(it->second);
@@ -823,7 +849,8 @@ private:
     pl::Instruction &target = out.program[index];
     if (target.op != in.op || target.comm != in.comm ||
         target.dtype != in.dtype || target.reduce != in.reduce)
-      return opError(op, "dist.bucket mixes different collectives");
+      return opError(op, nameOf<dist::DistDialect::BucketAttrHelper>() +
+                             " mixes different collectives");
     bool collective = pl::isCollective(in.op);
     if (auto ok = addDeps(op, in); !ok)
       return ok.error();

@@ -638,21 +638,24 @@ private:
                                      b.getFunctionType(argTypes, {}));
     bool float8Gather = s.float8 && s.float8->enabled && s.float8->allGather;
     for (size_t p = 0; p < spec.params.size(); ++p) {
-      func.setArgAttr(p, "dist.param", b.getStringAttr(spec.params[p].name));
+      func.setArgAttr(p, dist::DistDialect::ParamAttrHelper::getNameStr(),
+                      b.getStringAttr(spec.params[p].name));
       if (float8Gather && spec.params[p].float8)
-        func.setArgAttr(p, "dist.float8", b.getUnitAttr());
+        func.setArgAttr(p, dist::DistDialect::Float8AttrHelper::getNameStr(),
+                        b.getUnitAttr());
     }
-    func->setAttr("dist.train_step", b.getUnitAttr());
+    dist::DistDialect::TrainStepAttrHelper(&ctx).setAttr(func, b.getUnitAttr());
     // One microbatch per stage: dist-lower-pipeline replays it in the
     // schedule's order for one pp coordinate.
     if (spec.pipeline)
-      func->setAttr("dist.pipeline", FlatSymbolRefAttr::get(&ctx, "pipeline"));
-    func->setAttr("dist.reshard_after_forward",
-                  b.getBoolAttr(s.dataParallel.reshardAfterForward !=
-                                ReshardPolicy::Never));
-    func->setAttr("dist.gradient_accumulation_steps",
-                  b.getI64IntegerAttr(s.gradientAccumulationSteps));
-    func->setAttr("dist.optimizer", optimizerAttr());
+      dist::DistDialect::PipelineAttrHelper(&ctx).setAttr(
+          func, FlatSymbolRefAttr::get(&ctx, "pipeline"));
+    dist::DistDialect::ReshardAfterForwardAttrHelper(&ctx).setAttr(
+        func, b.getBoolAttr(s.dataParallel.reshardAfterForward !=
+                            ReshardPolicy::Never));
+    dist::DistDialect::GradientAccumulationStepsAttrHelper(&ctx).setAttr(
+        func, b.getI64IntegerAttr(s.gradientAccumulationSteps));
+    dist::DistDialect::OptimizerAttrHelper(&ctx).setAttr(func, optimizerAttr());
     // The trainer's own collectives inside compute callbacks (tensor
     // parallel matmuls, context parallel attention) run over these axes;
     // export declares one communicator per axis so the runtime creates them.
@@ -662,12 +665,12 @@ private:
     for (const std::string &axis : s.extraAxes)
       trainerAxes.push_back(b.getStringAttr(axis));
     if (!trainerAxes.empty())
-      func->setAttr("dist.trainer_axes", b.getArrayAttr(trainerAxes));
+      dist::DistDialect::TrainerAxesAttrHelper(&ctx).setAttr(
+          func, b.getArrayAttr(trainerAxes));
     if (float8Gather)
-      func->setAttr(
-          "dist.float8",
-          b.getDictionaryAttr(b.getNamedAttr(
-              "power_of_2", b.getBoolAttr(s.float8->powerOf2Scales))));
+      dist::DistDialect::Float8AttrHelper(&ctx).setAttr(
+          func, b.getDictionaryAttr(b.getNamedAttr(
+                    "power_of_2", b.getBoolAttr(s.float8->powerOf2Scales))));
 
     Block *body = func.addEntryBlock();
     b.setInsertionPointToStart(body);
@@ -718,11 +721,12 @@ private:
             b.getStringAttr(unit.name), inputs,
             b.getF64FloatAttr(unit.forwardFlops), stageOf(unit));
         if (microbatches > 1)
-          compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
+          dist::DistDialect::MicrobatchAttrHelper(&ctx).setAttr(
+              compute, b.getI64IntegerAttr(mb));
         // The unit's own policy, which dist-schedule follows over the
         // step's flag.
-        compute->setAttr("dist.reshard_after_forward",
-                         b.getBoolAttr(unit.reshardAfterForward));
+        dist::DistDialect::ReshardAfterForwardAttrHelper(&ctx).setAttr(
+            compute, b.getBoolAttr(unit.reshardAfterForward));
       }
       for (auto it = units.rbegin(); it != units.rend(); ++it) {
         const Unit &unit = *it;
@@ -745,7 +749,8 @@ private:
             b.getF64FloatAttr(2 * unit.forwardFlops + unit.recomputeFlops),
             stageOf(unit));
         if (microbatches > 1)
-          compute->setAttr("dist.microbatch", b.getI64IntegerAttr(mb));
+          dist::DistDialect::MicrobatchAttrHelper(&ctx).setAttr(
+              compute, b.getI64IntegerAttr(mb));
         for (auto [i, p] : llvm::enumerate(unit.params)) {
           if (!reduceEveryMicrobatch) {
             grads[p] = compute.getResult(i);
@@ -758,7 +763,8 @@ private:
           }
           auto add = arith::AddFOp::create(b, loc, grads[p], reduced);
           // In place into the accumulated gradient (dist-schedule, export).
-          add->setAttr("dist.accumulate", b.getUnitAttr());
+          dist::DistDialect::AccumulateAttrHelper(&ctx).setAttr(
+              add, b.getUnitAttr());
           grads[p] = add;
         }
         if (mb + 1 == microbatches)

@@ -289,7 +289,8 @@ LogicalResult AnnotateOp::verifySymbolUses(SymbolTableCollection &symbols) {
   auto outType = cast<RankedTensorType>(getResult().getType());
   if (getLayout(inType))
     return emitOpError() << "operand already has a layout; use "
-                            "dist.redistribute to change it";
+                         << RedistributeOp::getOperationName()
+                         << " to change it";
   LayoutAttr layout = getLayout(outType);
   if (!layout)
     return emitOpError() << "result has no #dist.layout encoding";

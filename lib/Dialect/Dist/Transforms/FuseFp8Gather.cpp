@@ -20,6 +20,7 @@
 
 #include "MeshCache.h"
 
+#include "meshplan/Dialect/Dist/IR/DiscardableAttrs.h"
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -27,11 +28,16 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/SetVector.h"
 #include "llvm/ADT/SmallPtrSet.h"
+#include "llvm/Support/Debug.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTFUSEFP8GATHER
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-fuse-fp8-gather (in builds with LLVM debug output) logs what
+// it does.
+#define DEBUG_TYPE "dist-fuse-fp8-gather"
 
 using namespace mlir;
 using namespace meshplan;
@@ -74,7 +80,7 @@ public:
       return success();
     std::vector<Float8Param> params;
     for (BlockArgument arg : func.getArguments()) {
-      if (!func.getArgAttr(arg.getArgNumber(), "dist.float8"))
+      if (!func.getArgAttr(arg.getArgNumber(), float8Name()))
         continue;
       Float8Param p;
       p.arg = arg;
@@ -108,8 +114,17 @@ public:
         return failure();
       reduced.push_back(*amax);
     }
-    for (auto [set, amax] : llvm::zip_equal(sets, reduced))
+    for (auto [set, amax] : llvm::zip_equal(sets, reduced)) {
+      LLVM_DEBUG({
+        llvm::dbgs() << "[" DEBUG_TYPE "] @" << func.getSymName()
+                     << ": one amax + MAX all-reduce for split " << set.first
+                     << " over " << set.second.size() << " parameter(s):";
+        for (Float8Param *p : set.second)
+          llvm::dbgs() << " " << p->name;
+        llvm::dbgs() << "\n";
+      });
       rewrite(set.second, amax);
+    }
     return success();
   }
 
@@ -123,47 +138,36 @@ private:
   std::string paramName(unsigned i) {
     std::string out;
     llvm::raw_string_ostream os(out);
-    if (auto name = func.getArgAttrOfType<StringAttr>(i, "dist.param"))
+    if (auto name = func.getArgAttrOfType<StringAttr>(
+            i, DistDialect::ParamAttrHelper::getNameStr()))
       os << '"' << name.getValue() << '"';
     else
       os << "#" << i;
     return out;
   }
 
+  static StringRef float8Name() {
+    return DistDialect::Float8AttrHelper::getNameStr();
+  }
+
   LogicalResult readAttributes() {
-    Attribute attr = func->getAttr("dist.float8");
+    Attribute attr = func->getAttr(float8Name());
     if (!attr) {
       for (unsigned i = 0; i < func.getNumArguments(); ++i)
-        if (func.getArgAttr(i, "dist.float8"))
+        if (func.getArgAttr(i, float8Name()))
           return func.emitOpError()
-                 << "parameter " << paramName(i)
-                 << " is marked dist.float8 but the function has no "
-                    "dist.float8 attribute (its scale settings)";
+                 << "parameter " << paramName(i) << " is marked "
+                 << float8Name() << " but the function has no " << float8Name()
+                 << " attribute (its scale settings)";
       return success();
     }
-    if (!func->hasAttr("dist.train_step"))
-      return func.emitOpError()
-             << "has dist.float8 but is not a dist.train_step function";
-    float8 = dyn_cast<DictionaryAttr>(attr);
-    if (!float8)
-      return func.emitOpError()
-             << "dist.float8 must be a dictionary {power_of_2 = true|false}";
-    for (NamedAttribute entry : float8) {
-      if (entry.getName() != "power_of_2")
-        return func.emitOpError()
-               << "dist.float8 has an unknown key \"" << entry.getName().str()
-               << "\" (expected {power_of_2 = true|false})";
-    }
-    auto pow2 = float8.getAs<BoolAttr>("power_of_2");
-    if (!pow2)
-      return func.emitOpError() << "dist.float8 needs power_of_2 = true|false";
-    powerOf2 = pow2.getValue();
-    for (unsigned i = 0; i < func.getNumArguments(); ++i) {
-      Attribute mark = func.getArgAttr(i, "dist.float8");
-      if (mark && !isa<UnitAttr>(mark))
-        return func.emitOpError() << "parameter " << paramName(i)
-                                  << ": dist.float8 is a unit attribute";
-    }
+    // The verifier checks the same (and that parameter marks are units);
+    // this reads the settings.
+    FailureOr<bool> pow2 = readFloat8Attr(func, attr);
+    if (failed(pow2))
+      return failure();
+    float8 = cast<DictionaryAttr>(attr);
+    powerOf2 = *pow2;
     return success();
   }
 

@@ -14,14 +14,15 @@
 
 #include "MeshCache.h"
 
+#include "meshplan/Dialect/Dist/IR/DiscardableAttrs.h"
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/Support/Debug.h"
 
-#include <cstdio>
 #include <optional>
 
 namespace meshplan::dist {
@@ -29,18 +30,15 @@ namespace meshplan::dist {
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
 
+// -debug-only=dist-lower-optimizer (in builds with LLVM debug output) logs what
+// it does.
+#define DEBUG_TYPE "dist-lower-optimizer"
+
 using namespace mlir;
 using namespace meshplan;
 using namespace meshplan::dist;
 
 namespace {
-
-/// The function's `dist.optimizer` dictionary, checked.
-struct Hyper {
-  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
-  bool stochasticRounding = false;
-  int64_t seed = 0;
-};
 
 /// One parameter's update.
 struct Update {
@@ -53,93 +51,17 @@ struct Update {
 
 } // namespace
 
-/// "0.999", "1e-08": a double as a person writes it, for messages.
-static std::string shortFloat(double d) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%g", d);
-  return buffer;
-}
-
-/// Reads and checks `dist.optimizer`; errors name the key.
-static FailureOr<Hyper> readHyper(func::FuncOp func) {
-  Attribute raw = func->getAttr("dist.optimizer");
+/// Reads `dist.optimizer` (checked by the dialect's verifier and again by
+/// readOptimizerAttr, whose errors name the key).
+static FailureOr<OptimizerHyper> readHyper(func::FuncOp func) {
+  Attribute raw = func->getAttr(DistDialect::OptimizerAttrHelper::getNameStr());
   if (!raw)
     return func.emitOpError()
-           << "has dist.optimizer_step ops but no dist.optimizer dictionary "
-              "(kind, lr, beta1, beta2, eps, weight_decay, "
+           << "has dist.optimizer_step ops but no "
+           << DistDialect::OptimizerAttrHelper::getNameStr()
+           << " dictionary (kind, lr, beta1, beta2, eps, weight_decay, "
               "stochastic_rounding, seed)";
-  auto dict = dyn_cast<DictionaryAttr>(raw);
-  if (!dict)
-    return func.emitOpError()
-           << "dist.optimizer must be a dictionary, not " << raw;
-
-  auto kind = dict.get("kind");
-  if (!kind)
-    return func.emitOpError() << "dist.optimizer has no \"kind\"";
-  auto kindStr = dyn_cast<StringAttr>(kind);
-  if (!kindStr)
-    return func.emitOpError()
-           << "dist.optimizer \"kind\" must be a string, not " << kind;
-  if (kindStr.getValue() != "adamw")
-    return func.emitOpError() << "dist.optimizer kind \"" << kindStr.getValue()
-                              << "\" is not supported (only \"adamw\")";
-
-  Hyper h;
-  // Each float key with the range the update needs (as dist.adamw checks).
-  struct FloatKey {
-    StringRef key;
-    double *out;
-    double lo;
-    bool loOpen;
-    std::optional<double> hiOpen;
-  };
-  FloatKey floats[] = {
-      {"lr", &h.lr, 0, false, std::nullopt},
-      {"beta1", &h.beta1, 0, false, 1.0},
-      {"beta2", &h.beta2, 0, false, 1.0},
-      {"eps", &h.eps, 0, true, std::nullopt},
-      {"weight_decay", &h.weightDecay, 0, false, std::nullopt},
-  };
-  for (const FloatKey &k : floats) {
-    Attribute value = dict.get(k.key);
-    if (!value)
-      return func.emitOpError()
-             << "dist.optimizer has no \"" << k.key << "\" (f64)";
-    auto f = dyn_cast<FloatAttr>(value);
-    if (!f || !f.getType().isF64())
-      return func.emitOpError() << "dist.optimizer \"" << k.key
-                                << "\" must be an f64, not " << value;
-    double d = f.getValueAsDouble();
-    bool ok = (k.loOpen ? d > k.lo : d >= k.lo) && (!k.hiOpen || d < *k.hiOpen);
-    if (!ok)
-      return func.emitOpError()
-             << "dist.optimizer \"" << k.key << "\" = " << shortFloat(d)
-             << " is out of range " << (k.loOpen ? "(" : "[")
-             << shortFloat(k.lo) << ", "
-             << (k.hiOpen ? shortFloat(*k.hiOpen) + ")" : std::string("inf)"));
-    *k.out = d;
-  }
-
-  Attribute sr = dict.get("stochastic_rounding");
-  if (!sr)
-    return func.emitOpError()
-           << "dist.optimizer has no \"stochastic_rounding\" (bool)";
-  auto srBool = dyn_cast<BoolAttr>(sr);
-  if (!srBool)
-    return func.emitOpError()
-           << "dist.optimizer \"stochastic_rounding\" must be a bool, not "
-           << sr;
-  h.stochasticRounding = srBool.getValue();
-
-  Attribute seed = dict.get("seed");
-  if (!seed)
-    return func.emitOpError() << "dist.optimizer has no \"seed\" (i64)";
-  auto seedInt = dyn_cast<IntegerAttr>(seed);
-  if (!seedInt || !seedInt.getType().isSignlessInteger(64))
-    return func.emitOpError()
-           << "dist.optimizer \"seed\" must be an i64, not " << seed;
-  h.seed = seedInt.getInt();
-  return h;
+  return readOptimizerAttr(func, raw);
 }
 
 /// `{"dp", "tp":(1)2}`: the IR's spelling of a ref list, for messages.
@@ -236,18 +158,19 @@ reduceGradient(OptimizerStepOp step, StringAttr name, MeshCache &meshes,
 /// Checks one optimizer_step's operands; returns the parameter argument and
 /// its dist.param name.
 static FailureOr<std::pair<BlockArgument, StringAttr>>
-checkStep(func::FuncOp func, OptimizerStepOp step, const Hyper &hyper) {
+checkStep(func::FuncOp func, OptimizerStepOp step,
+          const OptimizerHyper &hyper) {
   Block &entry = func.getBody().front();
   auto param = dyn_cast<BlockArgument>(step.getParam());
   StringAttr name;
   if (param && param.getOwner() == &entry)
-    name =
-        func.getArgAttrOfType<StringAttr>(param.getArgNumber(), "dist.param");
+    name = func.getArgAttrOfType<StringAttr>(
+        param.getArgNumber(), DistDialect::ParamAttrHelper::getNameStr());
   if (!name)
     return step.emitOpError()
            << "parameter operand must be an argument of the function with a "
-              "dist.param name (the stored parameter, not a value computed "
-              "from it)";
+           << DistDialect::ParamAttrHelper::getNameStr()
+           << " name (the stored parameter, not a value computed from it)";
   if (step->getBlock() != &entry)
     return step.emitOpError()
            << "updating " << name
@@ -272,7 +195,7 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
   func.walk([&](OptimizerStepOp op) { steps.push_back(op); });
   if (steps.empty())
     return success();
-  FailureOr<Hyper> hyper = readHyper(func);
+  FailureOr<OptimizerHyper> hyper = readHyper(func);
   if (failed(hyper))
     return failure();
   if (!func.getBody().hasOneBlock())
@@ -286,8 +209,10 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
   // its index in the whole model (`dist.tensor_id`, dist-lower-pipeline).
   llvm::DenseMap<unsigned, int64_t> tensorIds;
   for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
-    if (func.getArgAttrOfType<StringAttr>(i, "dist.param")) {
-      auto id = func.getArgAttrOfType<IntegerAttr>(i, "dist.tensor_id");
+    if (func.getArgAttrOfType<StringAttr>(
+            i, DistDialect::ParamAttrHelper::getNameStr())) {
+      auto id = func.getArgAttrOfType<IntegerAttr>(
+          i, DistDialect::TensorIdAttrHelper::getNameStr());
       tensorIds.try_emplace(i, id ? id.getInt()
                                   : static_cast<int64_t>(tensorIds.size()));
     }
@@ -312,6 +237,10 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
       return failure();
     updates.push_back(
         {step, param, name, tensorIds.lookup(param.getArgNumber()), *reduced});
+    LLVM_DEBUG(llvm::dbgs()
+               << "[" DEBUG_TYPE "] " << name << " (tensor_id "
+               << updates.back().tensorId << "): gradient reduced to "
+               << reduced->getType() << "\n");
   }
 
   // Optimizer state: two fp32 arguments per parameter in the stored layout,
@@ -339,7 +268,8 @@ static LogicalResult lowerFunction(func::FuncOp func, MeshCache &meshes) {
       indices.push_back(first);
       types.push_back(stateType);
       attrs.push_back(builder.getDictionaryAttr(builder.getNamedAttr(
-          "dist.state", builder.getStringAttr(u->name.getValue() + suffix))));
+          DistDialect::StateAttrHelper::getNameStr(),
+          builder.getStringAttr(u->name.getValue() + suffix))));
       locs.push_back(u->param.getLoc());
     }
   }
@@ -393,7 +323,8 @@ struct LowerOptimizerPass
     bool failedAny = false;
     module.walk([&](OptimizerStepOp op) {
       auto func = op->getParentOfType<func::FuncOp>();
-      if (!func || !func->hasAttr("dist.train_step")) {
+      if (!func || !DistDialect::TrainStepAttrHelper(&getContext())
+                        .isAttrPresent(func)) {
         op.emitOpError() << "is outside a dist.train_step function; the "
                             "hyper-parameters come from its dist.optimizer";
         failedAny = true;
@@ -402,7 +333,7 @@ struct LowerOptimizerPass
     if (failedAny)
       return signalPassFailure();
     for (auto func : module.getOps<func::FuncOp>())
-      if (func->hasAttr("dist.train_step") &&
+      if (DistDialect::TrainStepAttrHelper(&getContext()).isAttrPresent(func) &&
           failed(lowerFunction(func, meshes)))
         return signalPassFailure();
   }

@@ -15,6 +15,7 @@
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/Support/Debug.h"
 
 #include <map>
 
@@ -22,6 +23,10 @@ namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTLOWERPIPELINE
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-lower-pipeline (in builds with LLVM debug output) logs what
+// it does.
+#define DEBUG_TYPE "dist-lower-pipeline"
 
 using namespace mlir;
 using namespace meshplan;
@@ -44,9 +49,11 @@ struct LowerPipelinePass
     ModuleOp module = getOperation();
     MeshCache meshes(module);
     SmallVector<func::FuncOp> steps;
+    MLIRContext *ctx = &getContext();
     for (auto func : module.getOps<func::FuncOp>())
-      if (func->hasAttr("dist.train_step") && func->hasAttr("dist.pipeline") &&
-          !func->hasAttr("dist.pp_rank"))
+      if (DistDialect::TrainStepAttrHelper(ctx).isAttrPresent(func) &&
+          DistDialect::PipelineAttrHelper(ctx).isAttrPresent(func) &&
+          !DistDialect::PpRankAttrHelper(ctx).isAttrPresent(func))
         steps.push_back(func);
     for (func::FuncOp func : steps)
       if (failed(lowerStep(module, func, meshes)))
@@ -105,15 +112,15 @@ private:
 
 LogicalResult LowerPipelinePass::lowerStep(ModuleOp module, func::FuncOp func,
                                            MeshCache &meshes) {
-  auto name = func->getAttrOfType<FlatSymbolRefAttr>("dist.pipeline");
-  if (!name)
-    return func.emitOpError()
-           << "dist.pipeline must name a dist.pipeline symbol";
+  // A FlatSymbolRefAttr: the verifier checked it.
+  FlatSymbolRefAttr name =
+      DistDialect::PipelineAttrHelper(func->getContext()).getAttr(func);
   auto pipeline =
       meshes.symbolTable().lookup<PipelineScheduleOp>(name.getValue());
   if (!pipeline)
-    return func.emitOpError() << "dist.pipeline refers to " << name
-                              << ", which is not a dist.pipeline";
+    return func.emitOpError() << DistDialect::PipelineAttrHelper::getNameStr()
+                              << " refers to " << name << ", which is not a "
+                              << PipelineScheduleOp::getOperationName();
   const View *view = meshes.get(pipeline, pipeline.getMeshAttr());
   if (!view)
     return failure();
@@ -148,12 +155,14 @@ LogicalResult StepLowering::dropOtherStages() {
   // A parameter's index in the whole model (the optimizer's tensor_id, from
   // which stochastic rounding draws) must survive the erasure.
   int64_t paramIndex = 0;
+  StringRef paramName = DistDialect::ParamAttrHelper::getNameStr();
+  StringRef tensorIdName = DistDialect::TensorIdAttrHelper::getNameStr();
   for (BlockArgument arg : func.getArguments())
-    if (func.getArgAttr(arg.getArgNumber(), "dist.param") &&
-        !func.getArgAttr(arg.getArgNumber(), "dist.tensor_id"))
-      func.setArgAttr(arg.getArgNumber(), "dist.tensor_id",
+    if (func.getArgAttr(arg.getArgNumber(), paramName) &&
+        !func.getArgAttr(arg.getArgNumber(), tensorIdName))
+      func.setArgAttr(arg.getArgNumber(), tensorIdName,
                       b.getI64IntegerAttr(paramIndex++));
-    else if (func.getArgAttr(arg.getArgNumber(), "dist.param"))
+    else if (func.getArgAttr(arg.getArgNumber(), paramName))
       ++paramIndex;
   llvm::DenseSet<Operation *> doomed;
   for (Operation &op : body.without_terminator()) {
@@ -196,7 +205,9 @@ LogicalResult StepLowering::dropOtherStages() {
       op->erase();
   llvm::BitVector unused(func.getNumArguments());
   for (BlockArgument arg : func.getArguments())
-    if (arg.use_empty() && func.getArgAttr(arg.getArgNumber(), "dist.param"))
+    if (arg.use_empty() &&
+        func.getArgAttr(arg.getArgNumber(),
+                        DistDialect::ParamAttrHelper::getNameStr()))
       unused.set(arg.getArgNumber());
   return func.eraseArguments(unused);
 }
@@ -227,7 +238,8 @@ StepLowering::collectTemplate(SmallVectorImpl<Operation *> &after) {
                << "reads a value computed from a compute's result; the "
                   "template is one microbatch whose computes read only "
                   "parameters and their gathers";
-      if (compute->hasAttr("dist.microbatch"))
+      if (DistDialect::MicrobatchAttrHelper(compute->getContext())
+              .isAttrPresent(compute))
         return compute.emitOpError()
                << "already has a microbatch; the template is one microbatch";
       switch (compute.getPhase()) {
@@ -295,8 +307,11 @@ FlatSymbolRefAttr StepLowering::pairWith(int64_t peer) {
 }
 
 void StepLowering::mark(Operation *op, const PipelineAction &action) {
-  op->setAttr("dist.microbatch", b.getI64IntegerAttr(action.microbatch));
-  op->setAttr("dist.action", b.getStringAttr(formatPipelineAction(action)));
+  MLIRContext *ctx = op->getContext();
+  DistDialect::MicrobatchAttrHelper(ctx).setAttr(
+      op, b.getI64IntegerAttr(action.microbatch));
+  DistDialect::ActionAttrHelper(ctx).setAttr(
+      op, b.getStringAttr(formatPipelineAction(action)));
 }
 
 ComputeOp StepLowering::emitCompute(ComputeOp tmpl, Phase phase,
@@ -337,6 +352,9 @@ Value StepLowering::outputGradient(int64_t stage, int64_t mb) {
 }
 
 LogicalResult StepLowering::emit(const PipelineAction &action) {
+  LLVM_DEBUG(llvm::dbgs() << "[" DEBUG_TYPE "] @" << func.getSymName()
+                          << " pp rank " << ppRank << ": "
+                          << formatPipelineAction(action) << "\n");
   int64_t s = action.stage, mb = action.microbatch;
   int64_t last = schedule.numStages() - 1;
   Location loc = pipeline.getLoc();
@@ -496,9 +514,11 @@ LogicalResult StepLowering::run() {
     for (ComputeOp op : t.backward)
       op.erase();
   }
-  func->setAttr("dist.pp_rank", b.getI64IntegerAttr(ppRank));
+  DistDialect::PpRankAttrHelper(func->getContext())
+      .setAttr(func, b.getI64IntegerAttr(ppRank));
   // The plan's mesh names the axis (a checkpoint's owners need it: no
   // layout replicates over it).
-  func->setAttr("dist.pp_axis", pipeline.getAxisAttr());
+  DistDialect::PpAxisAttrHelper(func->getContext())
+      .setAttr(func, pipeline.getAxisAttr());
   return success();
 }

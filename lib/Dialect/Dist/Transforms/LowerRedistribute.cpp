@@ -5,11 +5,16 @@
 #include "meshplan/Dialect/Dist/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/Debug.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTLOWERREDISTRIBUTE
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-lower-redistribute (in builds with LLVM debug output) logs
+// what it does.
+#define DEBUG_TYPE "dist-lower-redistribute"
 
 using namespace mlir;
 using namespace meshplan;
@@ -79,6 +84,9 @@ FailureOr<Value> meshplan::dist::lowerRedistribute(RedistributeOp op,
                                elementBytes(inType.getElementType()));
   if (!plan)
     return op.emitOpError() << plan.error().message;
+  LLVM_DEBUG(llvm::dbgs() << "[" DEBUG_TYPE "] " << op.getLoc() << ": "
+                          << inType << " -> " << outType << " in "
+                          << plan->steps.size() << " step(s)\n");
   if (plan->steps.empty() && inType != outType)
     return Value(op.getResult()); // same shards, another spelling: keep it
 
@@ -95,6 +103,9 @@ FailureOr<Value> meshplan::dist::lowerRedistribute(RedistributeOp op,
                           layoutAttr(op.getContext(), inLayout.getMesh(),
                                      view->mesh(), step.after));
     current = buildStep(b, op.getLoc(), view->mesh(), step, current, type);
+    LLVM_DEBUG(llvm::dbgs()
+               << "[" DEBUG_TYPE "]   step " << i << ": "
+               << current.getDefiningOp()->getName() << " -> " << type << "\n");
   }
   op.getResult().replaceAllUsesWith(current);
   op.erase();

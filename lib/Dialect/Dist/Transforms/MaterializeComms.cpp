@@ -6,11 +6,16 @@
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Debug.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTMATERIALIZECOMMS
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-materialize-comms (in builds with LLVM debug output) logs
+// what it does.
+#define DEBUG_TYPE "dist-materialize-comms"
 
 using namespace mlir;
 using namespace meshplan;
@@ -86,9 +91,15 @@ struct MaterializeCommsPass
             /*view=*/nullptr);
         // Renames on a clash with an existing symbol.
         meshes.symbolTable().insert(comm, b.getInsertionPoint());
+        LLVM_DEBUG(llvm::dbgs()
+                   << "[" DEBUG_TYPE "] new comm @" << comm.getSymName()
+                   << " on @" << layout.getMesh().getValue() << " axes "
+                   << comm.getAxes() << " (partition " << key << ")\n");
         it->second = FlatSymbolRefAttr::get(comm.getSymNameAttr());
       }
       op->setAttr("comm", it->second);
+      LLVM_DEBUG(llvm::dbgs() << "[" DEBUG_TYPE "] " << op->getName() << " at "
+                              << op->getLoc() << " -> " << it->second << "\n");
     });
     if (failedAny)
       signalPassFailure();

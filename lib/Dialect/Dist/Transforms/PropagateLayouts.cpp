@@ -15,11 +15,16 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/Debug.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTPROPAGATELAYOUTS
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-propagate-layouts (in builds with LLVM debug output) logs
+// what it does.
+#define DEBUG_TYPE "dist-propagate-layouts"
 
 using namespace mlir;
 using namespace meshplan;
@@ -61,15 +66,13 @@ private:
   /// without changing the type the body was written against (as Shardy's
   /// argument shardings do); it becomes the argument's type here.
   LogicalResult seedArguments() {
+    StringRef layoutName = DistDialect::LayoutAttrHelper::getNameStr();
     for (BlockArgument arg : func.getArguments()) {
       unsigned i = arg.getArgNumber();
-      auto attr = func.getArgAttrOfType<LayoutAttr>(i, "dist.layout");
-      if (!attr) {
-        if (func.getArgAttr(i, "dist.layout"))
-          return func.emitError()
-                 << "argument " << i << ": dist.layout must be a #dist.layout";
+      // The verifier checked it is a #dist.layout.
+      auto attr = func.getArgAttrOfType<LayoutAttr>(i, layoutName);
+      if (!attr)
         continue;
-      }
       auto tensor = dyn_cast<RankedTensorType>(arg.getType());
       if (!tensor || tensor.getEncoding())
         return func.emitError() << "argument " << i
@@ -81,7 +84,7 @@ private:
                << " dims but the tensor has " << tensor.getRank();
       arg.setType(RankedTensorType::get(tensor.getShape(),
                                         tensor.getElementType(), attr));
-      func.removeArgAttr(i, "dist.layout");
+      func.removeArgAttr(i, layoutName);
     }
     return success();
   }
@@ -140,6 +143,8 @@ private:
     auto typed = RankedTensorType::get(
         tensor.getShape(), tensor.getElementType(),
         layoutAttr(v.getContext(), meshName, view->mesh(), layout));
+    LLVM_DEBUG(llvm::dbgs()
+               << "[" DEBUG_TYPE "] " << v.getLoc() << ": " << typed << "\n");
     v.setType(typed);
     // A constant's value carries its type too; the global value is the same
     // under any layout.
@@ -230,6 +235,10 @@ private:
         setLayout(result, give);
         auto redistributed =
             RedistributeOp::create(b, op->getLoc(), type, result);
+        LLVM_DEBUG(llvm::dbgs()
+                   << "[" DEBUG_TYPE "] " << op->getName() << " at "
+                   << op->getLoc() << " gives " << result.getType()
+                   << "; redistributed to its stated " << type << "\n");
         result.replaceAllUsesExcept(redistributed, redistributed);
       }
     }
@@ -249,6 +258,8 @@ private:
     else
       b.setInsertionPointToStart(cast<BlockArgument>(v).getOwner());
     Value r = RedistributeOp::create(b, loc, target, v);
+    LLVM_DEBUG(llvm::dbgs() << "[" DEBUG_TYPE "] redistribute at " << loc
+                            << ": " << v.getType() << " -> " << target << "\n");
     redistributes[key] = r;
     return r;
   }

@@ -49,6 +49,7 @@
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringMap.h"
+#include "llvm/Support/Debug.h"
 
 #include <algorithm>
 
@@ -56,6 +57,10 @@ namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTSCHEDULE
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-schedule (in builds with LLVM debug output) logs what it
+// does.
+#define DEBUG_TYPE "dist-schedule"
 
 using namespace mlir;
 using namespace meshplan;
@@ -72,7 +77,8 @@ static bool isChainOp(Operation *op) {
 /// into the gradient accumulated so far (operand 0), as import writes it
 /// for "reduce": "every_microbatch".
 static bool isAccumulate(Operation *op) {
-  return isa<arith::AddFOp>(op) && op->hasAttr("dist.accumulate");
+  return isa<arith::AddFOp>(op) &&
+         DistDialect::AccumulateAttrHelper(op->getContext()).isAttrPresent(op);
 }
 
 static StringRef streamOf(Operation *op) {
@@ -102,7 +108,7 @@ static StringRef streamOf(Operation *op) {
 }
 
 static int64_t microbatchOf(ComputeOp op) {
-  if (auto mb = op->getAttrOfType<IntegerAttr>("dist.microbatch"))
+  if (auto mb = DistDialect::MicrobatchAttrHelper(op->getContext()).getAttr(op))
     return mb.getInt();
   return 0;
 }
@@ -235,14 +241,13 @@ private:
 } // namespace
 
 LogicalResult StepScheduler::check() {
-  if (Attribute attr = func->getAttr("dist.reshard_after_forward")) {
-    auto flag = dyn_cast<BoolAttr>(attr);
-    if (!flag)
-      return func.emitOpError()
-             << "dist.reshard_after_forward must be a bool, not " << attr;
+  MLIRContext *ctx = func->getContext();
+  // The verifier checked the attributes' types (and that a compute's
+  // reshard_after_forward is on a forward).
+  if (BoolAttr flag =
+          DistDialect::ReshardAfterForwardAttrHelper(ctx).getAttr(func))
     reshard = flag.getValue();
-  }
-  pipelined = func->hasAttr("dist.pp_rank");
+  pipelined = DistDialect::PpRankAttrHelper(ctx).isAttrPresent(func);
   DenseSet<std::pair<Attribute, int64_t>> forwards;
   SmallVector<Operation *> oldFrees;
   for (Operation &op : body.without_terminator()) {
@@ -256,13 +261,6 @@ LogicalResult StepScheduler::check() {
       return op.emitOpError()
              << "has no communicator; run dist-materialize-comms first";
     if (auto compute = dyn_cast<ComputeOp>(op)) {
-      if (Attribute attr = op.getAttr("dist.reshard_after_forward");
-          attr &&
-          (!isa<BoolAttr>(attr) || compute.getPhase() != Phase::Forward))
-        return op.emitOpError()
-               << "dist.reshard_after_forward must be a bool on a forward "
-                  "compute, not "
-               << attr;
       std::pair<Attribute, int64_t> unit{compute.getModuleAttr(),
                                          microbatchOf(compute)};
       if (compute.getPhase() == Phase::Forward)
@@ -278,8 +276,10 @@ LogicalResult StepScheduler::check() {
     // A step scheduled before is scheduled again from scratch.
     if (isa<FreeOp>(op))
       oldFrees.push_back(&op);
-    for (StringRef name :
-         {"dist.id", "dist.stream", "dist.after", "dist.bucket"})
+    for (StringRef name : {DistDialect::IdAttrHelper::getNameStr(),
+                           DistDialect::StreamAttrHelper::getNameStr(),
+                           DistDialect::AfterAttrHelper::getNameStr(),
+                           DistDialect::BucketAttrHelper::getNameStr()})
       if (op.getDiscardableAttr(name))
         op.removeDiscardableAttr(name);
   }
@@ -339,7 +339,8 @@ void StepScheduler::buildGatherGroups() {
   for (ComputeOp compute : computes)
     if (compute.getPhase() == Phase::Forward)
       if (auto flag =
-              compute->getAttrOfType<BoolAttr>("dist.reshard_after_forward"))
+              DistDialect::ReshardAfterForwardAttrHelper(compute->getContext())
+                  .getAttr(compute))
         policies[{compute.getModuleAttr(), microbatchOf(compute)}] =
             flag.getValue();
   auto unitPolicy = [&](ComputeOp compute) -> std::optional<bool> {
@@ -586,10 +587,10 @@ void StepScheduler::annotate() {
   }
 
   // One dictionary per op.
-  StringAttr idName = b.getStringAttr("dist.id"),
-             streamName = b.getStringAttr("dist.stream"),
-             afterName = b.getStringAttr("dist.after"),
-             bucketName = b.getStringAttr("dist.bucket");
+  StringAttr idName = DistDialect::IdAttrHelper(ctx).getName(),
+             streamName = DistDialect::StreamAttrHelper(ctx).getName(),
+             afterName = DistDialect::AfterAttrHelper(ctx).getName(),
+             bucketName = DistDialect::BucketAttrHelper(ctx).getName();
   llvm::StringMap<StringAttr> streams;
   DenseMap<int64_t, int64_t> buckets; // temporary -> final, by first use
   for (Operation &op : body.without_terminator()) {
@@ -609,12 +610,29 @@ void StepScheduler::annotate() {
       attrs.set(bucketName, b.getI64IntegerAttr(it->second));
     }
     op.setDiscardableAttrs(attrs.getDictionary(ctx));
+    LLVM_DEBUG({
+      llvm::dbgs() << "[" DEBUG_TYPE "] id " << id.lookup(&op) << " "
+                   << op.getName() << " on " << stream;
+      if (deps != after.end() && !deps->second.empty()) {
+        llvm::dbgs() << ", after";
+        for (int64_t dep : deps->second)
+          llvm::dbgs() << " " << dep;
+      }
+      if (bucket != bucketOf.end())
+        llvm::dbgs() << ", bucket " << buckets.lookup(bucket->second);
+      llvm::dbgs() << "\n";
+    });
   }
 }
 
 LogicalResult StepScheduler::run() {
   if (failed(check()))
     return failure();
+  LLVM_DEBUG(llvm::dbgs() << "[" DEBUG_TYPE "] @" << func.getSymName() << ": "
+                          << computes.size() << " computes, reshard after "
+                          << "forward " << (reshard ? "on" : "off")
+                          << (pipelined ? ", one pp rank's program" : "")
+                          << "\n");
   buildGatherGroups();
   buildReductionGroups();
   reorder();
@@ -628,10 +646,14 @@ struct SchedulePass : meshplan::dist::impl::DistScheduleBase<SchedulePass> {
   void runOnOperation() override {
     bool failedAny = false;
     for (auto func : getOperation().getOps<func::FuncOp>()) {
-      if (!func->hasAttr("dist.train_step") || func.isExternal())
+      if (!DistDialect::TrainStepAttrHelper(&getContext())
+               .isAttrPresent(func) ||
+          func.isExternal())
         continue;
       if (!func.getBody().hasOneBlock()) {
-        func.emitOpError() << "a dist.train_step function must have one block";
+        func.emitOpError() << "a "
+                           << DistDialect::TrainStepAttrHelper::getNameStr()
+                           << " function must have one block";
         failedAny = true;
         continue;
       }

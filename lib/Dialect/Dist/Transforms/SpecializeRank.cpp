@@ -6,11 +6,16 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/Debug.h"
 
 namespace meshplan::dist {
 #define GEN_PASS_DEF_DISTSPECIALIZERANK
 #include "meshplan/Dialect/Dist/Transforms/Passes.h.inc"
 } // namespace meshplan::dist
+
+// -debug-only=dist-specialize-rank (in builds with LLVM debug output) logs what
+// it does.
+#define DEBUG_TYPE "dist-specialize-rank"
 
 using namespace mlir;
 using namespace meshplan;
@@ -34,9 +39,9 @@ struct SpecializeRankPass
     // Types last: groups and splits read the global layouts.
     if (failed(localizeTypes(module, meshes)))
       return signalPassFailure();
-    module->setAttr(
-        "dist.rank",
-        IntegerAttr::get(IntegerType::get(&getContext(), 64), rank));
+    DistDialect::RankAttrHelper(&getContext())
+        .setAttr(module,
+                 IntegerAttr::get(IntegerType::get(&getContext(), 64), rank));
   }
 
   /// A rank's local type for a global tensor with a layout.
@@ -106,6 +111,12 @@ struct SpecializeRankPass
         return WalkResult::interrupt();
       }
       op->setAttr("group", DenseI64ArrayAttr::get(op->getContext(), *group));
+      LLVM_DEBUG({
+        llvm::dbgs() << "[" DEBUG_TYPE "] rank " << rank << ": "
+                     << op->getName() << " at " << op->getLoc() << " group [";
+        llvm::interleaveComma(*group, llvm::dbgs());
+        llvm::dbgs() << "]\n";
+      });
       return WalkResult::advance();
     });
     return failure(walk.wasInterrupted());

@@ -28,6 +28,45 @@ def Dist_Dialect : Dialect {
     its axes.
   }];
   let useDefaultAttributePrinterParser = 1;
+  // The discardable attributes the passes, import and export exchange: the
+  // one place their names are spelled. ODS generates a typed accessor per
+  // attribute (`DistDialect::MicrobatchAttrHelper`, its `getNameStr()` for
+  // argument attributes); the verifiers below check each one's type and
+  // values (DiscardableAttrs.cpp). They stay discardable because they annotate
+  // ops of other dialects (func.func, arith.addf) and function arguments.
+  // docs/dialect.md "Discardable attributes" says what each one means.
+  let discardableAttrs = (ins
+    // On func.func: the training step and its step-level choices.
+    "::mlir::UnitAttr":$train_step,
+    "::mlir::FlatSymbolRefAttr":$pipeline,
+    "::mlir::BoolAttr":$reshard_after_forward,
+    "::mlir::IntegerAttr":$gradient_accumulation_steps,
+    "::mlir::DictionaryAttr":$optimizer,
+    "::mlir::ArrayAttr":$trainer_axes,
+    // A dictionary on the function; a unit mark on a parameter argument.
+    "::mlir::DictionaryAttr":$float8,
+    "::mlir::IntegerAttr":$pp_rank,
+    "::mlir::StringAttr":$pp_axis,
+    // On the module after dist-specialize-rank.
+    "::mlir::IntegerAttr":$rank,
+    // On ops of the step: pipeline replay and gradient accumulation.
+    "::mlir::IntegerAttr":$microbatch,
+    "::mlir::StringAttr":$action,
+    "::mlir::UnitAttr":$accumulate,
+    // On ops of the step: the schedule dist-schedule sets.
+    "::mlir::IntegerAttr":$id,
+    "::mlir::StringAttr":$stream,
+    "::mlir::DenseI64ArrayAttr":$after,
+    "::mlir::IntegerAttr":$bucket,
+    // On function arguments.
+    "::meshplan::dist::LayoutAttr":$layout,
+    "::mlir::StringAttr":$param,
+    "::mlir::IntegerAttr":$tensor_id,
+    "::mlir::StringAttr":$state
+  );
+  let hasOperationAttrVerify = 1;
+  let hasRegionArgAttrVerify = 1;
+  let hasRegionResultAttrVerify = 1;
   // Attribute storage is only complete in DistAttrs.cpp, which registers them.
   let extraClassDeclaration = [{
     void registerAttributes();
