@@ -28,6 +28,7 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from common import BUILD_DIR, CLI, SOURCE_DIR  # noqa: E402
 
 TRAIN = BUILD_DIR / "bin" / "meshplan-train"
+LOSS = BUILD_DIR / "bin" / "meshplan-loss"
 # FSDP over 2 x TP 2 with torchtitan's plan, fp32 (its model replaced by
 # --model tiny).
 SPEC = SOURCE_DIR / "test" / "trainer" / "specs" / "fsdp2-tp2-6l.json"
@@ -134,6 +135,7 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
     # prints (its fp32 forward under FSDP 2 x TP 2 with sequence parallelism
     # and a vocabulary-parallel cross-entropy).
     data, stream = tokens_file(tmp_path)
+    (tmp_path / "stream.bin").write_bytes(bytes(stream))
     reference = hf_loss(model, stream)
     # Non-vacuous: far from uniform logits, and HF's q/k rows read without
     # the inverse permutation give another loss.
@@ -149,6 +151,16 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
     assert abs(hf_loss(wrong, stream) - reference) > 1e-2
     loss = meshplan_loss(out, data)
     assert abs(loss - reference) <= 6e-5, (loss, reference)
+    # To fp32 noise: meshplan-loss runs the same model code on the whole
+    # tensors in one process and prints 9 digits.
+    precise = subprocess.run([str(LOSS), out, "--heads", "4", "--kv-heads", "2", "--tokens",
+                              tmp_path / "stream.bin"], capture_output=True, text=True)
+    assert precise.returncode == 0, precise.stderr
+    value = float(precise.stdout.split()[1])
+    print(f"loss: transformers {reference:.9g}, meshplan-loss {value:.9g}, "
+          f"meshplan-train (FSDP 2 x TP 2) {loss:.4f}, HF rows not unpermuted "
+          f"{hf_loss(wrong, stream):.9g}")
+    assert abs(value - reference) <= 1e-5 * reference, (value, reference)
 
     # Export and reload: transformers gets back the tensors it saved.
     exported = tmp_path / "export"
