@@ -150,7 +150,7 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
                 proj.weight.copy_(proj.weight[rows])
     assert abs(hf_loss(wrong, stream) - reference) > 1e-2
     loss = meshplan_loss(out, data)
-    assert abs(loss - reference) <= 6e-5, (loss, reference)
+    assert abs(loss - reference) <= 1e-4, (loss, reference)
     # To fp32 noise: meshplan-loss runs the same model code on the whole
     # tensors in one process and prints 9 digits.
     precise = subprocess.run([str(LOSS), out, "--heads", "4", "--kv-heads", "2", "--tokens",
