@@ -77,15 +77,37 @@ def import_hf(src, out):
                 "-o", out, check=False)
 
 
-def tokens_file(tmp: pathlib.Path) -> tuple[pathlib.Path, list[int]]:
-    """A data file of exactly SEQ_LEN bytes: meshplan-train appends a
-    newline, which leaves one window, so every sequence of every rank is
-    these bytes (tokens) followed by the next byte (targets)."""
-    text = b"Meshplan loads Llama from HF ok."
+def tokens_file(tmp: pathlib.Path) -> tuple[pathlib.Path, bytes]:
+    """A data file of SEQ_LEN + 1 bytes: meshplan-train appends a newline,
+    which leaves two windows (starting at byte 0 or 1); returns the text as
+    the trainer sees it."""
+    text = b"Meshplan loads Llama from HF ok!"
     assert len(text) == SEQ_LEN
+    text += b"?"
     path = tmp / "data.txt"
     path.write_bytes(text)
-    return path, list(text) + [ord("\n")]
+    return path, text + b"\n"
+
+
+def _mix(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+def trainer_windows(text: bytes, sequences: int, step: int = 1, seed: int = 0) -> list[list[int]]:
+    """The token streams (SEQ_LEN + 1 bytes: tokens, then the last target)
+    of the global batch of a step, as examples/trainer/Data.cpp picks them
+    (one microbatch; data-parallel rank d reads sequences [d B, (d+1) B))."""
+    windows = len(text) - SEQ_LEN
+    out = []
+    for index in range(sequences):
+        key = _mix(_mix(_mix(seed) ^ step) ^ (0 << 32)) ^ index
+        start = _mix(key) % windows
+        out.append(list(text[start:start + SEQ_LEN + 1]))
+    return out
 
 
 def hf_loss(model, stream: list[int]) -> float:
@@ -134,9 +156,14 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
     # The same loss on the same tokens, to the 4 decimals meshplan-train
     # prints (its fp32 forward under FSDP 2 x TP 2 with sequence parallelism
     # and a vocabulary-parallel cross-entropy).
-    data, stream = tokens_file(tmp_path)
+    data, text = tokens_file(tmp_path)
+    stream = list(text[:SEQ_LEN + 1])
     (tmp_path / "stream.bin").write_bytes(bytes(stream))
     reference = hf_loss(model, stream)
+    # meshplan-train's step loss: the mean over its global batch (2 data-
+    # parallel ranks x 2 sequences, each window 0 or 1 of the text).
+    batch = trainer_windows(text, 4)
+    batch_reference = sum(hf_loss(model, w) for w in batch) / len(batch)
     # Non-vacuous: far from uniform logits, and HF's q/k rows read without
     # the inverse permutation give another loss.
     assert abs(reference - math.log(256)) > 0.5
@@ -150,7 +177,7 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
                 proj.weight.copy_(proj.weight[rows])
     assert abs(hf_loss(wrong, stream) - reference) > 1e-2
     loss = meshplan_loss(out, data)
-    assert abs(loss - reference) <= 1e-4, (loss, reference)
+    assert abs(loss - batch_reference) <= 1e-4, (loss, batch_reference)
     # To fp32 noise: meshplan-loss runs the same model code on the whole
     # tensors in one process and prints 9 digits.
     precise = subprocess.run([str(LOSS), out, "--heads", "4", "--kv-heads", "2", "--tokens",
@@ -158,7 +185,8 @@ def test_import_computes_the_transformers_loss_and_exports_back(tmp_path, tied, 
     assert precise.returncode == 0, precise.stderr
     value = float(precise.stdout.split()[1])
     print(f"loss: transformers {reference:.9g}, meshplan-loss {value:.9g}, "
-          f"meshplan-train (FSDP 2 x TP 2) {loss:.4f}, HF rows not unpermuted "
+          f"batch: transformers {batch_reference:.9g}, meshplan-train (FSDP 2 x TP 2) "
+          f"{loss:.4f}; HF rows not unpermuted "
           f"{hf_loss(wrong, stream):.9g}")
     assert abs(value - reference) <= 1e-5 * reference, (value, reference)
 
