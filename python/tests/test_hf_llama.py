@@ -300,8 +300,8 @@ def test_bad_hf_input_is_one_located_line_and_writes_nothing(tmp_path):
 
     cases.append((broken_index("badjson", lambda t: t[:-3]),
                   r"badjson/model\.safetensors\.index\.json: line \d+, column \d+"))
-    cases.append((broken_index("nofile", lambda t: t.replace("model-00001-of", "model-00009-of")),
-                  r"nofile/model-00009-of-\d+\.safetensors: missing, but .*index\.json maps tensors to it"))
+    cases.append((broken_index("nofile", lambda t: t.replace("model-00001-of", "model-00099-of")),
+                  r"nofile/model-00099-of-\d+\.safetensors: missing, but .*index\.json maps tensors to it"))
 
     def move_one(t):
         doc = json.loads(t)
