@@ -81,6 +81,8 @@ const SectionRule kWrittenByRule = {
     {
         {.name = "mesh", .type = T::String},
         {.name = "generator", .type = T::String},
+        {.name = "from", .type = T::String},
+        {.name = "conversion", .type = T::String},
     }};
 const SectionRule kChecksumRule = {
     "checksum",
@@ -507,6 +509,10 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
       MESHPLAN_TRY(readStringInto(*m, p.child("mesh"), meta.mesh));
     if (std::optional<Value> g = wf.get("generator"))
       MESHPLAN_TRY(readStringInto(*g, p.child("generator"), meta.generator));
+    if (std::optional<Value> g = wf.get("from"))
+      MESHPLAN_TRY(readStringInto(*g, p.child("from"), meta.from));
+    if (std::optional<Value> g = wf.get("conversion"))
+      MESHPLAN_TRY(readStringInto(*g, p.child("conversion"), meta.conversion));
   }
   {
     Path p = root.child("checksum");
@@ -564,6 +570,12 @@ std::string writeMetadata(const CheckpointMetadata &meta) {
   Json writtenBy = Json::object();
   writtenBy["mesh"] = meta.mesh;
   writtenBy["generator"] = meta.generator;
+  // Provenance of an imported or converted checkpoint; absent otherwise, so
+  // that a checkpoint without it reads as before.
+  if (!meta.from.empty())
+    writtenBy["from"] = meta.from;
+  if (!meta.conversion.empty())
+    writtenBy["conversion"] = meta.conversion;
   out += " \"written_by\": " + dumpJson(writtenBy) + ",\n";
   Json checksum = Json::object();
   checksum["algorithm"] = "crc32c";

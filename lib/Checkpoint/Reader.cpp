@@ -375,7 +375,8 @@ findChecked(const CheckpointMetadata &meta, std::string_view tensor,
                      std::string(plan::dtypeName(t->dtype)) +
                      " in the checkpoint but " +
                      std::string(plan::dtypeName(dtype)) +
-                     " in the plan (no conversion on load)");
+                     " in the plan (no conversion on load without an explicit "
+                     "cast: --dtype-cast)");
   return t;
 }
 

@@ -203,6 +203,8 @@ assembleMetadata(const CheckpointInfo &info,
   meta.training = info.training;
   meta.mesh = info.mesh;
   meta.generator = info.generator;
+  meta.from = info.from;
+  meta.conversion = info.conversion;
   std::vector<const RankRecords *> sorted;
   for (const RankRecords &r : records)
     sorted.push_back(&r);

@@ -2,10 +2,13 @@
 
 #include "CkptCommands.h"
 
+#include "HfLlama.h"
 #include "MeshSetup.h"
 
+#include "meshplan/Checkpoint/Cast.h"
 #include "meshplan/Checkpoint/Checkpoint.h"
 #include "meshplan/Checkpoint/Safetensors.h"
+#include "meshplan/Frontend/Spec.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Support/Json.h"
 
@@ -195,6 +198,10 @@ meshplan::cli::runCkptInspectCommand(const CkptInspectOptions &options) {
                      {"seed", meta.training.seed},
                      {"stochastic_rounding", meta.training.stochasticRounding}};
     j["written_by"] = {{"mesh", meta.mesh}, {"generator", meta.generator}};
+    if (!meta.from.empty())
+      j["written_by"]["from"] = meta.from;
+    if (!meta.conversion.empty())
+      j["written_by"]["conversion"] = meta.conversion;
     j["checksum"] = {{"algorithm", "crc32c"}, {"block_bytes", meta.blockBytes}};
     j["totals"] = {{"tensors", meta.tensors.size()},
                    {"parameters", parameters},
@@ -242,6 +249,10 @@ meshplan::cli::runCkptInspectCommand(const CkptInspectOptions &options) {
       << (meta.generator.empty() ? std::string("-") : meta.generator)
       << " on mesh " << (meta.mesh.empty() ? std::string("-") : meta.mesh)
       << "\n";
+  if (!meta.from.empty())
+    out << "  from:       " << meta.from << "\n";
+  if (!meta.conversion.empty())
+    out << "  converted:  " << meta.conversion << "\n";
   out << "  training:   step " << meta.training.step << ", seed "
       << meta.training.seed << ", stochastic rounding "
       << (meta.training.stochasticRounding ? "on" : "off") << "\n";
@@ -321,16 +332,27 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
   // every rank must exist with the plan's shape and dtype, and nothing of
   // the checkpoint may be dropped (a spec of another model, or without the
   // optimizer, would silently lose state).
+  if (options.cast.optimizerState != "keep" &&
+      options.cast.optimizerState != "reset")
+    throw CliError(
+        "--optimizer-state: " + json::quote(options.cast.optimizerState) +
+        ": expected keep or reset");
+  ckpt::LoadOptions load;
+  load.dtypeCast = options.cast.dtypeCast;
+  load.resetOptimizerState = options.cast.optimizerState == "reset";
   std::set<std::string> planned;
+  std::vector<ckpt::PersistentBox> firstOfEach; // one box per tensor
   for (const auto &rank : spec.ranks) {
-    if (auto ok = ckpt::checkLoadable(meta, rank); !ok)
+    if (auto ok = ckpt::checkLoadable(meta, rank, load); !ok)
       throw CliError(ok.error().message + " (--spec " + options.spec.spec +
                      ", model " + spec.planned.modelName + ")");
     for (const ckpt::PersistentBox &b : rank)
-      planned.insert(b.tensor);
+      if (planned.insert(b.tensor).second)
+        firstOfEach.push_back(b);
   }
   for (const ckpt::TensorEntry &t : meta.tensors)
-    if (!planned.count(t.name))
+    if (!planned.count(t.name) && !(load.resetOptimizerState &&
+                                    t.kind == ckpt::TensorKind::OptimizerState))
       throw CliError(options.dir + ": tensor " + json::quote(t.name) +
                      " of the checkpoint has no place in the plan of --spec " +
                      options.spec.spec + " (model " + spec.planned.modelName +
@@ -340,23 +362,45 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
   info.model = meta.model;
   info.spec = {options.spec.spec, ckpt::fingerprintOf(spec.planned.specText)};
   info.training = meta.training;
+  // A reset optimizer is a fresh AdamW: its bias correction starts over.
+  if (load.resetOptimizerState)
+    info.training.step = 0;
   info.mesh = spec.planned.mesh;
   info.generator = "meshplan ckpt reshard";
+  info.conversion = ckpt::describeConversion(meta, firstOfEach, load);
+  // Provenance is kept through reshards of a converted checkpoint.
+  info.from = meta.from;
+  if (!info.conversion.empty()) {
+    info.from = options.dir + " (meshplan checkpoint of mesh " +
+                (meta.mesh.empty() ? std::string("-") : meta.mesh) + ", step " +
+                std::to_string(meta.training.step) + ")";
+    if (!meta.conversion.empty())
+      info.conversion = meta.conversion + "; then " + info.conversion;
+  } else {
+    info.conversion = meta.conversion;
+  }
   ckpt::CheckpointMetadata written = writeCheckpoint(
       options.out, spec, info, [&](const ckpt::PersistentBox &b) {
-        // Reads only the checksum blocks that intersect the box, verified.
-        auto bytes =
-            ckpt::loadBox(meta, b.tensor, b.globalShape, b.box, b.dtype);
-        if (!bytes)
-          throw CliError(bytes.error().message);
-        return std::move(*bytes);
+        // Reads only the checksum blocks that intersect the box, verified;
+        // cast to the plan's dtype under --dtype-cast.
+        std::vector<std::byte> bytes(
+            size_t(b.box.numElements() * plan::dtypeBytes(b.dtype)));
+        if (auto ok = ckpt::loadPersistentBoxInto(meta, b, load, bytes); !ok)
+          throw CliError(ok.error().message);
+        return bytes;
       });
   CommandOutput result;
-  result.out = "resharded " + options.dir + " (mesh " +
-               (meta.mesh.empty() ? std::string("-") : meta.mesh) +
-               ") for mesh " + spec.planned.mesh + " (" +
-               std::to_string(spec.planned.worldSize) + " ranks): wrote " +
-               options.out + ": " + summaryLine(written) + "\n";
+  result.out =
+      "resharded " + options.dir + " (mesh " +
+      (meta.mesh.empty() ? std::string("-") : meta.mesh) + ") for mesh " +
+      spec.planned.mesh + " (" + std::to_string(spec.planned.worldSize) +
+      " ranks" +
+      (load.dtypeCast || load.resetOptimizerState
+           ? "; " + (written.conversion.empty()
+                         ? std::string("nothing to convert")
+                         : ckpt::describeConversion(meta, firstOfEach, load))
+           : "") +
+      "): wrote " + options.out + ": " + summaryLine(written) + "\n";
   return result;
 }
 
@@ -364,8 +408,46 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
 // export
 //===----------------------------------------------------------------------===//
 
+/// `ckpt export --format hf-llama`: the model's dims (its heads permute wq
+/// and wk) from --model, or the checkpoint's model when that names a preset.
+static CommandOutput exportHfLlama(const CkptExportOptions &options) {
+  if (options.out.empty())
+    throw CliError("-o: an output directory is required");
+  int64_t maxShard =
+      hf::parseByteSize(options.maxShardSize, "--max-shard-size");
+  ckpt::CheckpointMetadata meta = readOrThrow(options.dir);
+  frontend::Spec byName;
+  byName.model = options.model.empty() ? meta.model.name : options.model;
+  auto model = frontend::loadSpecModel(byName, "");
+  if (!model)
+    throw CliError((options.model.empty()
+                        ? options.dir + ": the checkpoint's model " +
+                              json::quote(meta.model.name) +
+                              " (give the model file with --model): "
+                        : "--model: ") +
+                   model.error().message);
+  hf::LlamaDims dims = hf::llamaDimsOf(**model);
+  hf::HfExport e = hf::exportHfLlama(meta, dims, options.out, maxShard);
+  CommandOutput result;
+  result.out = "exported " + std::to_string(e.tensors) + " tensors (" +
+               std::to_string(e.bytes) + " bytes) of " + options.dir +
+               " as a Hugging Face Llama (" +
+               (e.tied ? "tied embeddings" : "untied embeddings") + ", " +
+               std::to_string(e.files) +
+               (e.files == 1 ? " safetensors file" : " safetensors shards") +
+               ") to " + options.out + "\n";
+  return result;
+}
+
 CommandOutput
 meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
+  if (options.format == "hf-llama")
+    return exportHfLlama(options);
+  if (options.format != "safetensors")
+    throw CliError("--format: " + json::quote(options.format) +
+                   ": expected safetensors or hf-llama");
+  if (!options.model.empty())
+    throw CliError("--model: only with --format hf-llama");
   if (options.out.empty())
     throw CliError("-o: an output file is required");
   std::error_code ec;
@@ -412,80 +494,76 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
 // import
 //===----------------------------------------------------------------------===//
 
-/// `box` of a whole row-major tensor in a safetensors file: reads the byte
-/// span from the box's first element to its last (one read) and copies the
-/// box's rows out of it.
-static std::vector<std::byte> readBox(const std::string &path,
-                                      const ckpt::SafetensorsHeader &header,
-                                      const ckpt::SafetensorsTensor &t,
-                                      const ckpt::Box &box) {
-  const int64_t eb = plan::dtypeBytes(t.dtype);
-  const size_t n = t.shape.size();
-  auto linear = [&](const std::vector<int64_t> &coord) {
-    int64_t idx = 0;
-    for (size_t d = 0; d < n; ++d)
-      idx = idx * t.shape[d] + coord[d];
-    return idx;
-  };
-  std::vector<int64_t> last(n);
-  for (size_t d = 0; d < n; ++d)
-    last[d] = box.offset[d] + box.shape[d] - 1;
-  const int64_t first = linear(box.offset) * eb;
-  const int64_t end = (linear(last) + 1) * eb;
-  std::vector<std::byte> span(size_t(end - first));
-  if (auto ok = ckpt::readSafetensorsBytes(path, header, t, first, span); !ok)
-    throw CliError(ok.error().message);
-  std::vector<std::byte> out(size_t(box.numElements() * eb));
-  const int64_t row = (n ? box.shape[n - 1] : 1) * eb;
-  std::vector<int64_t> coord = box.offset;
-  for (int64_t at = 0; at < int64_t(out.size()); at += row) {
-    std::memcpy(out.data() + at, span.data() + (linear(coord) * eb - first),
-                size_t(row));
-    // Next row: odometer over the outer dims.
-    for (int d = int(n) - 2; d >= 0; --d) {
-      if (++coord[size_t(d)] <= last[size_t(d)])
-        break;
-      coord[size_t(d)] = box.offset[size_t(d)];
-    }
-  }
-  return out;
-}
-
 CommandOutput
 meshplan::cli::runCkptImportCommand(const CkptImportOptions &options) {
+  const bool hfLlama = options.format == "hf-llama";
+  if (!hfLlama && options.format != "safetensors")
+    throw CliError("--format: " + json::quote(options.format) +
+                   ": expected safetensors or hf-llama");
   checkOutputDir(options.out);
-  auto header = ckpt::readSafetensorsHeader(options.file);
-  if (!header)
-    throw CliError(header.error().message);
-  SpecBoxes spec = boxesOfSpec(options.spec);
   const std::string &file = options.file;
-  // Every parameter of the plan, exactly as the plan stores it, and
-  // nothing else: a file of another model is refused, not half used.
+  std::optional<ckpt::SafetensorsHeader> header;
+  if (!hfLlama) {
+    auto read = ckpt::readSafetensorsHeader(file);
+    if (!read)
+      throw CliError(read.error().message);
+    header = std::move(*read);
+  }
+  SpecBoxes spec = boxesOfSpec(options.spec);
+  // Where each parameter's bytes are: the file's tensor of the same name,
+  // or the HF checkpoint's mapped (and for wq/wk permuted) tensor.
+  std::unique_ptr<hf::HfCheckpoint> hfCheckpoint;
+  std::map<std::string, hf::SourceTensor> plainSources;
+  if (hfLlama) {
+    hfCheckpoint = hf::openHfLlama(file, hf::llamaDimsOf(*spec.planned.model));
+  } else {
+    for (const ckpt::SafetensorsTensor &t : header->tensors)
+      plainSources[t.name] = {&file, &*header, &t, 0};
+  }
+  const std::map<std::string, hf::SourceTensor> &sources =
+      hfLlama ? hfCheckpoint->sources : plainSources;
+
+  // Every parameter of the plan, exactly as the plan stores it (or cast,
+  // when asked), and nothing else: a file of another model is refused, not
+  // half used.
   std::set<std::string> names;
+  std::map<std::pair<plan::DType, plan::DType>, int64_t> casts;
   for (const ckpt::PersistentBox *p : parametersOf(spec)) {
     names.insert(p->tensor);
     std::string code(ckpt::safetensorsDTypeCode(p->dtype));
-    const ckpt::SafetensorsTensor *t = header->find(p->tensor);
-    if (!t)
+    auto it = sources.find(p->tensor);
+    if (it == sources.end()) // hf-llama maps every parameter, or refuses
       throw CliError(file + ": no tensor " + json::quote(p->tensor) +
                      " (a parameter of model " + spec.planned.modelName + ": " +
                      code + " " + ints(p->globalShape) + ")");
-    if (t->shape != p->globalShape)
-      throw CliError(file + ": tensor " + json::quote(p->tensor) +
-                     " has shape " + ints(t->shape) + " in the file but " +
-                     ints(p->globalShape) + " in the plan of model " +
-                     spec.planned.modelName);
-    if (t->dtype != p->dtype)
-      throw CliError(file + ": tensor " + json::quote(p->tensor) + " is " +
-                     std::string(ckpt::safetensorsDTypeCode(t->dtype)) +
-                     " in the file but the plan stores it as " + code + " (" +
-                     std::string(plan::dtypeName(p->dtype)) +
-                     "); import converts no dtype");
+    const ckpt::SafetensorsTensor &t = *it->second.tensor;
+    std::string where =
+        *it->second.path + ": tensor " + json::quote(t.name) +
+        (t.name != p->tensor ? " (meshplan's " + p->tensor + ")" : "");
+    if (t.shape != p->globalShape)
+      throw CliError(where + " has shape " + ints(t.shape) +
+                     " in the file but " + ints(p->globalShape) +
+                     " in the plan of model " + spec.planned.modelName);
+    if (t.dtype == p->dtype)
+      continue;
+    std::string mismatch = where + " is " +
+                           std::string(ckpt::safetensorsDTypeCode(t.dtype)) +
+                           " in the file but the plan stores it as " + code +
+                           " (" + std::string(plan::dtypeName(p->dtype)) + ")";
+    if (!options.dtypeCast)
+      throw CliError(mismatch + "; import converts no dtype without "
+                                "--dtype-cast (round to nearest even)");
+    if (!ckpt::isCastableDType(t.dtype) || !ckpt::isCastableDType(p->dtype))
+      throw CliError(mismatch + "; --dtype-cast converts only float32, "
+                                "bfloat16 and float16");
+    ++casts[{t.dtype, p->dtype}];
   }
-  for (const ckpt::SafetensorsTensor &t : header->tensors)
-    if (!names.count(t.name))
-      throw CliError(file + ": tensor " + json::quote(t.name) +
-                     " is not a parameter of model " + spec.planned.modelName);
+  if (!hfLlama)
+    for (const ckpt::SafetensorsTensor &t : header->tensors)
+      if (!names.count(t.name))
+        throw CliError(file + ": tensor " + json::quote(t.name) +
+                       " is not a parameter of model " +
+                       spec.planned.modelName);
 
   ckpt::CheckpointInfo info;
   info.model = {spec.planned.modelName, ""};
@@ -497,19 +575,46 @@ meshplan::cli::runCkptImportCommand(const CkptImportOptions &options) {
   }
   info.mesh = spec.planned.mesh;
   info.generator = "meshplan ckpt import";
+  info.from =
+      file + (hfLlama
+                  ? " (hf-llama; " + hfCheckpoint->configPath + " " +
+                        hfCheckpoint->configFingerprint +
+                        (hfCheckpoint->tied ? "; tied embeddings" : "") + ")"
+                  : " (safetensors)");
+  for (const auto &[dtypes, count] : casts)
+    info.conversion += (info.conversion.empty() ? "" : "; ") +
+                       std::to_string(count) + " parameters " +
+                       std::string(plan::dtypeName(dtypes.first)) + "->" +
+                       std::string(plan::dtypeName(dtypes.second)) +
+                       " (round to nearest even)";
   ckpt::CheckpointMetadata written = writeCheckpoint(
       options.out, spec, info, [&](const ckpt::PersistentBox &b) {
-        if (b.kind == ckpt::TensorKind::Parameter)
-          return readBox(file, *header, *header->find(b.tensor), b.box);
-        // Optimizer state starts at zero, as a fresh AdamW's does.
-        return std::vector<std::byte>(
+        if (b.kind != ckpt::TensorKind::Parameter)
+          // Optimizer state starts at zero, as a fresh AdamW's does.
+          return std::vector<std::byte>(
+              size_t(b.box.numElements() * plan::dtypeBytes(b.dtype)));
+        const hf::SourceTensor &source = sources.at(b.tensor);
+        std::vector<std::byte> bytes = hf::readSourceBox(source, b.box);
+        if (source.tensor->dtype == b.dtype)
+          return bytes;
+        std::vector<std::byte> cast(
             size_t(b.box.numElements() * plan::dtypeBytes(b.dtype)));
+        if (auto ok =
+                ckpt::castElements(source.tensor->dtype, bytes, b.dtype, cast);
+            !ok)
+          throw CliError(ok.error().message);
+        return cast;
       });
   CommandOutput result;
-  result.out = "imported " + std::to_string(names.size()) + " parameters of " +
-               file + " for mesh " + spec.planned.mesh + " (" +
-               std::to_string(spec.planned.worldSize) +
-               " ranks; optimizer state zero, step 0): wrote " + options.out +
-               ": " + summaryLine(written) + "\n";
+  result.out =
+      "imported " + std::to_string(names.size()) + " parameters of " + file +
+      (hfLlama ? std::string(" (hf-llama") +
+                     (hfCheckpoint->tied ? ", tied embeddings" : "") + ")"
+               : "") +
+      " for mesh " + spec.planned.mesh + " (" +
+      std::to_string(spec.planned.worldSize) +
+      " ranks; optimizer state zero, step 0" +
+      (info.conversion.empty() ? "" : "; " + info.conversion) + "): wrote " +
+      options.out + ": " + summaryLine(written) + "\n";
   return result;
 }

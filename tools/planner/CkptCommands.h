@@ -33,16 +33,29 @@ struct CkptVerifyOptions {
 };
 CommandOutput runCkptVerifyCommand(const CkptVerifyOptions &options);
 
+/// --dtype-cast and --optimizer-state of reshard (and of a session's load):
+/// docs/checkpoint-format.md, "Dtype casts".
+struct CastFlags {
+  bool dtypeCast = false;
+  std::string optimizerState = "keep"; ///< keep | reset
+};
+
 struct CkptReshardOptions {
   std::string dir;
   SpecFlags spec;
   std::string out;
+  CastFlags cast;
 };
 CommandOutput runCkptReshardCommand(const CkptReshardOptions &options);
 
 struct CkptExportOptions {
   std::string dir;
   std::string out;
+  std::string format = "safetensors"; ///< safetensors | hf-llama
+  /// hf-llama: the model (preset or file) whose heads permute wq/wk; by
+  /// default the checkpoint's model name.
+  std::string model;
+  std::string maxShardSize = "5GB"; ///< hf-llama
 };
 CommandOutput runCkptExportCommand(const CkptExportOptions &options);
 
@@ -50,6 +63,8 @@ struct CkptImportOptions {
   std::string file;
   SpecFlags spec;
   std::string out;
+  std::string format = "safetensors"; ///< safetensors | hf-llama
+  bool dtypeCast = false;
 };
 CommandOutput runCkptImportCommand(const CkptImportOptions &options);
 

@@ -139,6 +139,7 @@ PlannedRanks meshplan::cli::planEveryRank(
   const plan::PreparedTemplate &prepared = p.first();
   PlannedRanks out;
   out.modelName = p.spec.model->name;
+  out.model = p.spec.model;
   out.mesh = prepared.mesh().str();
   out.worldSize = prepared.mesh().size();
   // Same bound as plan --all: every rank is instantiated.

@@ -16,9 +16,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace meshplan::frontend {
+struct Model;
+} // namespace meshplan::frontend
 
 namespace meshplan::cli {
 
@@ -111,6 +116,9 @@ struct PlannedRanks {
   std::string mesh; ///< Mesh::str()
   int64_t worldSize = 0;
   std::string specText; ///< the spec file's bytes, for its fingerprint
+  /// The spec's model (`ckpt import --format hf-llama` checks the file's
+  /// config against its dims and heads).
+  std::shared_ptr<const frontend::Model> model;
 };
 PlannedRanks
 planEveryRank(const SpecFlags &flags,

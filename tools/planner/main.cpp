@@ -305,21 +305,52 @@ int main(int argc, char **argv) {
                    "Output checkpoint (new, or an existing checkpoint, "
                    "replaced atomically)")
       ->required();
+  ckptReshardCmd->add_flag(
+      "--dtype-cast", ckptReshardOptions.cast.dtypeCast,
+      "Convert tensors stored as another of float32, bfloat16, float16 to "
+      "the plan's dtype (round to nearest even)");
+  ckptReshardCmd->add_option(
+      "--optimizer-state", ckptReshardOptions.cast.optimizerState,
+      "keep (default: loaded, cast with --dtype-cast) or reset (zero, "
+      "step 0)");
   CkptExportOptions ckptExportOptions;
   CLI::App *ckptExportCmd = ckptCmd->add_subcommand(
       "export", "Write a checkpoint's whole parameters as a safetensors file");
   ckptExportCmd->add_option("dir", ckptExportOptions.dir, "Checkpoint")
       ->required();
   ckptExportCmd
-      ->add_option("-o,--output", ckptExportOptions.out, "safetensors file")
+      ->add_option("-o,--output", ckptExportOptions.out,
+                   "safetensors file, or with --format hf-llama a new "
+                   "directory")
       ->required();
+  ckptExportCmd->add_option("--format", ckptExportOptions.format,
+                            "safetensors (default: one file, meshplan's "
+                            "names) or hf-llama (a transformers "
+                            "LlamaForCausalLM directory)");
+  ckptExportCmd->add_option("--model", ckptExportOptions.model,
+                            "hf-llama: the model (preset or file; default: "
+                            "the checkpoint's model)");
+  ckptExportCmd->add_option("--max-shard-size", ckptExportOptions.maxShardSize,
+                            "hf-llama: largest safetensors file before "
+                            "sharding (default 5GB)");
   CkptImportOptions ckptImportOptions;
   CLI::App *ckptImportCmd = ckptCmd->add_subcommand(
       "import", "Make a checkpoint for a spec's layout from a safetensors "
                 "file of its model's parameters (optimizer state zero, "
                 "step 0)");
-  ckptImportCmd->add_option("file", ckptImportOptions.file, "safetensors file")
+  ckptImportCmd
+      ->add_option("file", ckptImportOptions.file,
+                   "safetensors file, or with --format hf-llama a Hugging "
+                   "Face Llama directory (or its model.safetensors or "
+                   "index)")
       ->required();
+  ckptImportCmd->add_option("--format", ckptImportOptions.format,
+                            "safetensors (default: meshplan's names) or "
+                            "hf-llama");
+  ckptImportCmd->add_flag(
+      "--dtype-cast", ckptImportOptions.dtypeCast,
+      "Convert tensors stored as another of float32, bfloat16, float16 to "
+      "the plan's dtype (round to nearest even)");
   addSpecFlags(ckptImportCmd, ckptImportOptions.spec);
   ckptImportCmd
       ->add_option("-o,--output", ckptImportOptions.out,

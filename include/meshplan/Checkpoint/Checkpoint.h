@@ -168,6 +168,10 @@ struct CheckpointInfo {
   TrainingState training;
   std::string mesh;      ///< the writers' mesh, e.g. Mesh::str(); informational
   std::string generator; ///< e.g. "meshplan 0.1"; informational, may be ""
+  /// What an imported or converted checkpoint was made from (a path and its
+  /// format), and the dtype conversions applied; "" for neither.
+  std::string from;
+  std::string conversion;
 };
 
 struct Chunk {
@@ -204,6 +208,8 @@ struct CheckpointMetadata {
   TrainingState training;
   std::string mesh;
   std::string generator;
+  std::string from;       ///< written_by.from; "" when absent
+  std::string conversion; ///< written_by.conversion; "" when absent
   int64_t blockBytes = kDefaultBlockBytes;
   std::vector<DataFile> files;
   std::vector<TensorEntry> tensors;
