@@ -911,7 +911,10 @@ Result<void> RankTrainer::run() {
 
   int64_t first = 1;
   if (!flags.loadCheckpoint.empty()) {
-    auto state = session->loadCheckpoint(flags.loadCheckpoint);
+    ckpt::LoadOptions load;
+    load.dtypeCast = flags.dtypeCast;
+    load.resetOptimizerState = flags.optimizerState == "reset";
+    auto state = session->loadCheckpoint(flags.loadCheckpoint, load);
     if (!state)
       return state.error().within("--load-checkpoint");
     if (state->step >= flags.steps)
@@ -1194,6 +1197,16 @@ static void addTrainFlags(CLI::App &app, TrainFlags &flags,
                  "Start from a checkpoint written under any layout of the "
                  "same model; the run continues at its step + 1")
       ->type_name("DIR");
+  app.add_flag("--dtype-cast", flags.dtypeCast,
+               "With --load-checkpoint: convert tensors stored in another "
+               "floating-point dtype than the plan's (float32, bfloat16, "
+               "float16; round to nearest even) instead of refusing them");
+  app.add_option("--optimizer-state", flags.optimizerState,
+                 "With --load-checkpoint: keep the checkpoint's optimizer "
+                 "state (default) or reset it to zero and start at step 1, "
+                 "as a fresh AdamW")
+      ->type_name("keep|reset")
+      ->check(CLI::IsMember({"keep", "reset"}));
   app.add_option("--save-checkpoint", flags.saveCheckpoint,
                  "After the last step, save a checkpoint "
                  "(docs/checkpoint-format.md)")
@@ -1288,6 +1301,11 @@ int main(int argc, char **argv) {
   flags.reference = flags.reference || flags.plainReference;
   std::string compareA = compare.size() == 2 ? compare[0] : "";
   std::string compareB = compare.size() == 2 ? compare[1] : "";
+  if ((flags.dtypeCast || app.count("--optimizer-state")) &&
+      flags.loadCheckpoint.empty())
+    usageError(
+        std::string(flags.dtypeCast ? "--dtype-cast" : "--optimizer-state") +
+        " applies to --load-checkpoint DIR");
   if (app.count("--metrics") && flags.metrics.empty())
     usageError("--metrics: expected a file");
   if (app.count("--trace") && flags.traceDir.empty())

@@ -78,6 +78,10 @@ struct TrainFlags {
   /// first step creates the communicators), within --steps.
   std::string traceDir;
   std::optional<std::pair<int64_t, int64_t>> traceSteps;
+  /// --dtype-cast, --optimizer-state keep|reset: how --load-checkpoint
+  /// loads (ckpt::LoadOptions).
+  bool dtypeCast = false;
+  std::string optimizerState = "keep";
   /// --metrics FILE: one JSON line per step (Metrics.h).
   std::string metrics;
 };

@@ -662,12 +662,16 @@ void meshplan::python::bindSession(nb::module_ &m) {
           "all.")
       .def(
           "load_checkpoint",
-          [](SessionObject &s, const std::string &dir) {
+          [](SessionObject &s, const std::string &dir, bool dtypeCast,
+             bool resetOptimizerState) {
             s.ensureOpen();
             Result<ckpt::TrainingState> state = makeError("");
+            ckpt::LoadOptions options;
+            options.dtypeCast = dtypeCast;
+            options.resetOptimizerState = resetOptimizerState;
             {
               nb::gil_scoped_release release;
-              state = s.session->loadCheckpoint(dir);
+              state = s.session->loadCheckpoint(dir, options);
             }
             ckpt::TrainingState t = take("CheckpointError", std::move(state));
             nb::dict d;
@@ -676,8 +680,12 @@ void meshplan::python::bindSession(nb::module_ &m) {
             d["stochastic_rounding"] = t.stochasticRounding;
             return d;
           },
-          nb::arg("dir"),
-          "Loads this rank's boxes from a checkpoint of any layout; nothing "
+          nb::arg("dir"), nb::kw_only(), nb::arg("dtype_cast") = false,
+          nb::arg("reset_optimizer_state") = false,
+          "Loads this rank's boxes from a checkpoint of any layout "
+          "(dtype_cast: convert float32/bfloat16/float16 tensors stored in "
+          "another dtype than the plan's; reset_optimizer_state: start the "
+          "optimizer state at zero, step 0); nothing "
           "changes unless all load. Returns the training state "
           "(resume_after(state['step']) continues the run).")
       .def(

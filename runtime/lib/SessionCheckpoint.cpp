@@ -325,7 +325,9 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   return statusFrom(*done);
 }
 
-Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
+Result<ckpt::TrainingState>
+Session::loadCheckpoint(const std::string &dir,
+                        const ckpt::LoadOptions &options) {
   Impl &m = *impl;
   auto meta = ckpt::readCheckpointMetadata(dir);
   if (!meta)
@@ -333,7 +335,7 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   auto boxes = ckpt::persistentBoxesOf(m.plan);
   if (!boxes)
     return boxes.error();
-  MESHPLAN_TRY(ckpt::checkLoadable(*meta, *boxes));
+  MESHPLAN_TRY(ckpt::checkLoadable(*meta, *boxes, options));
   // Everything into one staging region first (every byte of it is
   // overwritten): a failure changes nothing.
   struct Loaded {
@@ -363,9 +365,8 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
   LazyFree lazyFree{*staging, total};
   for (size_t i = 0; i < loaded.size(); ++i) {
     const ckpt::PersistentBox &b = (*boxes)[i];
-    MESHPLAN_TRY(
-        ckpt::loadBoxInto(*meta, b.tensor, b.globalShape, b.box, b.dtype,
-                          {*staging + loaded[i].offset, loaded[i].size}));
+    MESHPLAN_TRY(ckpt::loadPersistentBoxInto(
+        *meta, b, options, {*staging + loaded[i].offset, loaded[i].size}));
   }
   // Copied into the existing buffers (same sizes, checked above), so that
   // the data pointers handed out earlier (TensorView, the C API's
@@ -376,7 +377,10 @@ Result<ckpt::TrainingState> Session::loadCheckpoint(const std::string &dir) {
     else if (l.size)
       std::memcpy(m.buffers[size_t(l.index)].data.data(), *staging + l.offset,
                   l.size);
-  return meta->training;
+  ckpt::TrainingState state = meta->training;
+  if (options.resetOptimizerState)
+    state.step = 0; // a fresh AdamW: bias correction starts again
+  return state;
 }
 
 } // namespace meshplan::runtime

@@ -81,6 +81,29 @@ Result<SessionOptions> sessionOptionsFromEnv() {
                        "orders)");
     o.keyOrderReductions = v == "key";
   }
+  // Executed-step traces for programs that take their options from here
+  // (the C API, a Python session without options): docs/observability.md.
+  if (const char *dir = std::getenv("MESHPLAN_TRACE"); dir && *dir) {
+    StepTraceOptions t;
+    t.dir = dir;
+    if (const char *steps = std::getenv("MESHPLAN_TRACE_STEPS");
+        steps && *steps) {
+      std::string v = steps;
+      char *end = nullptr;
+      long long first = std::strtoll(v.c_str(), &end, 10);
+      long long last = *end == ':' ? std::strtoll(end + 1, &end, 10) : 0;
+      if (*end != '\0' || first < 1 || last < first)
+        return makeError("MESHPLAN_TRACE_STEPS=\"" + v +
+                         "\": expected A:B, the steps traced (1 <= A <= B)");
+      t.firstStep = first;
+      t.lastStep = last;
+    }
+    o.trace = t;
+  } else if (const char *steps = std::getenv("MESHPLAN_TRACE_STEPS");
+             steps && *steps) {
+    return makeError("MESHPLAN_TRACE_STEPS is set without MESHPLAN_TRACE "
+                     "(the directory to write the trace to)");
+  }
   if (const char *ft = std::getenv("MESHPLAN_FT_STORE"); ft && *ft) {
     auto address = parseStoreAddress(ft);
     if (!address)

@@ -22,6 +22,7 @@
 #ifndef MESHPLAN_RUNTIME_SESSION_H
 #define MESHPLAN_RUNTIME_SESSION_H
 
+#include "meshplan/Checkpoint/Cast.h"
 #include "meshplan/Checkpoint/Checkpoint.h"
 #include "meshplan/Core/Result.h"
 #include "meshplan/Plan/Plan.h"
@@ -360,7 +361,13 @@ public:
   /// the checksum blocks its boxes intersect and verifies them; nothing is
   /// changed unless every box loads. Returns the recorded training state
   /// (resumeAfter(state.step) continues the run). Not collective.
-  Result<ckpt::TrainingState> loadCheckpoint(const std::string &dir);
+  /// `options`: a tensor stored in another floating-point dtype than the
+  /// plan's is refused unless dtypeCast (then converted, round to nearest
+  /// even); resetOptimizerState starts the optimizer state at zero and
+  /// returns step 0, as a fresh AdamW (docs/checkpoint-format.md, "Dtype
+  /// casts").
+  Result<ckpt::TrainingState>
+  loadCheckpoint(const std::string &dir, const ckpt::LoadOptions &options = {});
 
   /// Persistent buffers (parameter shards, optimizer state) by id. On a
   /// device the views are device memory (TensorView::onDevice); copyOut
