@@ -1288,6 +1288,9 @@ int main(int argc, char **argv) {
                "runtime, one process per rank (docs/trainer.md)",
                "meshplan-train"};
   app.footer(kUsage);
+  // A flag given twice takes its last value, as the hand-written parser
+  // did (scripts and tests append overrides to a common command line).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   addTrainFlags(app, flags, compare, rtol, device, traceSteps);
   if (auto exit = cli::parseCommandLine(
           app, std::vector<char *>(argv, argv + argc), "meshplan-train"))

@@ -36,7 +36,10 @@ expect 2 'unknown flag "--stpes" \(did you mean "--steps"\?\)' -- "$train" --spe
 expect 2 '--device: expected cpu or cuda, got "gpu"' -- "$train" --spec "$spec" --device gpu
 expect 2 '--rtol: expected a number >= 0' -- "$train" --compare a b --rtol -1
 # --help lists every flag (CLI11's help, tools/common/CommandLine.h).
-if ! "$train" --help | grep -q -- "--checkpoint-every"; then
+# (Captured first: grep -q stops reading early, and under pipefail the
+# writer's SIGPIPE would fail the pipe.)
+help=$("$train" --help)
+if ! grep -q -- "--checkpoint-every" <<<"$help"; then
   echo "FAIL: meshplan-train --help does not list --checkpoint-every" >&2
   failures=$((failures + 1))
 fi
