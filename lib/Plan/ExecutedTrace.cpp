@@ -107,13 +107,8 @@ RankTrace rankTraceOf(const Plan &plan) {
     t.communicators[c.id] = c.ranks;
     comms.emplace(c.id, &c);
   }
-  std::unordered_map<std::string_view, int64_t> bufferBytes;
-  for (const Buffer &b : plan.buffers) {
-    int64_t elems = 1;
-    for (int64_t d : b.localShape)
-      elems *= d;
-    bufferBytes.emplace(b.id, elems * dtypeBytes(b.dtype));
-  }
+  std::unordered_map<std::string_view, int64_t> bufferBytes =
+      localBufferBytes(plan);
   std::map<std::string, int64_t> turns;
   for (const Instruction &in : plan.program) {
     TracedInstruction ti;

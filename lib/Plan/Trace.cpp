@@ -111,13 +111,8 @@ Result<void> addPlan(const Plan &plan, const std::vector<double> &flops,
   std::unordered_map<std::string_view, const Communicator *> comms;
   for (const Communicator &c : plan.communicators)
     comms.emplace(c.id, &c);
-  std::unordered_map<std::string_view, int64_t> bufferBytes;
-  for (const Buffer &b : plan.buffers) {
-    int64_t elems = 1;
-    for (int64_t d : b.localShape)
-      elems *= d;
-    bufferBytes.emplace(b.id, elems * dtypeBytes(b.dtype));
-  }
+  std::unordered_map<std::string_view, int64_t> bufferBytes =
+      localBufferBytes(plan);
   std::unordered_map<std::string_view, size_t> ids;
   ids.reserve(n);
   for (size_t i = 0; i < n; ++i)
@@ -434,6 +429,18 @@ std::string chromeTrace(const Plan &plan, const Schedule &schedule) {
   doc["displayTimeUnit"] = "ms";
   doc["otherData"] = std::move(other);
   return doc.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+}
+
+std::unordered_map<std::string_view, int64_t>
+localBufferBytes(const Plan &plan) {
+  std::unordered_map<std::string_view, int64_t> bytes;
+  for (const Buffer &b : plan.buffers) {
+    int64_t elems = 1;
+    for (int64_t d : b.localShape)
+      elems *= d;
+    bytes.emplace(b.id, elems * dtypeBytes(b.dtype));
+  }
+  return bytes;
 }
 
 } // namespace meshplan::plan

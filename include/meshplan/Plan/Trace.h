@@ -19,6 +19,8 @@
 #include "meshplan/Plan/Plan.h"
 
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace meshplan::plan {
@@ -83,6 +85,12 @@ simulateTogether(const std::vector<const Plan *> &plans,
 /// ("rank N") and each stream (thread_name), and otherData holding the cost
 /// model parameters, step time and exposed communication time.
 std::string chromeTrace(const Plan &plan, const Schedule &schedule);
+
+/// The bytes of every buffer of `plan` on this rank (its local shape),
+/// by id; the keys view plan.buffers' ids. What a local instruction reads
+/// and writes is the sum over its inputs and outputs (Schedule::bytes).
+std::unordered_map<std::string_view, int64_t>
+localBufferBytes(const Plan &plan);
 
 } // namespace meshplan::plan
 
