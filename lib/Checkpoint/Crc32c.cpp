@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "meshplan/Checkpoint/Checkpoint.h"
+#include "meshplan/Support/Hash.h"
 
 #include <array>
 #include <cstring>
@@ -157,16 +158,7 @@ uint32_t crc32c(const void *data, size_t size, uint32_t crc) {
 }
 
 std::string fingerprintOf(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  static const char *digits = "0123456789abcdef";
-  std::string out = "fnv1a64:";
-  for (int i = 15; i >= 0; --i)
-    out += digits[(h >> (4 * i)) & 0xF];
-  return out;
+  return "fnv1a64:" + fnv1a64Hex(bytes);
 }
 
 } // namespace meshplan::ckpt

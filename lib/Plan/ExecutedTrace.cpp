@@ -3,6 +3,7 @@
 #include "meshplan/Plan/ExecutedTrace.h"
 
 #include "meshplan/Plan/CostModel.h"
+#include "meshplan/Support/Hash.h"
 #include "meshplan/Support/Json.h"
 
 #include <algorithm>
@@ -25,23 +26,6 @@ using json::quote;
 namespace {
 
 constexpr double kUs = 1e6;
-
-/// FNV-1a, 64 bits: a digest, not a defence against forgery (the files are
-/// the user's own); it tells plans apart.
-uint64_t fnv1a(std::string_view text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
-  return buf;
-}
 
 using Interval = std::pair<double, double>;
 
@@ -88,7 +72,7 @@ double finiteOr0(double v) { return std::isfinite(v) ? v : 0; }
 std::string planDigest(const Plan &plan) {
   Plan copy = plan;
   copy.estimates.reset();
-  return hex16(fnv1a(writePlan(copy)));
+  return fnv1a64Hex(writePlan(copy));
 }
 
 RankTrace rankTraceOf(const Plan &plan) {

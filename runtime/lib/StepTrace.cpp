@@ -28,9 +28,11 @@ double now() {
       .count();
 }
 
+/// The kernel's host name: what decides whether two ranks share
+/// CLOCK_MONOTONIC. Not MESHPLAN_HOSTNAME, which names the address peers
+/// connect to (BackendOptions::hostname): network namespaces on one
+/// machine have several addresses but one clock.
 std::string hostName() {
-  if (const char *h = std::getenv("MESHPLAN_HOSTNAME"); h && *h)
-    return h;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return host;
