@@ -1,6 +1,6 @@
 # Thin wrappers around scripts/setup.sh + CMake presets. The README's two
 # commands are `./scripts/setup.sh && make demo` and `./scripts/setup.sh && make test`.
-.PHONY: setup build demo test test-asan fuzz bench format clean
+.PHONY: setup build demo test test-asan stress fuzz bench format clean
 
 setup:
 	./scripts/setup.sh
@@ -18,6 +18,13 @@ demo: build
 
 test: build
 	ctest --preset default
+
+# The suite STRESS_RUNS times (default 3) beside one busy process per core;
+# prints per test its passes and failures (scripts/stress-test.sh,
+# docs/reliability.md). `make stress STRESS_RUNS=5`.
+STRESS_RUNS ?= 3
+stress: build
+	./scripts/stress-test.sh -n $(STRESS_RUNS)
 
 # The whole suite built by clang-22 with AddressSanitizer +
 # UndefinedBehaviorSanitizer (no recovery) and LeakSanitizer in build-asan/,
