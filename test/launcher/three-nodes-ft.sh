@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# trainer.launch.three-nodes-ft: a node lost from a fault-tolerant job of
+# three nodes (docs/runtime.md, "Two nodes"; docs/fault-tolerance.md,
+# "Several nodes"). Three network namespaces of this machine stand for
+# three nodes: node 0's namespace holds a bridge, and one veth pair from
+# each of nodes 1 and 2 ends on it (10.215.x.1, .2, .3/24; nothing leaves
+# the machine, nothing is created outside the namespaces). Node 0 hosts the
+# Redis store. Each node runs
+#   meshplan run -n 2 --nnodes 3 --node-rank K --fault-tolerant
+#     --store redis://NODE0:PORT --job J -- meshplan-train ...
+# on test/trainer/specs/ft-hsdp3x2.json: three replica groups on the
+# managed axis, one per node (ranks 2K, 2K+1), FSDP over 2 inside each.
+# Mid-run node 2 is killed (every process in its namespace, its launcher
+# included, SIGKILL). Its group is 1 of 3: the other two are a strict
+# majority, so nodes 0 and 1 install the next epoch without it, redo the
+# step in flight with group 2's share of the batch, and finish:
+#  - both survivors' launchers exit 0 and print the epoch that lost
+#    replica 2 (heartbeat expired: it was on another node);
+#  - the ranks' own summary says the last step committed with groups 0, 1;
+#  - their final parameters equal the uninterrupted run's bit for bit, real
+#    gradients and all (the survivors keep the lost group's share apart and
+#    sum the shares in group order: fault-tolerance.md, "Exact sums"), as
+#    runtime.ft.trainer case 2 compares in one namespace.
+#
+# Needs root (CAP_NET_ADMIN) for `ip netns` and redis-server: skipped (exit
+# 77) with one line where either is missing. Creates and removes everything
+# it uses, and removes the namespaces of earlier runs that died.
+#
+#   three-nodes-ft.sh BIN_DIR SOURCE_DIR
+set -euo pipefail
+bin=$1 src=$2
+train=$bin/meshplan-train
+spec=$src/test/trainer/specs/ft-hsdp3x2.json
+server=$(command -v redis-server || true)
+if [[ -z $server ]]; then
+  echo "SKIPPED: redis-server is not installed (Debian package redis-server)"
+  exit 77
+fi
+# A run killed by ctest's timeout cannot clean up (SIGKILL skips the trap):
+# remove the namespaces of runs whose process is gone (their processes
+# first: a namespace whose processes live on is only unnamed by `del`).
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^mp3n[0-9]+[abc]$' || true); do
+  old=${ns#mp3n}
+  if ! kill -0 "${old%[abc]}" 2>/dev/null; then
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  fi
+done
+tag=$$
+nss=("mp3n${tag}a" "mp3n${tag}b" "mp3n${tag}c")
+if ! ip netns add "${nss[0]}" 2>/dev/null; then
+  echo "SKIPPED: cannot create network namespaces here (needs root / CAP_NET_ADMIN)"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-three-nodes-XXXXXX")
+cleanup() {
+  for ns in "${nss[@]}"; do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  [[ -n ${KEEP:-} ]] || rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "${nss[1]}"
+ip netns add "${nss[2]}"
+# The addresses live only inside this run's namespaces, so runs side by
+# side never collide; the subnet still differs per run for readable logs.
+net=10.215.$((tag % 250))
+addr=("$net.1" "$net.2" "$net.3")
+ip -n "${nss[0]}" link add br0 type bridge
+ip -n "${nss[0]}" addr add "${addr[0]}/24" dev br0
+for k in 1 2; do
+  ip link add "mp3v${tag}$k" netns "${nss[0]}" type veth peer name eth0 netns "${nss[$k]}"
+  ip -n "${nss[0]}" link set "mp3v${tag}$k" master br0 up
+  ip -n "${nss[$k]}" addr add "${addr[$k]}/24" dev eth0
+  ip -n "${nss[$k]}" link set eth0 up
+done
+ip -n "${nss[0]}" link set br0 up
+for ns in "${nss[@]}"; do ip -n "$ns" link set lo up; done
+
+port=6379
+# Protected mode refuses non-loopback clients; this server listens only on
+# node 0's address on the private bridge.
+ip netns exec "${nss[0]}" "$server" --port "$port" --bind "${addr[0]}" --protected-mode no \
+  --save '' --appendonly no --daemonize yes --pidfile "$work/redis.pid" \
+  --logfile "$work/redis.log"
+for k in 1 2; do
+  for _ in $(seq 100); do
+    ip netns exec "${nss[$k]}" redis-cli -h "${addr[0]}" -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+done
+# The trainer's text (docs/ by default) copied once, so that both runs train
+# on the same tokens even if the tree changes meanwhile.
+cp -r "$src/docs" "$work/data"
+steps=20
+common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --steps "$steps")
+
+echo "== uninterrupted (one node, fault tolerance off)"
+"$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every "$steps" \
+  --save-params "$work/plain.params" | tail -n 1
+
+echo "== three nodes, --fault-tolerant; node 2 killed at step 4"
+# Every rank sleeps before each step, so that the kill lands mid-run (and
+# not after the last step) however fast the machine is.
+declare -a pids
+for k in 0 1 2; do
+  ip netns exec "${nss[$k]}" env MESHPLAN_HOSTNAME="${addr[$k]}" \
+    MESHPLAN_TEST_STEP_DELAY_MS=100 \
+    "$bin/meshplan" run -n 2 --nnodes 3 --node-rank "$k" --timeout 60 \
+    --store "redis://${addr[0]}:$port" --fault-tolerant --job "ft3n$tag" \
+    --max-restarts 0 --heartbeat-ms 2000 -- \
+    "$train" "${common[@]}" --log-every 1 --save-params "$work/ft.params" \
+    >"$work/node$k.log" 2>&1 &
+  pids[$k]=$!
+done
+# Node 0's rank 0 at step 4: every group is training in the first epoch.
+for _ in $(seq 1800); do
+  grep -q '^\[rank 0\] step 4/' "$work/node0.log" && break
+  if ! kill -0 "${pids[0]}" 2>/dev/null; then break; fi
+  sleep 0.05
+done
+if ! grep -q '^\[rank 0\] step 4/' "$work/node0.log"; then
+  echo "FAIL: node 0's rank 0 logged no step 4 within 90 s:" >&2
+  for k in 0 1 2; do echo "-- node $k" >&2; tail -n 8 "$work/node$k.log" >&2; done
+  exit 1
+fi
+for pid in $(ip netns pids "${nss[2]}"); do kill -9 "$pid" 2>/dev/null || true; done
+killed=$(date +%s.%N)
+wait "${pids[2]}" 2>/dev/null || true
+# The survivors finish within 120 s, or the test fails with their logs
+# (instead of a silent ctest timeout).
+for _ in $(seq 1200); do
+  kill -0 "${pids[0]}" 2>/dev/null || kill -0 "${pids[1]}" 2>/dev/null || break
+  sleep 0.1
+done
+for k in 0 1; do
+  code=0
+  if kill -0 "${pids[$k]}" 2>/dev/null; then
+    code=timeout
+  else
+    wait "${pids[$k]}" || code=$?
+  fi
+  if [[ $code != 0 ]]; then
+    echo "FAIL: node $k's launcher: $code (want exit 0):" >&2
+    tail -n 20 "$work/node$k.log" >&2
+    exit 1
+  fi
+done
+echo "nodes 0 and 1 finished $(python3 -c "print(f'{$(date +%s.%N) - $killed:.1f}')") s after node 2 was killed"
+for k in 0 1; do
+  # Each survivor's launcher names the lost group: it ran on another node,
+  # so what this launcher knows of it is its expired heartbeat.
+  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 lost \(heartbeat expired\); 2 of 3 live" \
+    "$work/node$k.log" || {
+    echo "FAIL: node $k's launcher did not report replica 2 lost:" >&2
+    grep '^meshplan run' "$work/node$k.log" >&2
+    exit 1
+  }
+done
+grep -m 1 "^meshplan run: epoch 1: " "$work/node0.log"
+grep -m 1 -E "^\[rank 0\] fault tolerance: .*committed in epoch [0-9]+ \(replica groups 0, 1 of 3 live\)" \
+  "$work/node0.log" || {
+  echo "FAIL: rank 0's last step was not committed by groups 0 and 1:" >&2
+  grep 'fault tolerance' "$work/node0.log" >&2
+  exit 1
+}
+grep -q "^\[rank 0\] step $steps/$steps" "$work/node0.log"
+"$train" --compare "$work/ft.params" "$work/plain.params" --rtol 0 | head -n 1
+echo "three nodes: passed"
