@@ -93,78 +93,143 @@ done
 # The trainer's text (docs/ by default) copied once, so that both runs train
 # on the same tokens even if the tree changes meanwhile.
 cp -r "$src/docs" "$work/data"
-steps=20
+steps=30
 common=(--spec "$spec" --data "$work/data" --batch 2 --seq-len 32 --steps "$steps")
 
 echo "== uninterrupted (one node, fault tolerance off)"
 "$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every "$steps" \
   --save-params "$work/plain.params" | tail -n 1
 
-echo "== three nodes, --fault-tolerant; node 2 killed at step 4"
-# Every rank sleeps before each step, so that the kill lands mid-run (and
-# not after the last step) however fast the machine is.
 declare -a pids
-for k in 0 1 2; do
+# start_node K JOB: node K's launcher in its namespace, in the background,
+# logging to $work/JOB.nodeK.log. Every rank sleeps 150 ms before each step,
+# so that a kill lands mid-run and a restarted node (its start-up takes a
+# few seconds on a loaded machine) finds the survivors still training.
+start_node() {
+  local k=$1 job=$2
   ip netns exec "${nss[$k]}" env MESHPLAN_HOSTNAME="${addr[$k]}" \
-    MESHPLAN_TEST_STEP_DELAY_MS=100 \
+    MESHPLAN_TEST_STEP_DELAY_MS=150 \
     "$bin/meshplan" run -n 2 --nnodes 3 --node-rank "$k" --timeout 60 \
-    --store "redis://${addr[0]}:$port" --fault-tolerant --job "ft3n$tag" \
+    --store "redis://${addr[0]}:$port" --fault-tolerant --job "$job$tag" \
     --max-restarts 0 --heartbeat-ms 2000 -- \
-    "$train" "${common[@]}" --log-every 1 --save-params "$work/ft.params" \
-    >"$work/node$k.log" 2>&1 &
+    "$train" "${common[@]}" --log-every 1 --save-params "$work/$job.params" \
+    >>"$work/$job.node$k.log" 2>&1 &
   pids[$k]=$!
-done
+}
+# wait_for FILE PATTERN SECONDS: until FILE has a line matching PATTERN.
+wait_for() {
+  local t=0
+  until grep -Eq "$2" "$1"; do
+    sleep 0.05
+    t=$((t + 1))
+    if ((t > $3 * 20)); then
+      echo "FAIL: no \"$2\" in $1 within $3 s:" >&2
+      tail -n 8 "$1" >&2
+      exit 1
+    fi
+  done
+}
+# kill_node_2: every process in node 2's namespace (its launcher too).
+kill_node_2() {
+  for pid in $(ip netns pids "${nss[2]}"); do kill -9 "$pid" 2>/dev/null || true; done
+  wait "${pids[2]}" 2>/dev/null || true
+}
+# finish JOB NODES...: each node's launcher exits 0 within 120 s, or the
+# test fails with its log (instead of a silent ctest timeout).
+finish() {
+  local job=$1 k alive
+  shift
+  for _ in $(seq 1200); do
+    alive=0
+    for k in "$@"; do kill -0 "${pids[$k]}" 2>/dev/null && alive=1; done
+    ((alive)) || break
+    sleep 0.1
+  done
+  for k in "$@"; do
+    code=0
+    if kill -0 "${pids[$k]}" 2>/dev/null; then
+      code="still running after 120 s"
+    else
+      wait "${pids[$k]}" || code=$?
+    fi
+    if [[ $code != 0 ]]; then
+      echo "FAIL: $job: node $k's launcher: $code (want exit 0):" >&2
+      tail -n 20 "$work/$job.node$k.log" >&2
+      exit 1
+    fi
+  done
+}
+# lost_line JOB K: node K's launcher names the lost group: it ran on another
+# node, so what this launcher knows of it is its expired heartbeat.
+lost_line() {
+  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 lost \(heartbeat expired\); 2 of 3 live" \
+    "$work/$1.node$2.log" || {
+    echo "FAIL: $1: node $2's launcher did not report replica 2 lost:" >&2
+    grep '^meshplan run' "$work/$1.node$2.log" >&2
+    exit 1
+  }
+}
+
+echo "== three nodes, --fault-tolerant; node 2 killed at step 4"
+for k in 0 1 2; do start_node "$k" lost; done
 # Node 0's rank 0 at step 4: every group is training in the first epoch.
-for _ in $(seq 1800); do
-  grep -q '^\[rank 0\] step 4/' "$work/node0.log" && break
-  if ! kill -0 "${pids[0]}" 2>/dev/null; then break; fi
+wait_for "$work/lost.node0.log" '^\[rank 0\] step 4/' 90
+kill_node_2
+killed=$(date +%s.%N)
+finish lost 0 1
+echo "nodes 0 and 1 finished $(python3 -c "print(f'{$(date +%s.%N) - $killed:.1f}')") s after node 2 was killed"
+grep -m 1 "^meshplan run: epoch 1: " "$work/lost.node0.log"
+lost_line lost 0
+lost_line lost 1
+grep -m 1 -E "^\[rank 0\] fault tolerance: .*committed in epoch [0-9]+ \(replica groups 0, 1 of 3 live\)" \
+  "$work/lost.node0.log" || {
+  echo "FAIL: rank 0 committed no step with groups 0 and 1 alone:" >&2
+  grep 'fault tolerance' "$work/lost.node0.log" >&2
+  exit 1
+}
+grep -q "^\[rank 0\] step $steps/$steps" "$work/lost.node0.log"
+"$train" --compare "$work/lost.params" "$work/plain.params" --rtol 0 | head -n 1
+
+echo "== a node started into the finished job is refused"
+# Once the last heartbeats have expired (a clean exit leaves them to expire).
+for _ in $(seq 200); do
+  [[ $(ip netns exec "${nss[0]}" redis-cli -h "${addr[0]}" -p "$port" exists \
+       "meshplan:{lost$tag}:hb:0" "meshplan:{lost$tag}:hb:1" "meshplan:{lost$tag}:hb:2") == 0 ]] && break
   sleep 0.05
 done
-if ! grep -q '^\[rank 0\] step 4/' "$work/node0.log"; then
-  echo "FAIL: node 0's rank 0 logged no step 4 within 90 s:" >&2
-  for k in 0 1 2; do echo "-- node $k" >&2; tail -n 8 "$work/node$k.log" >&2; done
+code=0
+ip netns exec "${nss[2]}" "$bin/meshplan" run -n 2 --nnodes 3 --node-rank 2 \
+  --store "redis://${addr[0]}:$port" --fault-tolerant --job "lost$tag" -- true \
+  >"$work/stale.log" 2>&1 || code=$?
+if ((code != 2)) || ! grep -q "none of its replica groups is alive" "$work/stale.log"; then
+  echo "FAIL: a launcher joining a finished job exited $code (want 2):" >&2
+  cat "$work/stale.log" >&2
   exit 1
 fi
-for pid in $(ip netns pids "${nss[2]}"); do kill -9 "$pid" 2>/dev/null || true; done
-killed=$(date +%s.%N)
-wait "${pids[2]}" 2>/dev/null || true
-# The survivors finish within 120 s, or the test fails with their logs
-# (instead of a silent ctest timeout).
-for _ in $(seq 1200); do
-  kill -0 "${pids[0]}" 2>/dev/null || kill -0 "${pids[1]}" 2>/dev/null || break
-  sleep 0.1
-done
+sed "s/lost$tag/lostTAG/; s/$net/NET/" "$work/stale.log"
+
+echo "== node 2 killed at step 4 and started again: it rejoins and heals"
+for k in 0 1 2; do start_node "$k" back; done
+wait_for "$work/back.node0.log" '^\[rank 0\] step 4/' 90
+kill_node_2
+# Once the survivors have moved on without it (the epoch that lost it),
+# node 2's launcher starts again from scratch, as after a reboot.
+wait_for "$work/back.node0.log" "^meshplan run: epoch [0-9]+: replica 2 lost" 60
+start_node 2 back
+finish back 0 1 2
+grep -m 1 "^meshplan run: joining the running job" "$work/back.node2.log"
 for k in 0 1; do
-  code=0
-  if kill -0 "${pids[$k]}" 2>/dev/null; then
-    code=timeout
-  else
-    wait "${pids[$k]}" || code=$?
-  fi
-  if [[ $code != 0 ]]; then
-    echo "FAIL: node $k's launcher: $code (want exit 0):" >&2
-    tail -n 20 "$work/node$k.log" >&2
-    exit 1
-  fi
-done
-echo "nodes 0 and 1 finished $(python3 -c "print(f'{$(date +%s.%N) - $killed:.1f}')") s after node 2 was killed"
-for k in 0 1; do
-  # Each survivor's launcher names the lost group: it ran on another node,
-  # so what this launcher knows of it is its expired heartbeat.
-  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 lost \(heartbeat expired\); 2 of 3 live" \
-    "$work/node$k.log" || {
-    echo "FAIL: node $k's launcher did not report replica 2 lost:" >&2
-    grep '^meshplan run' "$work/node$k.log" >&2
+  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 joined; 3 of 3 live" "$work/back.node$k.log" || {
+    echo "FAIL: node $k's launcher did not report replica 2 joined:" >&2
+    grep '^meshplan run' "$work/back.node$k.log" >&2
     exit 1
   }
 done
-grep -m 1 "^meshplan run: epoch 1: " "$work/node0.log"
-grep -m 1 -E "^\[rank 0\] fault tolerance: .*committed in epoch [0-9]+ \(replica groups 0, 1 of 3 live\)" \
-  "$work/node0.log" || {
-  echo "FAIL: rank 0's last step was not committed by groups 0 and 1:" >&2
-  grep 'fault tolerance' "$work/node0.log" >&2
+grep -m 1 -E "^\[rank 4\] fault tolerance: .*replica groups 0, 1, 2 of 3 live\); [0-9]+ steps discarded, 1 heals" \
+  "$work/back.node2.log" || {
+  echo "FAIL: rank 4 did not heal and commit with all three groups:" >&2
+  grep 'fault tolerance\|error' "$work/back.node2.log" >&2
   exit 1
 }
-grep -q "^\[rank 0\] step $steps/$steps" "$work/node0.log"
-"$train" --compare "$work/ft.params" "$work/plain.params" --rtol 0 | head -n 1
+"$train" --compare "$work/back.params" "$work/plain.params" --rtol 0 | head -n 1
 echo "three nodes: passed"
