@@ -15,7 +15,8 @@
 # majority, so nodes 0 and 1 install the next epoch without it, redo the
 # step in flight with group 2's share of the batch, and finish:
 #  - both survivors' launchers exit 0 and print the epoch that lost
-#    replica 2 (heartbeat expired: it was on another node);
+#    replica 2, naming node 2 and its ranks (it ran on another node: what
+#    the launcher knows of it is its expired heartbeat and its rank keys);
 #  - the ranks' own summary says the last step committed with groups 0, 1;
 #  - their final parameters equal the uninterrupted run's bit for bit, real
 #    gradients and all (the survivors keep the lost group's share apart and
@@ -159,10 +160,10 @@ finish() {
     fi
   done
 }
-# lost_line JOB K: node K's launcher names the lost group: it ran on another
-# node, so what this launcher knows of it is its expired heartbeat.
+# lost_line JOB K: node K's launcher names the lost group, its node and its
+# ranks.
 lost_line() {
-  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 lost \(heartbeat expired\); 2 of 3 live" \
+  grep -m 1 -E "^meshplan run: epoch [0-9]+: replica 2 lost \(heartbeat of ranks 4, 5 on node 2 expired\); 2 of 3 live" \
     "$work/$1.node$2.log" || {
     echo "FAIL: $1: node $2's launcher did not report replica 2 lost:" >&2
     grep '^meshplan run' "$work/$1.node$2.log" >&2

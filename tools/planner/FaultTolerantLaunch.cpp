@@ -675,6 +675,48 @@ void Supervisor::readRankKeys() {
   }
 }
 
+std::string Supervisor::elsewhere(int64_t gid) {
+  // Every node runs as many ranks as this one (-n), node k the ranks
+  // k * n .. k * n + n - 1; the other nodes' ranks' keys outlive them.
+  auto nprocs = static_cast<int64_t>(ranks.size());
+  if (config.nnodes <= 1 || nprocs == 0 || !connected())
+    return "";
+  std::vector<int64_t> others;
+  for (int64_t r = 0; r < config.nnodes * nprocs; ++r)
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end())
+      others.push_back(r);
+  std::vector<std::string> args = {"MGET"};
+  for (int64_t r : others)
+    args.push_back(key("rank:" + std::to_string(r)));
+  std::vector<const char *> argv;
+  std::vector<size_t> lens;
+  for (const std::string &a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto *reply = static_cast<redisReply *>(redisCommandArgv(
+      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (!reply) {
+    dropConnection(ctx->errstr[0] ? ctx->errstr : "no reply");
+    return "";
+  }
+  std::map<int64_t, std::vector<int64_t>> byNode;
+  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == others.size())
+    for (size_t i = 0; i < others.size(); ++i) {
+      const redisReply *e = reply->element[i];
+      if (e->type == REDIS_REPLY_STRING &&
+          parseInt64(std::string(e->str, e->len)) == gid)
+        byNode[others[i] / nprocs].push_back(others[i]);
+    }
+  freeReplyObject(reply);
+  std::string out;
+  for (auto &[node, rs] : byNode)
+    out += (out.empty() ? "" : " and ") +
+           std::string(rs.size() > 1 ? "ranks " : "rank ") + joinInts(rs) +
+           " on node " + std::to_string(node);
+  return out;
+}
+
 void Supervisor::printEpoch(int64_t epoch, const std::vector<int> &members) {
   std::vector<int64_t> joined, lost, live(members.begin(), members.end());
   for (int g : members)
@@ -696,9 +738,11 @@ void Supervisor::printEpoch(int64_t epoch, const std::vector<int> &members) {
     if (!lost.empty()) {
       auto reason = [&](int64_t g) {
         auto it = groups.find(g);
-        return it != groups.end() && !it->second.lastFailure.empty()
-                   ? it->second.lastFailure
-                   : std::string("heartbeat expired");
+        if (it != groups.end() && !it->second.lastFailure.empty())
+          return it->second.lastFailure;
+        std::string where = elsewhere(g);
+        return where.empty() ? std::string("heartbeat expired")
+                             : "heartbeat of " + where + " expired";
       };
       std::string why;
       if (lost.size() == 1) {

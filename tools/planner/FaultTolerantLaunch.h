@@ -189,6 +189,9 @@ private:
   void readRankKeys();
   void readEpochs();
   void printEpoch(int64_t epoch, const std::vector<int> &members);
+  /// With --nnodes > 1: where the group's ranks on other nodes ran, "ranks
+  /// 4, 5 on node 2" (from their rank keys); empty when unknown.
+  std::string elsewhere(int64_t gid);
   /// The group key of a rank: its replica group, or -(rank + 1) while the
   /// rank has not registered (a group of one).
   int64_t groupOf(int64_t rank) const;
