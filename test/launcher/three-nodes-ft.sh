@@ -22,6 +22,13 @@
 #    gradients and all (the survivors keep the lost group's share apart and
 #    sum the shares in group order: fault-tolerance.md, "Exact sums"), as
 #    runtime.ft.trainer case 2 compares in one namespace.
+# Then a launcher started into that finished job (its heartbeats expired)
+# is refused, exit 2. Last, node 2 is killed at step 4 again and its
+# launcher started again from scratch once the survivors have moved on: it
+# joins the running job (its ranks at a fresh incarnation, so that they
+# never meet their dead predecessors' rendezvous keys), group 2 heals from
+# its peers and trains on, and the parameters equal the uninterrupted
+# run's bit for bit again.
 #
 # Needs root (CAP_NET_ADMIN) for `ip netns` and redis-server: skipped (exit
 # 77) with one line where either is missing. Creates and removes everything
