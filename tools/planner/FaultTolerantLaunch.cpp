@@ -39,6 +39,9 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kMaxRestarts = 1000;
+/// A node that joins a running job starts its returning ranks at a multiple
+/// of this (above any count of restarts), so that no incarnation repeats.
+constexpr int64_t kJoinIncarnationStride = 10000;
 constexpr int64_t kMaxGroups = 65536;
 constexpr int64_t kMinHeartbeatMs = 100;
 constexpr int64_t kMaxHeartbeatMs = 3600000;
@@ -172,6 +175,47 @@ std::optional<int64_t> parseInt64(const std::string &text) {
   return v;
 }
 
+/// With --nnodes > 1, the job's config key already there means another
+/// node's ranks got there first, or this node is restarted into a job that
+/// trains on: how many of the job's replica groups heartbeat (config value
+/// "groups=N min_replicas=M"). When some do, this node joins, and
+/// config.joinIncarnation is set from a per-job counter, so that two nodes
+/// that rejoin never pick the same incarnation.
+int64_t joinRunningJob(redisContext *c, Config &config,
+                       const std::string &configValue) {
+  std::optional<int64_t> groups;
+  if (configValue.rfind("groups=", 0) == 0)
+    groups = parseInt64(configValue.substr(7, configValue.find(' ') - 7));
+  if (!groups || *groups < 1 || *groups > kMaxGroups)
+    return 0;
+  std::vector<std::string> args = {"EXISTS"};
+  for (int64_t g = 0; g < *groups; ++g)
+    args.push_back("meshplan:{" + config.job + "}:hb:" + std::to_string(g));
+  std::vector<const char *> argv;
+  std::vector<size_t> lens;
+  for (const std::string &a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto *r = static_cast<redisReply *>(redisCommandArgv(
+      c, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  int64_t live = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+  if (r)
+    freeReplyObject(r);
+  if (live == 0)
+    return 0;
+  std::string joinsKey = "meshplan:{" + config.job + "}:node-joins";
+  r = static_cast<redisReply *>(
+      redisCommand(c, "INCR %b", joinsKey.data(), joinsKey.size()));
+  int64_t joins = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+  if (r)
+    freeReplyObject(r);
+  if (joins < 1)
+    return 0;
+  config.joinIncarnation = joins * kJoinIncarnationStride;
+  return live;
+}
+
 } // namespace
 
 int meshplan::cli::freeLoopbackPort() {
@@ -208,6 +252,7 @@ std::optional<Config> ft::parseFlags(const RunOptions &o, int64_t nnodes) {
     return std::nullopt;
   }
   Config c;
+  c.nnodes = nnodes;
   if (o.maxRestarts)
     c.maxRestarts =
         parseFlagInt("--max-restarts", *o.maxRestarts, 0, kMaxRestarts);
@@ -279,13 +324,17 @@ std::optional<std::string> StoreServer::open(Config &config) {
     std::string error;
     std::optional<std::string> pong = ping(c, &error);
     bool exists = false;
+    int64_t liveGroups = 0;
     if (pong == "PONG" && config.jobGiven) {
       std::string cfg = "meshplan:{" + config.job + "}:config";
       auto *r = static_cast<redisReply *>(
-          redisCommand(c, "EXISTS %b", cfg.data(), cfg.size()));
-      exists = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
+          redisCommand(c, "GET %b", cfg.data(), cfg.size()));
+      exists = r && r->type == REDIS_REPLY_STRING;
+      std::string value = exists ? std::string(r->str, r->len) : "";
       if (r)
         freeReplyObject(r);
+      if (exists && config.nnodes > 1)
+        liveGroups = joinRunningJob(c, config, value);
     }
     if (c)
       redisFree(c);
@@ -296,11 +345,13 @@ std::optional<std::string> StoreServer::open(Config &config) {
     if (*pong != "PONG")
       throw CliError("--store: " + url() + " answered PING with " +
                      inQuotes(*pong) + ", not PONG");
-    if (exists)
+    if (exists && liveGroups == 0)
       throw CliError("--job: job " + inQuotes(config.job) +
-                     " already has keys "
-                     "in " +
-                     url() + " (a new run needs a new job name)");
+                     " already has keys in " + url() +
+                     (config.nnodes > 1
+                          ? " and none of its replica groups is alive (a "
+                            "finished run; a new run needs a new job name)"
+                          : " (a new run needs a new job name)"));
     return std::nullopt;
   }
 
@@ -418,6 +469,27 @@ Supervisor::Supervisor(const Config &config, const StoreServer &store,
   for (int64_t r : this->ranks) {
     incarnation[r] = 0;
     groups[-(r + 1)].ranks = {r};
+  }
+  if (config.joinIncarnation > 0) {
+    // This node joins a running job: its ranks that registered in it before
+    // (their rank keys outlive them) are a restarted group and start at the
+    // fresh incarnation; a rank that never ran keeps 0, its group-mates'.
+    std::vector<int64_t> returning;
+    for (int64_t r : this->ranks) {
+      bool nil = true;
+      if (command({"GET", key("rank:" + std::to_string(r))}, &nil) && !nil) {
+        incarnation[r] = config.joinIncarnation;
+        returning.push_back(r);
+      }
+    }
+    this->say("joining the running job " + inQuotes(config.job) +
+              (returning.empty()
+                   ? std::string("")
+                   : ": rank" + std::string(returning.size() > 1 ? "s " : " ") +
+                         joinInts(returning) +
+                         " ran in it before, restarted "
+                         "at incarnation " +
+                         std::to_string(config.joinIncarnation)));
   }
 }
 
@@ -574,7 +646,10 @@ void Supervisor::readRankKeys() {
   for (auto [r, g] : found) {
     rankGroup[r] = g;
     groups.erase(-(r + 1)); // the group of one is over
-    Group &group = groups[g];
+    auto [slot, fresh] = groups.try_emplace(g);
+    Group &group = slot->second;
+    if (fresh) // at the incarnation its ranks started at (0 unless rejoining)
+      group.incarnation = incarnation[r];
     group.ranks.push_back(r);
     std::sort(group.ranks.begin(), group.ranks.end());
     if (group.phase == Phase::Running) {
@@ -600,6 +675,48 @@ void Supervisor::readRankKeys() {
   }
 }
 
+std::string Supervisor::elsewhere(int64_t gid) {
+  // Every node runs as many ranks as this one (-n), node k the ranks
+  // k * n .. k * n + n - 1; the other nodes' ranks' keys outlive them.
+  auto nprocs = static_cast<int64_t>(ranks.size());
+  if (config.nnodes <= 1 || nprocs == 0 || !connected())
+    return "";
+  std::vector<int64_t> others;
+  for (int64_t r = 0; r < config.nnodes * nprocs; ++r)
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end())
+      others.push_back(r);
+  std::vector<std::string> args = {"MGET"};
+  for (int64_t r : others)
+    args.push_back(key("rank:" + std::to_string(r)));
+  std::vector<const char *> argv;
+  std::vector<size_t> lens;
+  for (const std::string &a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto *reply = static_cast<redisReply *>(redisCommandArgv(
+      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+  if (!reply) {
+    dropConnection(ctx->errstr[0] ? ctx->errstr : "no reply");
+    return "";
+  }
+  std::map<int64_t, std::vector<int64_t>> byNode;
+  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == others.size())
+    for (size_t i = 0; i < others.size(); ++i) {
+      const redisReply *e = reply->element[i];
+      if (e->type == REDIS_REPLY_STRING &&
+          parseInt64(std::string(e->str, e->len)) == gid)
+        byNode[others[i] / nprocs].push_back(others[i]);
+    }
+  freeReplyObject(reply);
+  std::string out;
+  for (auto &[node, rs] : byNode)
+    out += (out.empty() ? "" : " and ") +
+           std::string(rs.size() > 1 ? "ranks " : "rank ") + joinInts(rs) +
+           " on node " + std::to_string(node);
+  return out;
+}
+
 void Supervisor::printEpoch(int64_t epoch, const std::vector<int> &members) {
   std::vector<int64_t> joined, lost, live(members.begin(), members.end());
   for (int g : members)
@@ -621,9 +738,11 @@ void Supervisor::printEpoch(int64_t epoch, const std::vector<int> &members) {
     if (!lost.empty()) {
       auto reason = [&](int64_t g) {
         auto it = groups.find(g);
-        return it != groups.end() && !it->second.lastFailure.empty()
-                   ? it->second.lastFailure
-                   : std::string("heartbeat expired");
+        if (it != groups.end() && !it->second.lastFailure.empty())
+          return it->second.lastFailure;
+        std::string where = elsewhere(g);
+        return where.empty() ? std::string("heartbeat expired")
+                             : "heartbeat of " + where + " expired";
       };
       std::string why;
       if (lost.size() == 1) {

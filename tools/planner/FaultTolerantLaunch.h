@@ -66,6 +66,13 @@ struct Config {
   std::string job;
   /// Whether --job named it (then it may already be in use by another node).
   bool jobGiven = false;
+  /// --nnodes.
+  int64_t nnodes = 1;
+  /// Set by StoreServer::open when this node joins a job that is already
+  /// running (a restarted node): the incarnation at which this node's ranks
+  /// that ran in the job before start, so that they never meet the
+  /// rendezvous keys their dead predecessors left in the store. 0 otherwise.
+  int64_t joinIncarnation = 0;
 };
 
 /// Checks the fault-tolerant flags; a CliError (exit 2) for a bad one, for
@@ -85,8 +92,10 @@ public:
   ~StoreServer();
 
   /// Starts the private server or pings the given one. An unreachable
-  /// --store, or a --job that already has keys there, is a CliError; a
-  /// private server that cannot be started is an error message (exit 1).
+  /// --store, or a --job that already has keys there, is a CliError (with
+  /// --nnodes > 1, only when none of the job's replica groups heartbeats:
+  /// otherwise this node joins the running job); a private server that
+  /// cannot be started is an error message (exit 1).
   std::optional<std::string> open(Config &config);
   /// The private server's pid (-1 for an external store or once it died).
   pid_t pid() const { return serverPid; }
@@ -180,6 +189,9 @@ private:
   void readRankKeys();
   void readEpochs();
   void printEpoch(int64_t epoch, const std::vector<int> &members);
+  /// With --nnodes > 1: where the group's ranks on other nodes ran, "ranks
+  /// 4, 5 on node 2" (from their rank keys); empty when unknown.
+  std::string elsewhere(int64_t gid);
   /// The group key of a rank: its replica group, or -(rank + 1) while the
   /// rank has not registered (a group of one).
   int64_t groupOf(int64_t rank) const;
