@@ -131,8 +131,15 @@ std::string TuneCandidate::describe() const {
   return s;
 }
 
-std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
-                                             const TuneCandidate &c) {
+int64_t meshplan::pipeline::globalTokensOf(const TuneOptions &options) {
+  return options.tokensPerStep ? options.tokensPerStep
+                               : options.world * options.sequenceLength;
+}
+
+/// tuneSpecJson, with "batch" or without (the plainest candidate, read to
+/// check the model, need not split the batch).
+static std::string specJsonOf(const TuneOptions &options,
+                              const TuneCandidate &c, bool withBatch) {
   ordered_json s;
   s["description"] = "meshplan tune: " + c.describe();
   s["model"] = options.model;
@@ -194,7 +201,17 @@ std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
                                   {"reduce", name(c.reduce)}};
   s["activation_checkpointing"] =
       std::string(activationCheckpointingName(c.checkpointing));
+  // The batch tuned for: `plan`/`explain` of this spec charge the same work
+  // per microbatch, and so reproduce the table's figures.
+  if (withBatch)
+    s["batch"] = {{"global_tokens", globalTokensOf(options)},
+                  {"sequence_length", options.sequenceLength}};
   return s.dump(2) + "\n";
+}
+
+std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
+                                             const TuneCandidate &c) {
+  return specJsonOf(options, c, /*withBatch=*/true);
 }
 
 namespace {
@@ -262,6 +279,7 @@ Spec candidateSpec(const Spec &base, int64_t world, const TuneCandidate &c) {
     s.accumulationReduce = c.reduce;
   }
   s.activationCheckpointing = c.checkpointing;
+  s.batch = base.batch;
   return s;
 }
 
@@ -910,18 +928,18 @@ Result<TuneResult> Tuner::run() {
                      " does not divide the world size " +
                      std::to_string(options.world));
   MESHPLAN_TRY(plan::checkCostModel(options.cost));
-  tokensPerStep = options.tokensPerStep
-                      ? options.tokensPerStep
-                      : options.world * options.sequenceLength;
+  tokensPerStep = globalTokensOf(options);
   // A bad model is the user's error, not "nothing fits": check it on the
   // plainest layout first.
   {
     TuneCandidate plain;
     plain.shard = options.world;
-    auto spec = loadSpec(tuneSpecJson(options, plain), options.baseDir);
+    auto spec = loadSpec(specJsonOf(options, plain, /*withBatch=*/false),
+                         options.baseDir);
     if (!spec)
       return makeError("tune: " + spec.error().message);
     baseSpec = spec->spec;
+    baseSpec.batch = BatchSpec{tokensPerStep, options.sequenceLength};
     model = spec->model;
     for (const Unit &u : fsdpUnits(*spec))
       modelBlocks += u.name.rfind("layers.", 0) == 0 ? 1 : 0;
