@@ -330,9 +330,13 @@ private:
 
   /// The candidate's spec (world size `world`) checked and resolved
   /// against the model, as loadSpec(tuneSpecJson(...)) would give it.
-  Result<ResolvedSpec> resolveCandidate(const TuneCandidate &c,
-                                        int64_t world) const {
+  /// Representatives (figures, stageOfParam) are not candidates: they need
+  /// not split the batch (`withBatch` false leaves it out).
+  Result<ResolvedSpec> resolveCandidate(const TuneCandidate &c, int64_t world,
+                                        bool withBatch = true) const {
     Spec spec = candidateSpec(baseSpec, world, c);
+    if (!withBatch)
+      spec.batch.reset();
     MESHPLAN_TRY(checkSpec(spec));
     return resolveSpec(std::move(spec), model);
   }
@@ -490,7 +494,7 @@ Result<Figures> Tuner::figures(const TuneCandidate &c) {
   rep.shard = options.world / (c.tp * c.cp);
   rep.float8AllGather = c.float8AllGather;
   rep.checkpointing = c.checkpointing;
-  auto spec = resolveCandidate(rep, options.world);
+  auto spec = resolveCandidate(rep, options.world, /*withBatch=*/false);
   if (!spec)
     return spec.error();
   Figures f;
@@ -569,7 +573,8 @@ const std::optional<std::vector<int>> &Tuner::stageOfParam(int64_t stages) {
   rep.pp = stages;
   rep.schedule = PipelineScheduleKind::GPipe;
   rep.microbatches = 1;
-  if (auto spec = resolveCandidate(rep, stages); spec && spec->pipeline)
+  if (auto spec = resolveCandidate(rep, stages, /*withBatch=*/false);
+      spec && spec->pipeline)
     it->second = spec->pipeline->stageOfParam;
   return it->second;
 }
