@@ -1238,7 +1238,9 @@ static void addTrainFlags(CLI::App &app, TrainFlags &flags,
       ->check(CLI::Validator(
           [](std::string &d) -> std::string {
             if (d != "cpu" && d != "cuda")
-              return "expected cpu or cuda, got \"" + d + "\"";
+              return "expected cpu or cuda, got \"" + d +
+                     "\" (where the step runs; `meshplan`'s --device "
+                     "names the cost model's hardware, e.g. h100)";
             return {};
           },
           ""));

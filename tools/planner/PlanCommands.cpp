@@ -245,8 +245,13 @@ static Device deviceOrThrow(const CostFlags &flags) {
   if (flags.device) {
     const plan::DevicePreset *preset = plan::findDevicePreset(*flags.device);
     if (!preset)
-      throw CliError("--device: unknown device \"" + *flags.device +
-                     "\"; expected one of " + plan::devicePresetList());
+      throw CliError(
+          "--device: unknown device \"" + *flags.device +
+          "\"; expected one of " + plan::devicePresetList() +
+          (*flags.device == "cpu" || *flags.device == "cuda"
+               ? " (the hardware the cost model describes; where a step "
+                 "runs, cpu or cuda, is meshplan-train's --device)"
+               : ""));
     d.model = preset->model;
   }
   if (flags.deviceMemory) {

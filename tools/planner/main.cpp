@@ -394,7 +394,10 @@ int main(int argc, char **argv) {
                    "Model: a preset (tiny, llama3-8b, llama3-70b, "
                    "llama3-405b) or a model JSON file")
       ->required();
-  tuneCmd->add_option("--world", tuneOptions.world, "Ranks (GPUs) in the job")
+  // --world-size is the name plan/explain/trace use for the same number.
+  tuneCmd
+      ->add_option("--world,--world-size", tuneOptions.world,
+                   "Ranks (GPUs) in the job")
       ->required();
   addCostFlags(tuneCmd, tuneOptions.cost);
   tuneCmd
