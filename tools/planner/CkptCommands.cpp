@@ -27,6 +27,7 @@
 #include <sstream>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 using namespace meshplan;
 using namespace meshplan::cli;
@@ -477,6 +478,10 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
   if (options.out.empty())
     throw CliError("-o: an output file is required");
   bool toStdout = options.out == "-";
+  // A binary file on a terminal is a mistake, not an output.
+  if (toStdout && ::isatty(STDOUT_FILENO))
+    throw CliError("-o -: stdout is a terminal; redirect it to a file or a "
+                   "pipe for the safetensors bytes");
   std::error_code ec;
   if (!toStdout && fs::is_directory(options.out, ec))
     throw CliError("-o: " + options.out + ": is a directory");
