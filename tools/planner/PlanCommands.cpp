@@ -328,6 +328,62 @@ static std::string overCapacity(const plan::Plan &plan, const Device &d) {
                       3);
 }
 
+/// `plan --all`'s verification before anything is written: every rank's
+/// plan instantiated on `threadCount` threads (default 2), each full plan
+/// held only while its facts are recorded (as `meshplan verify` reads a
+/// directory), each thread with a builder of its own (mergeFacts joins
+/// them), the bar counting ranks in order.
+static plan::VerifyResult verifyInMemory(const Planned &p,
+                                         const std::vector<int64_t> &ranks,
+                                         unsigned threadCount,
+                                         bool showProgress) {
+  int64_t world = p.first().mesh().size();
+  unsigned threads = threadCount ? threadCount : 2u;
+  std::vector<plan::Plan> plans(ranks.size());
+  std::vector<plan::FactsBuilder> builder(threads);
+  ProgressBar bar(showProgress, "verifying");
+  std::atomic<int64_t> done{0};
+  int64_t shown = 0; // thread 0's, then the caller's after the join
+  std::mutex failMutex;
+  std::string failure;
+  auto work = [&](unsigned t) {
+    for (size_t i = t; i < ranks.size(); i += threads) {
+      auto plan = p.templateFor(ranks[i]).instantiate(ranks[i],
+                                                      /*withEstimates=*/false);
+      if (!plan) {
+        std::lock_guard<std::mutex> lock(failMutex);
+        failure = plan.error().message;
+        return;
+      }
+      builder[t].add(i, *plan);
+      plans[i] = plan::verificationCopy(*plan);
+      int64_t n = ++done;
+      // Thread 0 shows every count up to the current one, in order (the
+      // bar's output does not depend on how the threads interleave); the
+      // rest after the join.
+      for (; t == 0 && shown < n && shown + 1 < world; ++shown)
+        bar(shown + 1, world);
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t)
+      pool.emplace_back(work, t);
+    work(0);
+    for (std::thread &th : pool)
+      th.join();
+  }
+  if (!failure.empty())
+    throw std::runtime_error("internal error: " + failure);
+  for (; shown < world; ++shown)
+    bar(shown + 1, world);
+  plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
+  auto report = plan::verifyPlans(plans, facts);
+  if (!report)
+    throw std::runtime_error("internal error: " + report.error().message);
+  return std::move(*report);
+}
+
 CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   if (options.all == options.rank.has_value())
     throw CliError(options.all ? "--all: give --all or --rank R, not both"
@@ -441,63 +497,19 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::string verified;
   if (options.all && !options.noVerify && world <= options.verifyLimit) {
     auto verifyStart = Clock::now();
-    // Each full plan is held only while its facts are recorded (as
-    // `meshplan verify` reads a directory), on the writer's threads, each
-    // with a builder of its own (mergeFacts joins them).
-    unsigned threads = options.threads ? unsigned(options.threads) : 2u;
-    std::vector<plan::Plan> plans(ranks.size());
-    std::vector<plan::FactsBuilder> builder(threads);
-    ProgressBar bar(*showProgress, "verifying");
-    std::atomic<int64_t> done{0};
-    int64_t shown = 0; // thread 0's, then the caller's after the join
-    std::mutex failMutex;
-    std::string failure;
-    auto work = [&](unsigned t) {
-      for (size_t i = t; i < ranks.size(); i += threads) {
-        auto plan = p.templateFor(ranks[i]).instantiate(
-            ranks[i], /*withEstimates=*/false);
-        if (!plan) {
-          std::lock_guard<std::mutex> lock(failMutex);
-          failure = plan.error().message;
-          return;
-        }
-        builder[t].add(i, *plan);
-        plans[i] = plan::verificationCopy(*plan);
-        int64_t n = ++done;
-        // Thread 0 shows every count up to the current one, in order (the
-        // bar's output does not depend on how the threads interleave); the
-        // rest after the join.
-        for (; t == 0 && shown < n && shown + 1 < world; ++shown)
-          bar(shown + 1, world);
-      }
-    };
-    {
-      std::vector<std::thread> pool;
-      for (unsigned t = 1; t < threads; ++t)
-        pool.emplace_back(work, t);
-      work(0);
-      for (std::thread &th : pool)
-        th.join();
-    }
-    if (!failure.empty())
-      throw std::runtime_error("internal error: " + failure);
-    for (; shown < world; ++shown)
-      bar(shown + 1, world);
-    plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
-    auto report = plan::verifyPlans(plans, facts);
-    if (!report)
-      throw std::runtime_error("internal error: " + report.error().message);
-    if (!report->ok()) {
+    plan::VerifyResult report =
+        verifyInMemory(p, ranks, options.threads, *showProgress);
+    if (!report.ok()) {
       result.exitCode = 1;
       result.err = "meshplan: verification failed (" +
-                   std::string(plan::failureKindName(report->failure->kind)) +
-                   "): " + report->failure->message +
+                   std::string(plan::failureKindName(report.failure->kind)) +
+                   "): " + report.failure->message +
                    "\nnothing was written to " + options.outDir + "\n";
       return result;
     }
     verified = "verified all " + std::to_string(world) + " ranks (" +
-               count(report->stats.collectives, "collective") + " on " +
-               count(report->stats.communicators, "communicator") +
+               count(report.stats.collectives, "collective") + " on " +
+               count(report.stats.communicators, "communicator") +
                " agree; every program runs to completion) in " +
                fixed(secondsSince(verifyStart), 2) + " s";
   } else if (options.all) {
