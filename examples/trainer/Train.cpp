@@ -52,6 +52,7 @@
 #include <limits>
 #include <map>
 #include <thread>
+#include <tuple>
 
 using namespace meshplan;
 using namespace meshplan::trainer;
@@ -1237,7 +1238,9 @@ static void addTrainFlags(CLI::App &app, TrainFlags &flags,
       ->check(CLI::Validator(
           [](std::string &d) -> std::string {
             if (d != "cpu" && d != "cuda")
-              return "expected cpu or cuda, got \"" + d + "\"";
+              return "expected cpu or cuda, got \"" + d +
+                     "\" (where the step runs; `meshplan`'s --device "
+                     "names the cost model's hardware, e.g. h100)";
             return {};
           },
           ""));
@@ -1313,6 +1316,19 @@ int main(int argc, char **argv) {
     usageError("--metrics: expected a file");
   if (app.count("--trace") && flags.traceDir.empty())
     usageError("--trace: expected a directory");
+  // "-" is stdout only where one file is written and stdout is free; here
+  // the directories cannot be, and stdout carries the step log.
+  for (const auto &[flag, value, what] :
+       {std::tuple<const char *, const std::string &, const char *>{
+            "--trace", flags.traceDir, "a directory (rank<R>.json per rank)"},
+        {"--save-params", flags.saveParams,
+         "a directory (rank<R>.bin per rank)"},
+        {"--save-checkpoint", flags.saveCheckpoint, "a checkpoint directory"},
+        {"--metrics", flags.metrics,
+         "a file beside the step log, which stdout carries"}})
+    if (value == "-")
+      usageError(std::string(flag) + ": writes " + what +
+                 "; \"-\" (standard output) cannot be one");
   if (!traceSteps.empty()) {
     size_t colon = traceSteps.find(':');
     if (colon == std::string::npos)

@@ -69,6 +69,12 @@ const std::vector<SectionRule> &specSections() {
             .type = T::String,
             .values = names(kActivationCheckpointingNames),
             .noun = "policy"},
+           {.name = "batch", .type = T::Object, .section = "batch"},
+       }},
+      {"batch",
+       {
+           {.name = "global_tokens", .type = T::Integer, .required = true},
+           {.name = "sequence_length", .type = T::Integer, .required = true},
        }},
       {"gradient_accumulation",
        {

@@ -724,6 +724,12 @@ static Result<void> checkSections(Spec &spec, const SpecOptions &options,
       spec.dataParallel.shardAxes.empty())
     return errorAt("/float8/all_gather", "float8 all-gather needs FSDP, but "
                                          "data_parallel.shard_axes is empty");
+  if (spec.batch) {
+    auto shape = batchPerMicrobatch(spec, spec.batch->globalTokens,
+                                    spec.batch->sequenceLength);
+    if (!shape)
+      return errorAt("/batch/global_tokens", shape.error().message);
+  }
   // bfloat16 and float16 have the same width and different ranges: casting
   // one to the other is neither a truncation nor an extension (the planner
   // has no such cast; found by fuzz-spec, exit 3 before), and bfloat16
@@ -736,6 +742,37 @@ static Result<void> checkSections(Spec &spec, const SpecOptions &options,
                    "values beyond float16's range would overflow; compute in "
                    "bfloat16, or keep float32 parameters");
   return {};
+}
+
+Result<MicrobatchShape> batchPerMicrobatch(const Spec &spec,
+                                           int64_t globalTokens,
+                                           int64_t sequenceLength) {
+  MicrobatchShape out;
+  for (const auto *axes :
+       {&spec.dataParallel.replicateAxes, &spec.dataParallel.shardAxes})
+    for (const std::string &name : *axes)
+      out.dataParallelRanks *= meshAxisSize(spec.mesh, name);
+  out.microbatches = spec.pipelineParallel ? spec.pipelineParallel->microbatches
+                                           : spec.gradientAccumulationSteps;
+  // Whole sequences per data-parallel rank and microbatch: the global
+  // batch is a multiple of dp x microbatches x sequence length.
+  int64_t parts = 0, unit = 0;
+  bool overflows =
+      mulOverflows(out.dataParallelRanks, out.microbatches, &parts) ||
+      mulOverflows(parts, sequenceLength, &unit);
+  if (globalTokens < 1 || sequenceLength < 1 || overflows ||
+      globalTokens % unit != 0)
+    return makeError(
+        std::to_string(globalTokens) +
+        " tokens do not split into whole sequences of " +
+        std::to_string(sequenceLength) + " tokens over " +
+        std::to_string(out.dataParallelRanks) + " data-parallel ranks x " +
+        std::to_string(out.microbatches) +
+        " microbatches: the global batch must be a multiple of " +
+        (overflows ? std::string("more than 2^63") : std::to_string(unit)) +
+        " tokens");
+  out.tokensPerRank = globalTokens / parts;
+  return out;
 }
 
 Result<void> checkSpec(Spec &spec, const SpecOptions &options) {
@@ -822,6 +859,20 @@ Result<Spec> parseSpec(std::string_view jsonText, const SpecOptions &options) {
   if (const Json *v = member(root, "activation_checkpointing"))
     spec.activationCheckpointing = static_cast<ActivationCheckpointing>(
         indexOf(kActivationCheckpointingNames, str(*v)));
+
+  if (const Json *v = sectionOf(root, "batch")) {
+    const std::string ptr = "/batch";
+    MESHPLAN_TRY(checkObject(*v, ptr, section("batch")));
+    // 2^62 keeps tokens x anything the cost model multiplies in range.
+    auto global =
+        readInt(*member(*v, "global_tokens"),
+                childPointer(ptr, "global_tokens"), 1, int64_t(1) << 62);
+    MESHPLAN_TRY(global);
+    auto seq = readInt(*member(*v, "sequence_length"),
+                       childPointer(ptr, "sequence_length"), 1, 1 << 30);
+    MESHPLAN_TRY(seq);
+    spec.batch = BatchSpec{*global, *seq};
+  }
 
   // Cross-section checks, in the order a reader would fix them.
   MESHPLAN_TRY(checkSections(spec, options,

@@ -131,8 +131,15 @@ std::string TuneCandidate::describe() const {
   return s;
 }
 
-std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
-                                             const TuneCandidate &c) {
+int64_t meshplan::pipeline::globalTokensOf(const TuneOptions &options) {
+  return options.tokensPerStep ? options.tokensPerStep
+                               : options.world * options.sequenceLength;
+}
+
+/// tuneSpecJson, with "batch" or without (the plainest candidate, read to
+/// check the model, need not split the batch).
+static std::string specJsonOf(const TuneOptions &options,
+                              const TuneCandidate &c, bool withBatch) {
   ordered_json s;
   s["description"] = "meshplan tune: " + c.describe();
   s["model"] = options.model;
@@ -194,7 +201,17 @@ std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
                                   {"reduce", name(c.reduce)}};
   s["activation_checkpointing"] =
       std::string(activationCheckpointingName(c.checkpointing));
+  // The batch tuned for: `plan`/`explain` of this spec charge the same work
+  // per microbatch, and so reproduce the table's figures.
+  if (withBatch)
+    s["batch"] = {{"global_tokens", globalTokensOf(options)},
+                  {"sequence_length", options.sequenceLength}};
   return s.dump(2) + "\n";
+}
+
+std::string meshplan::pipeline::tuneSpecJson(const TuneOptions &options,
+                                             const TuneCandidate &c) {
+  return specJsonOf(options, c, /*withBatch=*/true);
 }
 
 namespace {
@@ -262,6 +279,7 @@ Spec candidateSpec(const Spec &base, int64_t world, const TuneCandidate &c) {
     s.accumulationReduce = c.reduce;
   }
   s.activationCheckpointing = c.checkpointing;
+  s.batch = base.batch;
   return s;
 }
 
@@ -312,9 +330,13 @@ private:
 
   /// The candidate's spec (world size `world`) checked and resolved
   /// against the model, as loadSpec(tuneSpecJson(...)) would give it.
-  Result<ResolvedSpec> resolveCandidate(const TuneCandidate &c,
-                                        int64_t world) const {
+  /// Representatives (figures, stageOfParam) are not candidates: they need
+  /// not split the batch (`withBatch` false leaves it out).
+  Result<ResolvedSpec> resolveCandidate(const TuneCandidate &c, int64_t world,
+                                        bool withBatch = true) const {
     Spec spec = candidateSpec(baseSpec, world, c);
+    if (!withBatch)
+      spec.batch.reset();
     MESHPLAN_TRY(checkSpec(spec));
     return resolveSpec(std::move(spec), model);
   }
@@ -472,7 +494,7 @@ Result<Figures> Tuner::figures(const TuneCandidate &c) {
   rep.shard = options.world / (c.tp * c.cp);
   rep.float8AllGather = c.float8AllGather;
   rep.checkpointing = c.checkpointing;
-  auto spec = resolveCandidate(rep, options.world);
+  auto spec = resolveCandidate(rep, options.world, /*withBatch=*/false);
   if (!spec)
     return spec.error();
   Figures f;
@@ -551,7 +573,8 @@ const std::optional<std::vector<int>> &Tuner::stageOfParam(int64_t stages) {
   rep.pp = stages;
   rep.schedule = PipelineScheduleKind::GPipe;
   rep.microbatches = 1;
-  if (auto spec = resolveCandidate(rep, stages); spec && spec->pipeline)
+  if (auto spec = resolveCandidate(rep, stages, /*withBatch=*/false);
+      spec && spec->pipeline)
     it->second = spec->pipeline->stageOfParam;
   return it->second;
 }
@@ -910,18 +933,18 @@ Result<TuneResult> Tuner::run() {
                      " does not divide the world size " +
                      std::to_string(options.world));
   MESHPLAN_TRY(plan::checkCostModel(options.cost));
-  tokensPerStep = options.tokensPerStep
-                      ? options.tokensPerStep
-                      : options.world * options.sequenceLength;
+  tokensPerStep = globalTokensOf(options);
   // A bad model is the user's error, not "nothing fits": check it on the
   // plainest layout first.
   {
     TuneCandidate plain;
     plain.shard = options.world;
-    auto spec = loadSpec(tuneSpecJson(options, plain), options.baseDir);
+    auto spec = loadSpec(specJsonOf(options, plain, /*withBatch=*/false),
+                         options.baseDir);
     if (!spec)
       return makeError("tune: " + spec.error().message);
     baseSpec = spec->spec;
+    baseSpec.batch = BatchSpec{tokensPerStep, options.sequenceLength};
     model = spec->model;
     for (const Unit &u : fsdpUnits(*spec))
       modelBlocks += u.name.rfind("layers.", 0) == 0 ? 1 : 0;

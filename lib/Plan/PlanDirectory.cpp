@@ -410,10 +410,12 @@ Plan verificationCopy(const Plan &full) {
 namespace {
 
 /// readPlanDirectory; with `facts`, also the facts of every full plan,
-/// recorded by each reading thread into its own builder.
-Result<std::vector<Plan>> readDirectory(const std::string &dir,
-                                        unsigned threads, PlanDetail detail,
-                                        PlanSetFacts *facts) {
+/// recorded by each reading thread into its own builder; `progress` as
+/// readPlanSet's.
+Result<std::vector<Plan>>
+readDirectory(const std::string &dir, unsigned threads, PlanDetail detail,
+              PlanSetFacts *facts,
+              const std::function<void(int64_t, int64_t)> &progress) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return makeError("\"" + dir + "\" is not a directory");
@@ -467,6 +469,8 @@ Result<std::vector<Plan>> readDirectory(const std::string &dir,
 
   std::vector<Plan> plans(ranks.size());
   std::vector<std::optional<Error>> errors(ranks.size());
+  std::mutex progressMutex;
+  int64_t done = 0;
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   if (threads == 0)
@@ -503,6 +507,10 @@ Result<std::vector<Plan>> readDirectory(const std::string &dir,
           builder->add(i, into);
         if (detail == PlanDetail::VerificationOnly)
           plans[i] = verificationCopy(scratch);
+        if (progress) {
+          std::lock_guard<std::mutex> lock(progressMutex);
+          progress(++done, int64_t(ranks.size()));
+        }
       }
     }
   };
@@ -520,13 +528,15 @@ Result<std::vector<Plan>> readDirectory(const std::string &dir,
 
 Result<std::vector<Plan>>
 readPlanDirectory(const std::string &dir, unsigned threads, PlanDetail detail) {
-  return readDirectory(dir, threads, detail, nullptr);
+  return readDirectory(dir, threads, detail, nullptr, nullptr);
 }
 
-Result<PlanSet> readPlanSet(const std::string &dir, unsigned threads) {
+Result<PlanSet>
+readPlanSet(const std::string &dir, unsigned threads,
+            const std::function<void(int64_t done, int64_t total)> &progress) {
   PlanSet set;
-  Result<std::vector<Plan>> plans =
-      readDirectory(dir, threads, PlanDetail::VerificationOnly, &set.facts);
+  Result<std::vector<Plan>> plans = readDirectory(
+      dir, threads, PlanDetail::VerificationOnly, &set.facts, progress);
   if (!plans)
     return plans.error();
   set.plans = std::move(*plans);

@@ -97,8 +97,9 @@ def plan(
 ) -> "Plan | list[Plan]":
     """Plans a spec: the plan of ``rank``, or every rank's plan (a list by
     rank) when rank is None. ``tokens``, ``seq_len`` and ``context_parallel``
-    are `meshplan plan`'s --tokens, --seq-len and --context-parallel (the
-    work the cost model charges); they do not change the program."""
+    are `meshplan plan`'s --tokens-per-rank, --seq-len and --context-parallel
+    (the work the cost model charges; a spec's "batch" is not read here);
+    they do not change the program."""
     if not isinstance(spec, Spec):
         spec = _load_spec(spec)
     return _plan(

@@ -677,7 +677,8 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
         nb::arg("context_parallel") = nb::none(),
         "Plans `spec`: the plan of `rank`, or (rank=None) every rank's, by "
         "rank. tokens/seq_len/context_parallel are `meshplan plan`'s "
-        "--tokens/--seq-len/--context-parallel (the cost model's work).");
+        "--tokens-per-rank/--seq-len/--context-parallel (the cost "
+        "model's work; the spec's batch is not read here).");
 
   m.def(
       "_verify",

@@ -43,6 +43,14 @@ if ! grep -q -- "--checkpoint-every" <<<"$help"; then
   echo "FAIL: meshplan-train --help does not list --checkpoint-every" >&2
   failures=$((failures + 1))
 fi
+# "-" is stdout only where one file is written and stdout is free: the
+# directories and the metrics file (stdout carries the step log) refuse it,
+# before anything runs.
+for flag in --trace --save-params --save-checkpoint --metrics; do
+  expect 2 "$flag: writes .*; \"-\" \(standard output\) cannot be one" -- \
+    env -C "$work" "$train" --spec "$spec" --steps 1 "$flag" -
+  [[ -e $work/- ]] && { echo "FAIL: $flag - made a file named -" >&2; failures=$((failures + 1)); }
+done
 expect 2 "--steps: expected an integer" -- "$train" --spec "$spec" --steps 0
 expect 2 "--batch: expected an integer" -- "$train" --spec "$spec" --batch x
 expect 2 "--device-timing needs a device: --device cuda or --host-device" -- \

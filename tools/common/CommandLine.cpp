@@ -98,6 +98,17 @@ std::optional<int> parseCommandLine(CLI::App &app, std::vector<char *> args,
   return std::nullopt;
 }
 
+void addRenamedFlag(CLI::App *cmd, const std::string &name,
+                    const std::string &message) {
+  cmd->add_option_function<std::string>(name,
+                                        [name, message](const std::string &) {
+                                          throw CLI::ValidationError(name,
+                                                                     message);
+                                        })
+      ->expected(0, 1)
+      ->group(""); // hidden from --help
+}
+
 CLI::Validator integerIn(int64_t min, int64_t max) {
   std::string range =
       "[" + std::to_string(min) + ", " + std::to_string(max) + "]";

@@ -41,6 +41,13 @@ parseCommandLine(CLI::App &app, std::vector<char *> args,
                  const std::string &program,
                  const std::function<std::string()> &hint = nullptr);
 
+/// A flag that no longer exists under `name` (it meant different things in
+/// different subcommands): kept out of --help and refused with "<name>:
+/// <message>", where the message names the flag to use, rather than being
+/// reported unknown or, worse, silently reinterpreted.
+void addRenamedFlag(CLI::App *cmd, const std::string &name,
+                    const std::string &message);
+
 /// A validator for an integer flag in [min, max]: CLI11 reports a value
 /// outside as "--flag: expected an integer in [min, max], got \"text\"".
 CLI::Validator integerIn(int64_t min, int64_t max);

@@ -4,6 +4,7 @@
 
 #include "HfLlama.h"
 #include "MeshSetup.h"
+#include "Progress.h"
 
 #include "meshplan/Checkpoint/Cast.h"
 #include "meshplan/Checkpoint/Checkpoint.h"
@@ -15,14 +16,18 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 using namespace meshplan;
 using namespace meshplan::cli;
@@ -57,6 +62,9 @@ ckpt::CheckpointMetadata readOrThrow(const std::string &dir) {
 void checkOutputDir(const std::string &out) {
   if (out.empty())
     throw CliError("-o: an output directory is required");
+  if (out == "-")
+    throw CliError("-o: a checkpoint is a directory; \"-\" (standard "
+                   "output) names no directory");
   if (ckpt::stagingDirOf(out).empty())
     throw CliError("-o: " + out +
                    ": a checkpoint needs a directory name (not \".\", "
@@ -75,6 +83,15 @@ void checkOutputDir(const std::string &out) {
     throw CliError("-o: " + out + ": exists and is not a checkpoint (no " +
                    std::string(ckpt::kMetadataFileName) +
                    "); not replacing it");
+}
+
+/// Whether --progress MODE draws the bar (a CliError for another mode).
+bool progressOrThrow(const std::string &mode) {
+  std::optional<bool> wanted = progressWanted(mode);
+  if (!wanted)
+    throw CliError("--progress: expected auto, always or never, not \"" + mode +
+                   "\"");
+  return *wanted;
 }
 
 /// Every rank's persistent boxes of a spec, planned in-process.
@@ -100,13 +117,15 @@ SpecBoxes boxesOfSpec(const SpecFlags &flags) {
 }
 
 /// Writes a checkpoint at `out` from every rank's boxes, each owned box's
-/// bytes produced by `bytesOf(box)`. The staging directory is removed on
-/// any failure, so nothing half-written remains.
+/// bytes produced by `bytesOf(box)`, `bar` advanced per rank written. The
+/// staging directory is removed on any failure, so nothing half-written
+/// remains.
 ckpt::CheckpointMetadata writeCheckpoint(
     const std::string &out, const SpecBoxes &spec,
     const ckpt::CheckpointInfo &info,
     const std::function<std::vector<std::byte>(const ckpt::PersistentBox &)>
-        &boxBytes) {
+        &boxBytes,
+    ProgressBar &bar) {
   if (auto begun = ckpt::beginCheckpoint(out); !begun)
     throw CliError("-o: " + begun.error().message);
   struct Cleanup {
@@ -134,6 +153,7 @@ ckpt::CheckpointMetadata writeCheckpoint(
     if (!written)
       throw CliError("-o: " + written.error().message);
     records.push_back(std::move(*written));
+    bar(int64_t(r) + 1, int64_t(spec.ranks.size()));
   }
   auto meta = ckpt::commitCheckpoint(out, info, records);
   if (!meta)
@@ -326,6 +346,7 @@ meshplan::cli::runCkptVerifyCommand(const CkptVerifyOptions &options) {
 CommandOutput
 meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
   checkOutputDir(options.out);
+  progressOrThrow(options.progress);
   ckpt::CheckpointMetadata meta = readOrThrow(options.dir);
   SpecBoxes spec = boxesOfSpec(options.spec);
   // Everything is checked before the first byte is written: every box of
@@ -379,8 +400,10 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
   } else {
     info.conversion = meta.conversion;
   }
+  ProgressBar bar(progressOrThrow(options.progress), "writing ranks");
   ckpt::CheckpointMetadata written = writeCheckpoint(
-      options.out, spec, info, [&](const ckpt::PersistentBox &b) {
+      options.out, spec, info,
+      [&](const ckpt::PersistentBox &b) {
         // Reads only the checksum blocks that intersect the box, verified;
         // cast to the plan's dtype under --dtype-cast.
         std::vector<std::byte> bytes(
@@ -388,7 +411,8 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
         if (auto ok = ckpt::loadPersistentBoxInto(meta, b, load, bytes); !ok)
           throw CliError(ok.error().message);
         return bytes;
-      });
+      },
+      bar);
   CommandOutput result;
   result.out =
       "resharded " + options.dir + " (mesh " +
@@ -413,6 +437,9 @@ meshplan::cli::runCkptReshardCommand(const CkptReshardOptions &options) {
 static CommandOutput exportHfLlama(const CkptExportOptions &options) {
   if (options.out.empty())
     throw CliError("-o: an output directory is required");
+  if (options.out == "-")
+    throw CliError("-o: --format hf-llama writes a directory; \"-\" "
+                   "(standard output) names no directory");
   int64_t maxShard =
       hf::parseByteSize(options.maxShardSize, "--max-shard-size");
   ckpt::CheckpointMetadata meta = readOrThrow(options.dir);
@@ -450,14 +477,43 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
     throw CliError("--model: only with --format hf-llama");
   if (options.out.empty())
     throw CliError("-o: an output file is required");
+  bool toStdout = options.out == "-";
+  // A binary file on a terminal is a mistake, not an output.
+  if (toStdout && ::isatty(STDOUT_FILENO))
+    throw CliError("-o -: stdout is a terminal; redirect it to a file or a "
+                   "pipe for the safetensors bytes");
   std::error_code ec;
-  if (fs::is_directory(options.out, ec))
+  if (!toStdout && fs::is_directory(options.out, ec))
     throw CliError("-o: " + options.out + ": is a directory");
   fs::path parent = fs::path(options.out).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec))
+  if (!toStdout && !parent.empty() && !fs::is_directory(parent, ec))
     throw CliError("-o: the parent directory " + parent.string() +
                    " does not exist");
+  ProgressBar bar(progressOrThrow(options.progress), "exporting tensors");
   ckpt::CheckpointMetadata meta = readOrThrow(options.dir);
+  // "-": the file is written whole (and checked) in a private temporary
+  // directory first, then copied to stdout, so that a failure leaves no
+  // partial file on stdout either.
+  std::string target = options.out;
+  struct TempDir {
+    std::string path;
+    ~TempDir() {
+      std::error_code ec;
+      if (!path.empty())
+        fs::remove_all(path, ec);
+    }
+  } temp;
+  if (toStdout) {
+    std::string pattern =
+        (fs::temp_directory_path(ec) / "meshplan-export-XXXXXX").string();
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    if (ec || !::mkdtemp(buf.data()))
+      throw CliError("-o -: cannot make a temporary directory under " +
+                     fs::temp_directory_path(ec).string());
+    temp.path = buf.data();
+    target = temp.path + "/model.safetensors";
+  }
   // Parameters only: optimizer state has no place in a model file.
   std::vector<const ckpt::TensorEntry *> params;
   std::vector<ckpt::SafetensorsEntry> entries;
@@ -474,19 +530,34 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
       {"meshplan.model", meta.model.name},
       {"meshplan.spec", meta.spec.name},
       {"meshplan.step", std::to_string(meta.training.step)}};
+  int64_t filled = 0;
   auto written = ckpt::writeSafetensors(
-      options.out, entries, metadata,
+      target, entries, metadata,
       [&](size_t i, std::span<std::byte> out) -> Result<void> {
+        // fill runs in the file's order, not i's: count the calls.
+        bar(filled++, int64_t(params.size()));
         const ckpt::TensorEntry &t = *params[i];
         ckpt::Box whole{std::vector<int64_t>(t.shape.size(), 0), t.shape};
         return ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
       });
   if (!written)
     throw CliError(written.error().message);
+  bar(int64_t(params.size()), int64_t(params.size()));
   CommandOutput result;
-  result.out = "exported " + std::to_string(params.size()) + " parameters (" +
-               std::to_string(bytes) + " bytes) of " + options.dir + " to " +
-               options.out + "\n";
+  std::string line = "exported " + std::to_string(params.size()) +
+                     " parameters (" + std::to_string(bytes) + " bytes) of " +
+                     options.dir + " to " +
+                     (toStdout ? std::string("stdout") : options.out) + "\n";
+  if (!toStdout) {
+    result.out = line;
+    return result;
+  }
+  // The file on stdout (it may be large: streamed, not held); the line on
+  // stderr.
+  std::ifstream in(target, std::ios::binary);
+  if (!(std::cout << in.rdbuf()) || !std::cout.flush())
+    throw CliError("-o -: cannot write to stdout");
+  result.err = "meshplan: " + line;
   return result;
 }
 
@@ -501,6 +572,7 @@ meshplan::cli::runCkptImportCommand(const CkptImportOptions &options) {
     throw CliError("--format: " + json::quote(options.format) +
                    ": expected safetensors or hf-llama");
   checkOutputDir(options.out);
+  progressOrThrow(options.progress);
   const std::string &file = options.file;
   std::optional<ckpt::SafetensorsHeader> header;
   if (!hfLlama) {
@@ -587,8 +659,10 @@ meshplan::cli::runCkptImportCommand(const CkptImportOptions &options) {
                        std::string(plan::dtypeName(dtypes.first)) + "->" +
                        std::string(plan::dtypeName(dtypes.second)) +
                        " (round to nearest even)";
+  ProgressBar bar(progressOrThrow(options.progress), "writing ranks");
   ckpt::CheckpointMetadata written = writeCheckpoint(
-      options.out, spec, info, [&](const ckpt::PersistentBox &b) {
+      options.out, spec, info,
+      [&](const ckpt::PersistentBox &b) {
         if (b.kind != ckpt::TensorKind::Parameter)
           // Optimizer state starts at zero, as a fresh AdamW's does.
           return std::vector<std::byte>(
@@ -604,7 +678,8 @@ meshplan::cli::runCkptImportCommand(const CkptImportOptions &options) {
             !ok)
           throw CliError(ok.error().message);
         return cast;
-      });
+      },
+      bar);
   CommandOutput result;
   result.out =
       "imported " + std::to_string(names.size()) + " parameters of " + file +

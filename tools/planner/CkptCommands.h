@@ -45,6 +45,7 @@ struct CkptReshardOptions {
   SpecFlags spec;
   std::string out;
   CastFlags cast;
+  std::string progress = "auto"; ///< auto | always | never
 };
 CommandOutput runCkptReshardCommand(const CkptReshardOptions &options);
 
@@ -56,6 +57,7 @@ struct CkptExportOptions {
   /// default the checkpoint's model name.
   std::string model;
   std::string maxShardSize = "5GB"; ///< hf-llama
+  std::string progress = "auto";    ///< auto | always | never
 };
 CommandOutput runCkptExportCommand(const CkptExportOptions &options);
 
@@ -65,6 +67,7 @@ struct CkptImportOptions {
   std::string out;
   std::string format = "safetensors"; ///< safetensors | hf-llama
   bool dtypeCast = false;
+  std::string progress = "auto"; ///< auto | always | never
 };
 CommandOutput runCkptImportCommand(const CkptImportOptions &options);
 

@@ -48,11 +48,15 @@ std::string runRedistributeCommand(const RedistributeOptions &options);
 struct VerifyOptions {
   std::string dir;
   unsigned threads = 0;
+  std::string progress = "auto"; ///< auto | always | never
+  /// One JSON object on stdout, success or failure (docs/plan-format.md,
+  /// "meshplan verify --json"); no bar.
+  bool json = false;
 };
 struct VerifyOutput {
   int exitCode = 0;
-  std::string out; ///< stdout (the summary, on success)
-  std::string err; ///< stderr (the failure report)
+  std::string out; ///< stdout (the summary, on success; JSON always)
+  std::string err; ///< stderr (the failure report, without --json)
 };
 VerifyOutput runVerifyCommand(const VerifyOptions &options);
 

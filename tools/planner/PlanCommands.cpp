@@ -3,6 +3,7 @@
 #include "PlanCommands.h"
 
 #include "MeshSetup.h"
+#include "Progress.h"
 
 #include "meshplan/Frontend/Spec.h"
 #include "meshplan/Pipeline/Explain.h"
@@ -49,12 +50,19 @@ using Clock = SteadyClock;
 static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   if (flags.spec.empty())
     throw CliError("--spec: a parallelism spec file is required");
-  if (flags.tokens <= 0)
-    throw CliError("--tokens: must be > 0, not " +
-                   std::to_string(flags.tokens));
-  if (flags.seqLen <= 0)
+  if (flags.tokensPerRank && *flags.tokensPerRank <= 0)
+    throw CliError("--tokens-per-rank: must be > 0, not " +
+                   std::to_string(*flags.tokensPerRank));
+  if (flags.globalBatchTokens && *flags.globalBatchTokens <= 0)
+    throw CliError("--global-batch-tokens: must be > 0, not " +
+                   std::to_string(*flags.globalBatchTokens));
+  if (flags.tokensPerRank && flags.globalBatchTokens)
+    throw CliError("--tokens-per-rank: give it or --global-batch-tokens, "
+                   "not both (one is the other split over the data-parallel "
+                   "ranks and microbatches)");
+  if (flags.seqLen && *flags.seqLen <= 0)
     throw CliError("--seq-len: must be > 0, not " +
-                   std::to_string(flags.seqLen));
+                   std::to_string(*flags.seqLen));
   frontend::SpecOptions options;
   options.worldSize = flags.worldSize;
   if (flags.model.empty()) {
@@ -87,6 +95,36 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   return std::move(*resolved);
 }
 
+/// The cost model's work per microbatch: the flags, else the spec's
+/// "batch", else 8192 tokens of sequences of 8192 (SpecFlags).
+static void setBatchOrThrow(const frontend::ResolvedSpec &spec,
+                            const SpecFlags &flags,
+                            pipeline::ImportOptions &import) {
+  const std::optional<frontend::BatchSpec> &batch = spec.spec.batch;
+  import.sequenceLength = flags.seqLen ? *flags.seqLen
+                          : batch      ? batch->sequenceLength
+                                       : 8192;
+  if (flags.tokensPerRank) {
+    import.tokensPerMicrobatch = *flags.tokensPerRank;
+  } else if (flags.globalBatchTokens) {
+    import.tokensPerMicrobatch =
+        orThrow(frontend::batchPerMicrobatch(
+                    spec.spec, *flags.globalBatchTokens, import.sequenceLength),
+                "--global-batch-tokens")
+            .tokensPerRank;
+  } else if (batch) {
+    // parseSpec checked the spec's own sequence length; --seq-len may not
+    // split the batch into whole sequences, which is the flag's error.
+    import.tokensPerMicrobatch =
+        orThrow(frontend::batchPerMicrobatch(spec.spec, batch->globalTokens,
+                                             import.sequenceLength),
+                "--seq-len (with the spec's batch.global_tokens)")
+            .tokensPerRank;
+  } else {
+    import.tokensPerMicrobatch = 8192;
+  }
+}
+
 /// Loads the spec, checks `rank` (when given) and --context-parallel
 /// against it before anything is compiled or written, and runs the
 /// pipeline.
@@ -99,8 +137,7 @@ static Planned planOrThrow(
   if (rank)
     checkRank(*spec.mesh, *rank);
   pipeline::CompileOptions options;
-  options.import.tokensPerMicrobatch = flags.tokens;
-  options.import.sequenceLength = flags.seqLen;
+  setBatchOrThrow(spec, flags, options.import);
   if (cost.contextParallel)
     options.import.contextParallelAxis =
         *cost.contextParallel == "none" ? "" : *cost.contextParallel;
@@ -162,36 +199,6 @@ PlannedRanks meshplan::cli::planEveryRank(
 // plan
 //===----------------------------------------------------------------------===//
 
-namespace {
-/// A one-line progress bar on stderr, redrawn at most every 1%.
-class ProgressBar {
-public:
-  ProgressBar(bool enabled, std::string what)
-      : enabled(enabled), what(std::move(what)) {}
-  void operator()(int64_t done, int64_t total) {
-    if (!enabled || total <= 0)
-      return;
-    int64_t percent = done * 100 / total;
-    if (percent == lastPercent && done != total)
-      return;
-    lastPercent = percent;
-    int filled = static_cast<int>(percent * 30 / 100);
-    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", what.c_str(),
-                 std::string(filled, '#').c_str(),
-                 std::string(30 - filled, '.').c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total));
-    if (done == total)
-      std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-
-private:
-  bool enabled;
-  std::string what;
-  int64_t lastPercent = -1;
-};
-} // namespace
-
 /// "1 communicator", "3 communicators".
 static std::string count(int64_t n, const std::string &noun) {
   return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
@@ -238,8 +245,13 @@ static Device deviceOrThrow(const CostFlags &flags) {
   if (flags.device) {
     const plan::DevicePreset *preset = plan::findDevicePreset(*flags.device);
     if (!preset)
-      throw CliError("--device: unknown device \"" + *flags.device +
-                     "\"; expected one of " + plan::devicePresetList());
+      throw CliError(
+          "--device: unknown device \"" + *flags.device +
+          "\"; expected one of " + plan::devicePresetList() +
+          (*flags.device == "cpu" || *flags.device == "cuda"
+               ? " (the hardware the cost model describes; where a step "
+                 "runs, cpu or cuda, is meshplan-train's --device)"
+               : ""));
     d.model = preset->model;
   }
   if (flags.deviceMemory) {
@@ -316,17 +328,80 @@ static std::string overCapacity(const plan::Plan &plan, const Device &d) {
                       3);
 }
 
+/// `plan --all`'s verification before anything is written: every rank's
+/// plan instantiated on `threadCount` threads (default 2), each full plan
+/// held only while its facts are recorded (as `meshplan verify` reads a
+/// directory), each thread with a builder of its own (mergeFacts joins
+/// them), the bar counting ranks in order.
+static plan::VerifyResult verifyInMemory(const Planned &p,
+                                         const std::vector<int64_t> &ranks,
+                                         unsigned threadCount,
+                                         bool showProgress) {
+  int64_t world = p.first().mesh().size();
+  unsigned threads = threadCount ? threadCount : 2u;
+  std::vector<plan::Plan> plans(ranks.size());
+  std::vector<plan::FactsBuilder> builder(threads);
+  ProgressBar bar(showProgress, "verifying");
+  std::atomic<int64_t> done{0};
+  int64_t shown = 0; // thread 0's, then the caller's after the join
+  std::mutex failMutex;
+  std::string failure;
+  auto work = [&](unsigned t) {
+    for (size_t i = t; i < ranks.size(); i += threads) {
+      auto plan = p.templateFor(ranks[i]).instantiate(ranks[i],
+                                                      /*withEstimates=*/false);
+      if (!plan) {
+        std::lock_guard<std::mutex> lock(failMutex);
+        failure = plan.error().message;
+        return;
+      }
+      builder[t].add(i, *plan);
+      plans[i] = plan::verificationCopy(*plan);
+      int64_t n = ++done;
+      // Thread 0 shows every count up to the current one, in order (the
+      // bar's output does not depend on how the threads interleave); the
+      // rest after the join.
+      for (; t == 0 && shown < n && shown + 1 < world; ++shown)
+        bar(shown + 1, world);
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads; ++t)
+      pool.emplace_back(work, t);
+    work(0);
+    for (std::thread &th : pool)
+      th.join();
+  }
+  if (!failure.empty())
+    throw std::runtime_error("internal error: " + failure);
+  for (; shown < world; ++shown)
+    bar(shown + 1, world);
+  plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
+  auto report = plan::verifyPlans(plans, facts);
+  if (!report)
+    throw std::runtime_error("internal error: " + report.error().message);
+  return std::move(*report);
+}
+
 CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   if (options.all == options.rank.has_value())
     throw CliError(options.all ? "--all: give --all or --rank R, not both"
                                : "--rank: give --rank R or --all");
   if (options.outDir.empty())
     throw CliError("-o: an output directory is required");
-  if (options.outDir == "-")
-    throw CliError("-o: plan writes a directory (one rank<R>.json per rank); "
+  // One rank's plan is one file: "-" writes it to stdout. --all writes a
+  // directory, which stdout cannot be.
+  bool toStdout = options.outDir == "-";
+  if (toStdout && options.all)
+    throw CliError("-o: plan --all writes a directory (one rank<R>.json per "
+                   "rank); \"-\" (standard output) names no directory; "
+                   "use -o - with --rank R for one rank's plan");
+  if (options.dumpIr == "-")
+    throw CliError("--dump-ir: writes a directory (one file per stage); "
                    "\"-\" (standard output) names no directory");
-  if (options.progress != "auto" && options.progress != "always" &&
-      options.progress != "never")
+  std::optional<bool> showProgress = progressWanted(options.progress);
+  if (!showProgress)
     throw CliError("--progress: expected auto, always or never, not \"" +
                    options.progress + "\"");
   Device device = deviceOrThrow(options.cost);
@@ -372,8 +447,6 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     throw CliError("--all: the mesh has " + std::to_string(world) +
                    " ranks; --all plans at most " + kMaxPlanDirectoryRanksText +
                    " (docs/limits.md); plan one rank at a time with --rank");
-  bool showProgress =
-      options.progress == "always" || (options.progress == "auto" && isatty(2));
   std::vector<int64_t> ranks =
       options.all ? prepared.ranks() : std::vector<int64_t>{*options.rank};
 
@@ -384,7 +457,8 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   auto refuse = [&](const std::string &why) {
     result.exitCode = 1;
     result.err = "meshplan: over capacity: " + why +
-                 "\nnothing was written to " + options.outDir +
+                 "\nnothing was written to " +
+                 (toStdout ? std::string("stdout") : options.outDir) +
                  "; --allow-over-capacity writes it anyway, --device and "
                  "--device-memory set the capacity (docs/memory.md)\n";
     return result;
@@ -393,74 +467,49 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   std::string over; // the lowest over-capacity rank's message
   int64_t overRank = -1;
   // (An instantiation error is left to the writer, which names the file.)
-  if (auto first = p.templateFor(ranks.front()).instantiate(ranks.front())) {
+  auto first = p.templateFor(ranks.front()).instantiate(ranks.front());
+  if (first) {
     over = overCapacity(*first, device);
     overRank = ranks.front();
     if (!over.empty() && !options.allowOverCapacity)
       return refuse(over);
+  }
+  if (toStdout) {
+    // The plan on stdout, exactly as rank<R>.json; what plan says about it
+    // on stderr.
+    if (!first)
+      throw CliError("--rank: the plan of rank " +
+                     std::to_string(ranks.front()) + ": " +
+                     first.error().message);
+    result.out = plan::writePlan(*first);
+    if (!over.empty())
+      result.err =
+          "meshplan: warning: over capacity (--allow-over-capacity): " + over +
+          " (docs/memory.md)\n";
+    result.err += "planned rank " + std::to_string(ranks.front()) + " of " +
+                  p.spec.model->name + " on mesh " +
+                  meshText(prepared.mesh().getAxes()) + " (" +
+                  std::to_string(world) + " ranks); written to stdout\n";
+    return result;
   }
 
   // Verify the whole set before writing anything.
   std::string verified;
   if (options.all && !options.noVerify && world <= options.verifyLimit) {
     auto verifyStart = Clock::now();
-    // Each full plan is held only while its facts are recorded (as
-    // `meshplan verify` reads a directory), on the writer's threads, each
-    // with a builder of its own (mergeFacts joins them).
-    unsigned threads = options.threads ? unsigned(options.threads) : 2u;
-    std::vector<plan::Plan> plans(ranks.size());
-    std::vector<plan::FactsBuilder> builder(threads);
-    ProgressBar bar(showProgress, "verifying");
-    std::atomic<int64_t> done{0};
-    int64_t shown = 0; // thread 0's, then the caller's after the join
-    std::mutex failMutex;
-    std::string failure;
-    auto work = [&](unsigned t) {
-      for (size_t i = t; i < ranks.size(); i += threads) {
-        auto plan = p.templateFor(ranks[i]).instantiate(
-            ranks[i], /*withEstimates=*/false);
-        if (!plan) {
-          std::lock_guard<std::mutex> lock(failMutex);
-          failure = plan.error().message;
-          return;
-        }
-        builder[t].add(i, *plan);
-        plans[i] = plan::verificationCopy(*plan);
-        int64_t n = ++done;
-        // Thread 0 shows every count up to the current one, in order (the
-        // bar's output does not depend on how the threads interleave); the
-        // rest after the join.
-        for (; t == 0 && shown < n && shown + 1 < world; ++shown)
-          bar(shown + 1, world);
-      }
-    };
-    {
-      std::vector<std::thread> pool;
-      for (unsigned t = 1; t < threads; ++t)
-        pool.emplace_back(work, t);
-      work(0);
-      for (std::thread &th : pool)
-        th.join();
-    }
-    if (!failure.empty())
-      throw std::runtime_error("internal error: " + failure);
-    for (; shown < world; ++shown)
-      bar(shown + 1, world);
-    plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
-    auto report = plan::verifyPlans(plans, facts);
-    if (!report)
-      throw std::runtime_error("internal error: " + report.error().message);
-    if (!report->ok()) {
+    plan::VerifyResult report =
+        verifyInMemory(p, ranks, options.threads, *showProgress);
+    if (!report.ok()) {
       result.exitCode = 1;
       result.err = "meshplan: verification failed (" +
-                   std::string(plan::failureKindName(report->failure->kind)) +
-                   "): " + report->failure->message +
+                   std::string(plan::failureKindName(report.failure->kind)) +
+                   "): " + report.failure->message +
                    "\nnothing was written to " + options.outDir + "\n";
       return result;
     }
     verified = "verified all " + std::to_string(world) + " ranks (" +
-               count(report->stats.collectives, "collective") + " on " +
-               count(report->stats.communicators, "communicator") +
+               count(report.stats.collectives, "collective") + " on " +
+               count(report.stats.communicators, "communicator") +
                " agree; every program runs to completion) in " +
                fixed(secondsSince(verifyStart), 2) + " s";
   } else if (options.all) {
@@ -474,7 +523,7 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
     verified = "one rank; cross-rank verification needs --all";
   }
 
-  ProgressBar bar(showProgress, "writing plans");
+  ProgressBar bar(*showProgress, "writing plans");
   bool refused = false;
   auto written = plan::writePlanDirectory(
       options.outDir, world,
@@ -879,7 +928,8 @@ std::string meshplan::cli::runExplainCommand(const ExplainOptions &options) {
 // trace
 //===----------------------------------------------------------------------===//
 
-std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
+std::string meshplan::cli::runTraceCommand(const TraceOptions &options,
+                                           std::string *summaryOut) {
   if (options.output.empty())
     throw CliError("-o: an output file is required");
   Device device = deviceOrThrow(options.cost);
@@ -902,6 +952,18 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
   if (!schedule)
     throw std::runtime_error("internal error: " + schedule.error().message);
   std::string trace = plan::chromeTrace(planned, *schedule);
+  std::ostringstream summary;
+  summary << "rank " << options.rank << ", " << planned.program.size()
+          << " instructions on " << planned.streams.size() << " streams; step "
+          << fixed(schedule->stepSeconds * 1e3, 1)
+          << " ms, exposed communication "
+          << fixed(schedule->exposedCommSeconds * 1e3, 1) << " ms";
+  if (options.output == "-") {
+    // The trace alone on stdout; the summary on stderr.
+    if (summaryOut)
+      *summaryOut = "meshplan: trace of " + summary.str() + "\n";
+    return trace;
+  }
   // Write beside the target and rename: never a half-written trace.
   std::string tmp = options.output + ".tmp";
   {
@@ -920,12 +982,8 @@ std::string meshplan::cli::runTraceCommand(const TraceOptions &options) {
     throw CliError("-o: cannot write " + options.output + ": " + ec.message());
   }
   std::ostringstream out;
-  out << "wrote " << options.output << ": rank " << options.rank << ", "
-      << planned.program.size() << " instructions on " << planned.streams.size()
-      << " streams; step " << fixed(schedule->stepSeconds * 1e3, 1)
-      << " ms, exposed communication "
-      << fixed(schedule->exposedCommSeconds * 1e3, 1)
-      << " ms (open in ui.perfetto.dev or chrome://tracing)\n";
+  out << "wrote " << options.output << ": " << summary.str()
+      << " (open in ui.perfetto.dev or chrome://tracing)\n";
   return out.str();
 }
 

@@ -32,8 +32,15 @@ struct SpecFlags {
   std::string spec;
   std::string model; ///< overrides the spec's "model" when set
   std::optional<int64_t> worldSize;
-  int64_t tokens = 8192; ///< per rank per microbatch (cost model)
-  int64_t seqLen = 8192;
+  /// The cost model's work (docs/memory.md, "The work per microbatch"):
+  /// --tokens-per-rank gives a data-parallel rank's tokens per microbatch
+  /// directly; --global-batch-tokens the global batch, split as the spec's
+  /// "batch" is (frontend::batchPerMicrobatch). Unset: the spec's "batch",
+  /// else 8192 tokens per rank per microbatch. --seq-len likewise
+  /// overrides the spec's sequence length (default 8192).
+  std::optional<int64_t> tokensPerRank;
+  std::optional<int64_t> globalBatchTokens;
+  std::optional<int64_t> seqLen;
 };
 
 /// The machine the cost model describes and the work it charges
@@ -95,7 +102,11 @@ struct TraceOptions {
   int64_t rank = 0;
   std::string output;
 };
-std::string runTraceCommand(const TraceOptions &options);
+/// Writes the trace to options.output and returns the line saying so; with
+/// output "-", returns the trace itself (for stdout) and puts that line in
+/// `*summaryOut` (for stderr).
+std::string runTraceCommand(const TraceOptions &options,
+                            std::string *summaryOut = nullptr);
 
 /// The plans of `ranks` under the spec and their timelines under the cost
 /// model, as `trace` lays them out (`trace --merge` puts them beside a

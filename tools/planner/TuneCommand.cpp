@@ -10,10 +10,13 @@
 #include "TuneCommand.h"
 
 #include "MeshSetup.h"
+#include "Progress.h"
 
 #include "meshplan/Frontend/Presets.h"
 #include "meshplan/Pipeline/Tune.h"
 #include "meshplan/Plan/CostModel.h"
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +26,8 @@
 #include <unistd.h>
 
 namespace meshplan::cli {
+
+using Json = nlohmann::ordered_json;
 
 /// Bytes in the largest binary unit that leaves at least 1 of it.
 static std::string gib(int64_t bytes) {
@@ -91,6 +96,68 @@ static std::string table(const std::vector<pipeline::TuneCandidate> &rows) {
   return out;
 }
 
+/// One candidate as `tune --json` lists it (docs/tune.md, "JSON output").
+static Json candidateJson(const pipeline::TuneCandidate &c) {
+  Json j = {{"pp", c.pp},
+            {"dp_replicate", c.replicate},
+            {"dp_shard", c.shard},
+            {"cp", c.cp},
+            {"tp", c.tp}};
+  if (c.pp > 1) {
+    j["schedule"] = std::string(pipelineScheduleKindName(c.schedule));
+    j["stages_per_rank"] = c.stagesPerRank;
+    j["microbatches"] = c.microbatches;
+  } else {
+    j["schedule"] = nullptr;
+    j["stages_per_rank"] = 1;
+    j["microbatches"] = c.accumulationSteps;
+  }
+  j["accumulation_reduce"] =
+      std::string(frontend::accumulationReduceName(c.reduce));
+  j["reshard_after_forward"] = c.reshardAfterForward ? "default" : "never";
+  j["float8_all_gather"] = c.float8AllGather;
+  j["activation_checkpointing"] =
+      std::string(frontend::activationCheckpointingName(c.checkpointing));
+  j["step_seconds"] = c.stepSeconds;
+  j["plan_step_seconds"] = c.planStepSeconds;
+  j["trainer_comm_seconds"] = c.trainerCommSeconds;
+  j["exposed_comm_seconds"] = c.exposedCommSeconds;
+  j["peak_bytes"] = c.peakBytes;
+  j["description"] = c.describe();
+  return j;
+}
+
+/// `tune --json`: the search, its ranking and the winner; with `r` null,
+/// the search found nothing that fits (`error` says why).
+static std::string tuneJson(const pipeline::TuneOptions &t,
+                            const pipeline::TuneResult *r,
+                            const std::string &error,
+                            const std::string &written) {
+  Json j = {{"model", t.model},
+            {"world_size", t.world},
+            {"device", t.cost.device},
+            {"global_batch_tokens", pipeline::globalTokensOf(t)},
+            {"sequence_length", t.sequenceLength}};
+  if (!r) {
+    j["fits"] = false;
+    j["error"] = error;
+    return j.dump(1);
+  }
+  j["fits"] = true;
+  j["capacity_bytes"] = r->capacityBytes;
+  j["counts"] = {
+      {"enumerated", r->enumerated},      {"pipelined", r->pipelined},
+      {"refused_by_spec", r->infeasible}, {"screened_out", r->screenedOut},
+      {"planned", r->compiled},           {"fit", r->ranked.size()}};
+  Json ranked = Json::array();
+  for (const pipeline::TuneCandidate &c : r->ranked)
+    ranked.push_back(candidateJson(c));
+  j["ranked"] = std::move(ranked);
+  j["spec"] = Json::parse(r->ranked.front().specJson);
+  j["written"] = written.empty() ? Json(nullptr) : Json(written);
+  return j.dump(1);
+}
+
 CommandOutput runTuneCommand(const TuneOptions &options) {
   CommandOutput result;
   std::ostringstream out;
@@ -105,13 +172,14 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
     if (options.seqLen < 1)
       throw CliError("--seq-len: expected a positive sequence length");
     t.sequenceLength = options.seqLen;
-    if (options.tokens) {
-      if (*options.tokens < 1 || *options.tokens % options.seqLen != 0)
-        throw CliError("--tokens: expected the global batch in tokens, a "
-                       "positive multiple of the sequence length " +
-                       std::to_string(options.seqLen) + ", not " +
-                       std::to_string(*options.tokens));
-      t.tokensPerStep = *options.tokens;
+    if (options.globalBatchTokens) {
+      const int64_t tokens = *options.globalBatchTokens;
+      if (tokens < 1 || tokens % options.seqLen != 0)
+        throw CliError(
+            "--global-batch-tokens: expected the global batch in tokens, a "
+            "positive multiple of the sequence length " +
+            std::to_string(options.seqLen) + ", not " + std::to_string(tokens));
+      t.tokensPerStep = tokens;
     }
     if (options.maxContextParallel < 1)
       throw CliError("--max-cp: expected at least 1");
@@ -130,28 +198,25 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
     t.pipelineParallel = options.pipelineParallel;
     t.maxPipelineParallel = options.maxPipelineParallel;
     t.confirm = options.confirm;
-    bool bar = options.progress == "always" ||
-               (options.progress == "auto" && isatty(STDERR_FILENO));
-    if (options.progress != "auto" && options.progress != "always" &&
-        options.progress != "never")
+    std::optional<bool> bar = progressWanted(options.progress);
+    if (!bar)
       throw CliError("--progress: expected auto, always or never, not \"" +
                      options.progress + "\"");
-    if (bar)
-      t.progress = [](size_t done, size_t total) {
-        int filled = total ? int(30 * done / total) : 30;
-        std::fprintf(stderr, "\rplanning candidates [%s%s] %zu/%zu",
-                     std::string(size_t(filled), '#').c_str(),
-                     std::string(size_t(30 - filled), ' ').c_str(), done,
-                     total);
-        if (done == total)
-          std::fprintf(stderr, "\n");
-        std::fflush(stderr);
-      };
+    // Never under --json: its stderr stays for errors.
+    ProgressBar progress(*bar && !options.json, "planning candidates");
+    t.progress = [&](size_t done, size_t total) {
+      progress(int64_t(done), int64_t(total));
+    };
     auto tuned = pipeline::tune(t);
     if (!tuned) {
       const std::string &m = tuned.error().message;
       result.exitCode =
           m.find("no candidate fits the device") != std::string::npos ? 1 : 2;
+      if (options.json && result.exitCode == 1) {
+        // Nothing fits is an answer, not bad input: it is JSON too.
+        result.out = tuneJson(t, nullptr, m, "") + "\n";
+        return result;
+      }
       result.err = "meshplan: " + m + "\n";
       return result;
     }
@@ -171,8 +236,17 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
         r.ranked.begin() + std::min(r.ranked.size(), options.top));
     out << table(best) << "\n";
     const pipeline::TuneCandidate &winner = r.ranked.front();
+    if (options.json && options.output == "-")
+      throw CliError("-o: --json prints the winning spec already (its "
+                     "\"spec\" key); give -o FILE or leave -o out");
     if (options.output.empty()) {
       out << winner.specJson;
+    } else if (options.output == "-") {
+      // The spec alone on stdout (a pipe into a file or `plan --spec
+      // /dev/stdin`); the table on stderr.
+      result.err = out.str();
+      result.out = winner.specJson;
+      return result;
     } else {
       // A spec's model path is relative to the spec's directory: a model
       // file named relative to here is named relative to the output.
@@ -200,6 +274,10 @@ CommandOutput runTuneCommand(const TuneOptions &options) {
         throw CliError("-o: cannot write " + options.output);
       }
       out << "wrote the winning spec to " << options.output << "\n";
+    }
+    if (options.json) {
+      result.out = tuneJson(t, &r, "", options.output) + "\n";
+      return result;
     }
   } catch (const CliError &e) {
     result.exitCode = 2;

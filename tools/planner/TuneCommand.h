@@ -21,7 +21,7 @@ struct TuneOptions {
   CostFlags cost;
   /// Global batch in tokens per optimizer step; unset: one sequence per
   /// rank (world x seqLen), as pipeline::TuneOptions::tokensPerStep.
-  std::optional<int64_t> tokens;
+  std::optional<int64_t> globalBatchTokens;
   int64_t seqLen = 8192;
   int64_t maxContextParallel = 8;
   /// 0: search pp degrees up to maxPipelineParallel; 1: no pipeline; N:
@@ -32,6 +32,9 @@ struct TuneOptions {
   size_t confirm = 8; ///< candidates planned for real; 0: all screened
   std::string output; ///< the winning spec; "" prints it
   std::string progress = "auto";
+  /// One JSON object on stdout (docs/tune.md, "JSON output"), also when
+  /// nothing fits; no bar.
+  bool json = false;
 };
 
 CommandOutput runTuneCommand(const TuneOptions &options);

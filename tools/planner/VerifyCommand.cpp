@@ -1,8 +1,11 @@
 //===- VerifyCommand.cpp - meshplan verify DIR ----------------------------===//
 
 #include "Commands.h"
+#include "Progress.h"
 
 #include "meshplan/Plan/Verify.h"
+
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -15,13 +18,38 @@ static std::string seconds(double s) {
   return buf;
 }
 
+/// A failure as `verify --json` reports it: the kind, the rank and
+/// instruction blamed, and the full message.
+static nlohmann::ordered_json failureJson(const plan::VerifyFailure &f) {
+  using Json = nlohmann::ordered_json;
+  auto orNull = [](const std::string &s) {
+    return s.empty() ? Json(nullptr) : Json(s);
+  };
+  auto indexOrNull = [](int64_t v) { return v < 0 ? Json(nullptr) : Json(v); };
+  return {{"kind", std::string(plan::failureKindName(f.kind))},
+          {"rank", indexOrNull(f.rank)},
+          {"instruction", orNull(f.instruction)},
+          {"index", indexOrNull(f.index)},
+          {"comm", orNull(f.comm)},
+          {"tensor", orNull(f.tensor)},
+          {"other_rank", indexOrNull(f.otherRank)},
+          {"message", f.message}};
+}
+
 VerifyOutput runVerifyCommand(const VerifyOptions &options) {
   using Clock = std::chrono::steady_clock;
+  std::optional<bool> wanted = progressWanted(options.progress);
+  if (!wanted)
+    throw CliError("--progress: expected auto, always or never, not \"" +
+                   options.progress + "\"");
+  ProgressBar bar(*wanted && !options.json, "reading plans");
   auto t0 = Clock::now();
   // Directory errors already name the file or directory.
   // Verification-only plans plus the interned facts of the full plans
   // (buffers, operands, callbacks, optimizer): PlanFacts.h.
-  Result<plan::PlanSet> read = plan::readPlanSet(options.dir, options.threads);
+  Result<plan::PlanSet> read =
+      plan::readPlanSet(options.dir, options.threads,
+                        [&](int64_t done, int64_t total) { bar(done, total); });
   if (!read)
     throw CliError(read.error().message);
   plan::PlanSet set = std::move(read.value());
@@ -33,6 +61,23 @@ VerifyOutput runVerifyCommand(const VerifyOptions &options) {
   double verifyS = std::chrono::duration<double>(t2 - t1).count();
 
   VerifyOutput out;
+  const plan::VerifyStats &s = result.stats;
+  if (options.json) {
+    nlohmann::ordered_json j = {
+        {"directory", options.dir},
+        {"ok", result.ok()},
+        {"ranks", s.ranks},
+        {"communicators", s.communicators},
+        {"collectives", s.collectives},
+        {"instructions", s.instructions},
+        {"read_seconds", readS},
+        {"verify_seconds", verifyS},
+        {"failure", result.ok() ? nlohmann::ordered_json(nullptr)
+                                : failureJson(*result.failure)}};
+    out.exitCode = result.ok() ? 0 : 1;
+    out.out = j.dump(1) + "\n";
+    return out;
+  }
   if (!result.ok()) {
     out.exitCode = 1;
     out.err = "meshplan: verification failed (" +
@@ -40,7 +85,6 @@ VerifyOutput runVerifyCommand(const VerifyOptions &options) {
               "): " + result.failure->message + "\n";
     return out;
   }
-  const plan::VerifyStats &s = result.stats;
   out.out = "verified " + std::to_string(s.ranks) +
             " ranks: " + std::to_string(s.communicators) + " communicators, " +
             std::to_string(s.collectives) + " collectives, " +

@@ -13,6 +13,7 @@
 #include "CommandLine.h"
 #include "Commands.h"
 #include "PlanCommands.h"
+#include "Progress.h"
 #include "RunCommand.h"
 #include "TraceCommand.h"
 #include "TuneCommand.h"
@@ -47,12 +48,27 @@ static void addSpecFlags(CLI::App *cmd, SpecFlags &flags) {
                   "llama3-405b) or a model JSON file; overrides the spec's");
   cmd->add_option("--world-size", flags.worldSize,
                   "The job's world size; the mesh must match it");
-  cmd->add_option("--tokens", flags.tokens,
-                  "Tokens per data-parallel rank per microbatch (local batch "
-                  "x sequence length; context parallelism splits them), for "
-                  "the cost model (default 8192)");
+  cmd->add_option("--tokens-per-rank", flags.tokensPerRank,
+                  "Tokens one data-parallel rank processes per microbatch "
+                  "(local batch x sequence length; context parallelism "
+                  "splits them), for the cost model; default: the spec's "
+                  "batch split over the data-parallel ranks and "
+                  "microbatches, else 8192")
+      ->type_name("N");
+  cmd->add_option("--global-batch-tokens", flags.globalBatchTokens,
+                  "The global batch in tokens per optimizer step (as tune's "
+                  "flag), split over the data-parallel ranks and "
+                  "microbatches; overrides the spec's batch.global_tokens")
+      ->type_name("N");
   cmd->add_option("--seq-len", flags.seqLen,
-                  "Sequence length, for the cost model (default 8192)");
+                  "Sequence length, for the cost model (default: the "
+                  "spec's batch.sequence_length, else 8192)")
+      ->type_name("N");
+  addRenamedFlag(cmd, "--tokens",
+                 "renamed: it meant the tokens per data-parallel rank per "
+                 "microbatch here and the global batch in tune; use "
+                 "--tokens-per-rank N (or --global-batch-tokens N for the "
+                 "global batch)");
 }
 
 static void addCostFlags(CLI::App *cmd, CostFlags &flags) {
@@ -132,6 +148,11 @@ int main(int argc, char **argv) {
       ->required();
   verifyCmd->add_option("--threads", verifyOptions.threads,
                         "Threads for reading plans (default: all cores)");
+  verifyCmd->add_option("--progress", verifyOptions.progress, kProgressHelp);
+  verifyCmd->add_flag("--json", verifyOptions.json,
+                      "Print one JSON object: the counts, or the failure's "
+                      "kind, rank, instruction and message (exit codes "
+                      "unchanged; docs/plan-format.md)");
 
   PlanOptions planOptions;
   CLI::App *planCmd = app.add_subcommand(
@@ -145,7 +166,8 @@ int main(int argc, char **argv) {
   planCmd
       ->add_option("-o,--output", planOptions.outDir,
                    "Output directory (rankN.json + index.json); "
-                   "replaced only when everything succeeded")
+                   "replaced only when everything succeeded; with --rank, "
+                   "\"-\" writes the rank's plan to stdout")
       ->required();
   planCmd->add_flag("--no-verify", planOptions.noVerify,
                     "Skip the cross-rank verification (done by default up "
@@ -153,9 +175,7 @@ int main(int argc, char **argv) {
   planCmd->add_option("--dump-ir", planOptions.dumpIr,
                       "Write the IR after import and after every pass to "
                       "this directory (NN-<stage>.mlir)");
-  planCmd->add_option("--progress", planOptions.progress,
-                      "Progress bar on stderr: auto (if a terminal), "
-                      "always, never");
+  planCmd->add_option("--progress", planOptions.progress, kProgressHelp);
   planCmd->add_flag("--timings", planOptions.timings,
                     "Print the time of import, every pass, export and "
                     "writing");
@@ -192,7 +212,7 @@ int main(int argc, char **argv) {
   traceCmd->add_option("--rank", traceOptions.rank,
                        "The rank to trace (default 0)");
   traceCmd->add_option("-o,--output", traceOptions.output,
-                       "Trace file (with --merge, \"-\" writes to stdout)");
+                       "Trace file (\"-\" writes it to stdout)");
   CLI::Option *mergeOpt = traceCmd->add_option(
       "--merge", executedOptions.merge,
       "Merge a run's executed-step traces (the rank<R>.json files "
@@ -300,6 +320,8 @@ int main(int argc, char **argv) {
   ckptReshardCmd->add_option("dir", ckptReshardOptions.dir, "Checkpoint")
       ->required();
   addSpecFlags(ckptReshardCmd, ckptReshardOptions.spec);
+  ckptReshardCmd->add_option("--progress", ckptReshardOptions.progress,
+                             kProgressHelp);
   ckptReshardCmd
       ->add_option("-o,--output", ckptReshardOptions.out,
                    "Output checkpoint (new, or an existing checkpoint, "
@@ -318,10 +340,12 @@ int main(int argc, char **argv) {
       "export", "Write a checkpoint's whole parameters as a safetensors file");
   ckptExportCmd->add_option("dir", ckptExportOptions.dir, "Checkpoint")
       ->required();
+  ckptExportCmd->add_option("--progress", ckptExportOptions.progress,
+                            kProgressHelp);
   ckptExportCmd
       ->add_option("-o,--output", ckptExportOptions.out,
-                   "safetensors file, or with --format hf-llama a new "
-                   "directory")
+                   "safetensors file (\"-\": stdout), or with --format "
+                   "hf-llama a new directory")
       ->required();
   ckptExportCmd->add_option("--format", ckptExportOptions.format,
                             "safetensors (default: one file, meshplan's "
@@ -352,6 +376,8 @@ int main(int argc, char **argv) {
       "Convert tensors stored as another of float32, bfloat16, float16 to "
       "the plan's dtype (round to nearest even)");
   addSpecFlags(ckptImportCmd, ckptImportOptions.spec);
+  ckptImportCmd->add_option("--progress", ckptImportOptions.progress,
+                            kProgressHelp);
   ckptImportCmd
       ->add_option("-o,--output", ckptImportOptions.out,
                    "Output checkpoint (new, or an existing checkpoint, "
@@ -368,12 +394,22 @@ int main(int argc, char **argv) {
                    "Model: a preset (tiny, llama3-8b, llama3-70b, "
                    "llama3-405b) or a model JSON file")
       ->required();
-  tuneCmd->add_option("--world", tuneOptions.world, "Ranks (GPUs) in the job")
+  // --world-size is the name plan/explain/trace use for the same number.
+  tuneCmd
+      ->add_option("--world,--world-size", tuneOptions.world,
+                   "Ranks (GPUs) in the job")
       ->required();
   addCostFlags(tuneCmd, tuneOptions.cost);
-  tuneCmd->add_option("--tokens", tuneOptions.tokens,
-                      "Global batch in tokens per optimizer step (default: "
-                      "one sequence per rank)");
+  tuneCmd
+      ->add_option("--global-batch-tokens", tuneOptions.globalBatchTokens,
+                   "Global batch in tokens per optimizer step (default: "
+                   "one sequence per rank); -o writes it into the spec's "
+                   "batch")
+      ->type_name("N");
+  addRenamedFlag(tuneCmd, "--tokens",
+                 "renamed: it meant the global batch here and a rank's "
+                 "tokens per microbatch in plan and explain; use "
+                 "--global-batch-tokens N");
   tuneCmd->add_option("--seq-len", tuneOptions.seqLen,
                       "Sequence length (default 8192)");
   tuneCmd->add_option("--max-cp", tuneOptions.maxContextParallel,
@@ -389,11 +425,15 @@ int main(int argc, char **argv) {
   tuneCmd->add_option("--confirm", tuneOptions.confirm,
                       "Best screened candidates planned for real (default "
                       "8; 0: all)");
-  tuneCmd->add_option("-o,--output", tuneOptions.output,
-                      "Write the winning spec here (default: print it)");
-  tuneCmd->add_option("--progress", tuneOptions.progress,
-                      "Progress bar on stderr: auto (if a terminal), "
-                      "always, never");
+  tuneCmd->add_option(
+      "-o,--output", tuneOptions.output,
+      "Write the winning spec here, with the batch it was tuned "
+      "for (default: print it after the table; \"-\": print "
+      "only the spec, the table on stderr)");
+  tuneCmd->add_option("--progress", tuneOptions.progress, kProgressHelp);
+  tuneCmd->add_flag("--json", tuneOptions.json,
+                    "Print one JSON object: the search's counts, the ranked "
+                    "candidates and the winning spec (docs/tune.md)");
 
   // PROGRAM and its arguments never reach CLI11, so their flags stay theirs.
   std::vector<char *> cliArgs =
@@ -454,7 +494,9 @@ int main(int argc, char **argv) {
                        "of a run's executed-step traces)");
       if (traceOptions.output.empty())
         throw CliError("--output is required");
-      output = runTraceCommand(traceOptions);
+      std::string summary;
+      output = runTraceCommand(traceOptions, &summary);
+      std::cerr << summary;
     } else if (meshCmd->parsed())
       output = runMeshCommand(meshOptions);
     else if (layoutCmd->parsed())

@@ -218,6 +218,37 @@ TEST(BaseSpec, AccumulationModesAndActivationCheckpointing) {
   EXPECT_EQ(spec->accumulationReduce, AccumulationReduce::LastMicrobatch);
 }
 
+TEST(BaseSpec, BatchSplitsOverDataParallelRanksAndMicrobatches) {
+  // kBase: ddp 2 (replicate) x fsdp 2 (shard) read different data; cp and
+  // tp split sequences and layers; 2 accumulation steps. 1024 tokens of
+  // sequences of 64 are 128 tokens (2 sequences) per rank and microbatch.
+  Json doc = Json::parse(kBase);
+  doc["batch"] = {{"global_tokens", 1024}, {"sequence_length", 64}};
+  auto spec = parseSpec(doc.dump());
+  ASSERT_TRUE(succeeds(spec));
+  ASSERT_TRUE(spec->batch.has_value());
+  EXPECT_EQ(spec->batch->globalTokens, 1024);
+  EXPECT_EQ(spec->batch->sequenceLength, 64);
+  auto shape = batchPerMicrobatch(*spec, 1024, 64);
+  ASSERT_TRUE(succeeds(shape));
+  EXPECT_EQ(shape->dataParallelRanks, 4);
+  EXPECT_EQ(shape->microbatches, 2);
+  EXPECT_EQ(shape->tokensPerRank, 128);
+  // Half a sequence per rank and microbatch is refused, located.
+  doc["batch"]["global_tokens"] = 256;
+  EXPECT_TRUE(failsWith(parseSpec(doc.dump()),
+                        "/batch/global_tokens: 256 tokens do not split into "
+                        "whole sequences of 64 tokens over 4 data-parallel "
+                        "ranks x 2 microbatches: the global batch must be a "
+                        "multiple of 512 tokens"));
+  doc["batch"] = {{"global_tokens", 1024}};
+  EXPECT_FALSE(succeeds(parseSpec(doc.dump())));
+  doc["batch"] = {{"global_tokens", 0}, {"sequence_length", 64}};
+  EXPECT_FALSE(succeeds(parseSpec(doc.dump())));
+  // Without "batch" the spec states no batch.
+  EXPECT_FALSE(parseSpec(kBase)->batch.has_value());
+}
+
 TEST(BaseSpec, IsValid) {
   auto r = loadSpec(kBase, "");
   ASSERT_TRUE(succeeds(r));
@@ -333,7 +364,7 @@ TEST(SpecErrors, MutationTable) {
        "model, world_size, mesh, data_parallel, tensor_parallel, extra_axes, "
        "pipeline_parallel, mixed_precision, float8, optimizer, "
        "gradient_accumulation_steps, "
-       "gradient_accumulation, activation_checkpointing (did you mean "
+       "gradient_accumulation, activation_checkpointing, batch (did you mean "
        "\"mixed_precision\"?)"},
       {{set("/a~1b", "1")}, "/a~1b: unknown key; expected one of"},
       {{set(plan + "/0/extra", "1")},

@@ -209,6 +209,16 @@ struct PipelineParallelSpec {
   std::vector<std::vector<std::string>> stageModules;
 };
 
+/// "batch": the global batch a spec was made for (`meshplan tune -o`
+/// writes the one it tuned for). It states the work, not the layout: the
+/// planner's cost model charges each data-parallel rank's microbatch
+/// (batchPerMicrobatch), and `plan`/`explain` use it unless a flag gives
+/// the work (docs/spec.md, "batch").
+struct BatchSpec {
+  int64_t globalTokens = 0;   ///< tokens per optimizer step, whole job
+  int64_t sequenceLength = 0; ///< tokens per sequence
+};
+
 struct Spec {
   std::string description;
   /// A preset name or a path to a model JSON file (relative to the spec).
@@ -226,7 +236,28 @@ struct Spec {
   AccumulationReduce accumulationReduce = AccumulationReduce::EveryMicrobatch;
   ActivationCheckpointing activationCheckpointing =
       ActivationCheckpointing::None;
+  std::optional<BatchSpec> batch; ///< absent: the spec states no batch
 };
+
+/// The batch split over the ranks that read different data (the product of
+/// the data_parallel axes' sizes: replicate and shard; extra axes such as a
+/// context-parallel one split sequences, not the batch) and the
+/// microbatches of a step (the pipeline's, else gradient accumulation's).
+struct MicrobatchShape {
+  int64_t dataParallelRanks = 1;
+  int64_t microbatches = 1;
+  /// Tokens one data-parallel rank processes per microbatch:
+  /// globalTokens / (dataParallelRanks x microbatches).
+  int64_t tokensPerRank = 0;
+};
+
+/// How `globalTokens` split for `spec` (whose mesh and sections are
+/// checked). An error (unlocated; the caller names the key or flag) when
+/// they do not split into whole sequences of `sequenceLength` tokens per
+/// data-parallel rank and microbatch.
+Result<MicrobatchShape> batchPerMicrobatch(const Spec &spec,
+                                           int64_t globalTokens,
+                                           int64_t sequenceLength);
 
 struct SpecOptions {
   /// The world size the job runs with (e.g. from the command line); the mesh

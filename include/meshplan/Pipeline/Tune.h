@@ -149,8 +149,11 @@ Result<TuneResult> tune(const TuneOptions &options);
 /// The spec JSON of one candidate (torchtitan's Llama TP plan, bf16
 /// compute, fp32 reduction, AdamW; under a pipeline the mesh pp x
 /// dp_replicate x dp_shard x cp x tp, torchtitan's order, and the split
-/// "auto").
+/// "auto"; the batch tuned for in "batch").
 std::string tuneSpecJson(const TuneOptions &options, const TuneCandidate &c);
+
+/// The global batch tuned for: tokensPerStep, or its default.
+int64_t globalTokensOf(const TuneOptions &options);
 
 } // namespace meshplan::pipeline
 

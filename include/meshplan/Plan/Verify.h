@@ -37,6 +37,7 @@
 #include "meshplan/Plan/PlanFacts.h"
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -139,8 +140,11 @@ readPlanDirectory(const std::string &dir, unsigned threads = 0,
                   PlanDetail detail = PlanDetail::Full);
 /// readPlanDirectory with PlanDetail::VerificationOnly, plus the facts of
 /// the full plans, recorded by each reading thread as it reads: what
-/// `meshplan verify DIR` verifies.
-Result<PlanSet> readPlanSet(const std::string &dir, unsigned threads = 0);
+/// `meshplan verify DIR` verifies. `progress(done, total)`, when set, is
+/// called after each file read, one call at a time, `done` increasing.
+Result<PlanSet> readPlanSet(
+    const std::string &dir, unsigned threads = 0,
+    const std::function<void(int64_t done, int64_t total)> &progress = nullptr);
 
 } // namespace meshplan::plan
 
