@@ -12,11 +12,13 @@
 
 #include "meshplan/Checkpoint/Checkpoint.h"
 
+#include "meshplan/Support/Hash.h"
 #include "meshplan/Support/Json.h"
 #include "meshplan/Support/JsonReader.h"
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -49,6 +51,7 @@ const SectionRule kRootRule = {
     {
         {.name = "format", .type = T::String, .required = true},
         {.name = "version", .type = T::Integer, .required = true},
+        {.name = "metadata_checksum", .type = T::String},
         {.name = "model", .type = T::Object, .required = true},
         {.name = "spec", .type = T::Object, .required = true},
         {.name = "training", .type = T::Object, .required = true},
@@ -192,6 +195,37 @@ bool plainFileName(std::string_view name) {
   return true;
 }
 
+/// The format says integers are JSON integers; the shared reader (as
+/// JSON Schema) also takes 0.0 or 1e3 for one. A checkpoint is
+/// machine-written, so a fraction or exponent where an integer belongs is
+/// an edit or another writer's mistake: refused, naming the field. Runs on
+/// an object that passed checkObject with `section`.
+Result<void> checkIntegers(Value v, const Path &path,
+                           const SectionRule &section) {
+  auto check = [](Value x, const Path &at) -> Result<void> {
+    if (x.kind() != ValueKind::Float)
+      return {};
+    return errorAt(at, "expected an integer, got number " + dump(x) +
+                           " (integers are written without a fraction or "
+                           "exponent)");
+  };
+  for (Member m : v.members())
+    for (const KeyRule &rule : section.keys) {
+      if (!sameText(rule.name, m.key))
+        continue;
+      Path at = path.child(m.key);
+      if (rule.type == T::Integer)
+        MESHPLAN_TRY(check(m.value, at));
+      else if (rule.type == T::Array && rule.items == T::Integer) {
+        size_t i = 0;
+        for (Value e : m.value.elements())
+          MESHPLAN_TRY(check(e, at.child(i++)));
+      }
+      break;
+    }
+  return {};
+}
+
 Result<SourceRef> readSource(Value v, const Path &path) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kSourceRule));
@@ -205,6 +239,7 @@ Result<SourceRef> readSource(Value v, const Path &path) {
 Result<Chunk> readChunk(Value v, const Path &path) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kChunkRule));
+  MESHPLAN_TRY(checkIntegers(v, path, kChunkRule));
   Chunk c;
   MESHPLAN_TRY(
       readIntArrayInto(f.at("offset"), path.child("offset"), c.box.offset, 0));
@@ -231,6 +266,7 @@ Result<Chunk> readChunk(Value v, const Path &path) {
 Result<TensorEntry> readTensor(Value v, const Path &path) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kTensorRule));
+  MESHPLAN_TRY(checkIntegers(v, path, kTensorRule));
   TensorEntry t;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), t.name));
   t.kind = f.at("kind").string() == "parameter" ? TensorKind::Parameter
@@ -344,6 +380,16 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
                        std::to_string(meta.blockBytes));
   if (meta.training.step < 0 || meta.training.seed < 0)
     return errorAt("/training", "step and seed must be >= 0");
+  for (auto [ptr, source] : {std::pair{"/model/fingerprint", &meta.model},
+                             std::pair{"/spec/fingerprint", &meta.spec}}) {
+    // Version 1 writers left fingerprints they did not know empty.
+    if (isFingerprint(source->fingerprint) ||
+        (meta.version < 2 && source->fingerprint.empty()))
+      continue;
+    return errorAt(ptr, "expected \"fnv1a64:\" and 16 lowercase hex digits, "
+                        "got " +
+                            quote(source->fingerprint));
+  }
   std::unordered_map<std::string_view, size_t> files;
   for (size_t i = 0; i < meta.files.size(); ++i) {
     const DataFile &f = meta.files[i];
@@ -481,20 +527,36 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   if (!version)
     return errorAt(root, "missing required key \"version\"");
   if (version->kind() != ValueKind::Unsigned ||
-      version->unsignedValue() != static_cast<uint64_t>(kCheckpointVersion))
+      version->unsignedValue() < uint64_t(kOldestCheckpointVersion) ||
+      version->unsignedValue() > uint64_t(kCheckpointVersion))
     return errorAt(root.child("version"),
                    "unsupported checkpoint version " + dump(*version) +
-                       "; this meshplan reads version " +
+                       "; this meshplan reads versions " +
+                       std::to_string(kOldestCheckpointVersion) + " to " +
                        std::to_string(kCheckpointVersion));
   Fields f;
   MP_ASSIGN(f, checkObject(doc, root, kRootRule));
   CheckpointMetadata meta;
+  meta.version = int(version->unsignedValue());
+  // Version 2 protects the metadata with a checksum (checked last, once
+  // everything parsed is known to be well-formed); version 1 had none.
+  std::optional<Value> recorded = f.get("metadata_checksum");
+  if (meta.version >= 2 && !recorded)
+    return errorAt(root.child("metadata_checksum"),
+                   "missing required key; expected a string "
+                   "\"fnv1a64:<16 hex digits>\" (version 2 metadata is "
+                   "checksummed)");
+  if (meta.version < 2 && recorded)
+    return errorAt(root.child("metadata_checksum"),
+                   "version 1 metadata has no checksum (a version 2 file "
+                   "with its version edited?)");
   MP_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
   MP_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
   {
     Path p = root.child("training");
     Fields tf;
     MP_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
+    MESHPLAN_TRY(checkIntegers(f.at("training"), p, kTrainingRule));
     MP_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
     MP_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
     MP_ASSIGN(
@@ -518,6 +580,7 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     Path p = root.child("checksum");
     Fields cf;
     MP_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
+    MESHPLAN_TRY(checkIntegers(f.at("checksum"), p, kChecksumRule));
     MP_ASSIGN(meta.blockBytes,
               readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
                       kMaxBlockBytes));
@@ -530,6 +593,7 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     Path p = filesPath.child(i++);
     Fields ff;
     MP_ASSIGN(ff, checkObject(file, p, kFileRule));
+    MESHPLAN_TRY(checkIntegers(file, p, kFileRule));
     DataFile d;
     MESHPLAN_TRY(readStringInto(ff.at("name"), p.child("name"), d.name));
     MP_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
@@ -545,82 +609,211 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     meta.tensors.push_back(std::move(t));
   }
   MESHPLAN_TRY(validateMetadata(meta));
+  if (recorded) {
+    std::string_view want = recorded->string();
+    if (!isFingerprint(want))
+      return errorAt(root.child("metadata_checksum"),
+                     "expected \"fnv1a64:\" and 16 lowercase hex digits, got " +
+                         quote(want));
+    std::string got = metadataChecksumOf(meta);
+    if (got != want)
+      return errorAt(root.child("metadata_checksum"),
+                     "the metadata hashes to " + got + ", not " +
+                         std::string(want) +
+                         ": it was changed after it was written (a value, an "
+                         "order or a name edited); refusing to load state it "
+                         "no longer describes");
+  }
   return meta;
 }
 
-std::string writeMetadata(const CheckpointMetadata &meta) {
-  // One file, one tensor header and one chunk per line: diffable, and
-  // greppable by tensor name or file.
-  auto source = [](const SourceRef &s) {
-    Json j = Json::object();
-    j["name"] = s.name;
-    j["fingerprint"] = s.fingerprint;
-    return dumpJson(j);
+namespace {
+
+/// Appends a JSON string exactly as nlohmann's dump (no ASCII escaping,
+/// invalid UTF-8 replaced) writes it, the canonical form's one string
+/// encoding; printable ASCII without quotes or backslashes, the usual case,
+/// without building a Json.
+void appendQuoted(std::string &out, std::string_view s) {
+  for (unsigned char c : s)
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+      out += dumpJson(Json(std::string(s)));
+      return;
+    }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+void appendInt(std::string &out, int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+
+void appendInts(std::string &out, const std::vector<int64_t> &v) {
+  out += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i)
+      out += ',';
+    appendInt(out, v[i]);
+  }
+  out += ']';
+}
+
+/// The text of checkpoint.json, handed to `sink` in pieces of about 64 KiB
+/// (so that the checksum of a 256 MiB document needs no 256 MiB string).
+/// Without `checksum` it is the canonical text the checksum is taken of;
+/// with it, the file, which has one line more. One file, one tensor header
+/// and one chunk per line: diffable, and greppable by tensor name or file.
+template <class Sink>
+void emitMetadata(const CheckpointMetadata &meta, const std::string *checksum,
+                  Sink &&sink) {
+  std::string out;
+  out.reserve(size_t(1) << 17);
+  auto flush = [&](bool force) {
+    if (force || out.size() >= (size_t(1) << 16)) {
+      sink(std::string_view(out));
+      out.clear();
+    }
   };
-  std::string out = "{\n";
-  out += " \"format\": " + Json(std::string(kCheckpointFormat)).dump() + ",\n";
-  out += " \"version\": " + std::to_string(kCheckpointVersion) + ",\n";
-  out += " \"model\": " + source(meta.model) + ",\n";
-  out += " \"spec\": " + source(meta.spec) + ",\n";
-  Json training = Json::object();
-  training["step"] = meta.training.step;
-  training["seed"] = meta.training.seed;
-  training["stochastic_rounding"] = meta.training.stochasticRounding;
-  out += " \"training\": " + dumpJson(training) + ",\n";
-  Json writtenBy = Json::object();
-  writtenBy["mesh"] = meta.mesh;
-  writtenBy["generator"] = meta.generator;
+  auto source = [&](const SourceRef &s) {
+    out += "{\"name\":";
+    appendQuoted(out, s.name);
+    out += ",\"fingerprint\":";
+    appendQuoted(out, s.fingerprint);
+    out += '}';
+  };
+  out += "{\n \"format\": ";
+  appendQuoted(out, kCheckpointFormat);
+  out += ",\n \"version\": " + std::to_string(kCheckpointVersion) + ",\n";
+  if (checksum) {
+    out += " \"metadata_checksum\": ";
+    appendQuoted(out, *checksum);
+    out += ",\n";
+  }
+  out += " \"model\": ";
+  source(meta.model);
+  out += ",\n \"spec\": ";
+  source(meta.spec);
+  out += ",\n \"training\": {\"step\":";
+  appendInt(out, meta.training.step);
+  out += ",\"seed\":";
+  appendInt(out, meta.training.seed);
+  out += ",\"stochastic_rounding\":";
+  out += meta.training.stochasticRounding ? "true" : "false";
+  out += "},\n \"written_by\": {\"mesh\":";
+  appendQuoted(out, meta.mesh);
+  out += ",\"generator\":";
+  appendQuoted(out, meta.generator);
   // Provenance of an imported or converted checkpoint; absent otherwise, so
   // that a checkpoint without it reads as before.
-  if (!meta.from.empty())
-    writtenBy["from"] = meta.from;
-  if (!meta.conversion.empty())
-    writtenBy["conversion"] = meta.conversion;
-  out += " \"written_by\": " + dumpJson(writtenBy) + ",\n";
-  Json checksum = Json::object();
-  checksum["algorithm"] = "crc32c";
-  checksum["block_bytes"] = meta.blockBytes;
-  out += " \"checksum\": " + dumpJson(checksum) + ",\n";
-  out += " \"files\": [";
+  if (!meta.from.empty()) {
+    out += ",\"from\":";
+    appendQuoted(out, meta.from);
+  }
+  if (!meta.conversion.empty()) {
+    out += ",\"conversion\":";
+    appendQuoted(out, meta.conversion);
+  }
+  out += "},\n \"checksum\": {\"algorithm\":\"crc32c\",\"block_bytes\":";
+  appendInt(out, meta.blockBytes);
+  out += "},\n \"files\": [";
   for (size_t i = 0; i < meta.files.size(); ++i) {
-    Json f = Json::object();
-    f["name"] = meta.files[i].name;
-    f["bytes"] = meta.files[i].bytes;
-    out += (i ? ",\n  " : "\n  ") + dumpJson(f);
+    out += i ? ",\n  {\"name\":" : "\n  {\"name\":";
+    appendQuoted(out, meta.files[i].name);
+    out += ",\"bytes\":";
+    appendInt(out, meta.files[i].bytes);
+    out += '}';
   }
   out += meta.files.empty() ? "],\n" : "\n ],\n";
   out += " \"tensors\": [";
   for (size_t i = 0; i < meta.tensors.size(); ++i) {
     const TensorEntry &t = meta.tensors[i];
-    Json h = Json::object();
-    h["name"] = t.name;
-    h["kind"] = std::string(tensorKindName(t.kind));
-    if (t.tensorId)
-      h["tensor_id"] = *t.tensorId;
-    h["dtype"] = std::string(plan::dtypeName(t.dtype));
-    h["shape"] = t.shape;
-    h["layout"] = t.layout;
-    std::string head = dumpJson(h);
-    head.pop_back(); // reopen the object to append the chunks
-    out += (i ? ",\n  " : "\n  ") + head + ",\"chunks\":[";
+    out += i ? ",\n  {\"name\":" : "\n  {\"name\":";
+    appendQuoted(out, t.name);
+    out += ",\"kind\":";
+    appendQuoted(out, tensorKindName(t.kind));
+    if (t.tensorId) {
+      out += ",\"tensor_id\":";
+      appendInt(out, *t.tensorId);
+    }
+    out += ",\"dtype\":";
+    appendQuoted(out, plan::dtypeName(t.dtype));
+    out += ",\"shape\":";
+    appendInts(out, t.shape);
+    out += ",\"layout\":";
+    appendQuoted(out, t.layout);
+    out += ",\"chunks\":[";
     for (size_t c = 0; c < t.chunks.size(); ++c) {
       const Chunk &ch = t.chunks[c];
-      Json j = Json::object();
-      j["offset"] = ch.box.offset;
-      j["shape"] = ch.box.shape;
-      j["file"] = ch.file;
-      j["byte_offset"] = ch.byteOffset;
-      j["length"] = ch.length;
-      Json crcs = Json::array();
-      for (uint32_t v : ch.crc32c)
-        crcs.push_back(hex8(v));
-      j["crc32c"] = std::move(crcs);
-      out += (c ? ",\n   " : "\n   ") + dumpJson(j);
+      out += c ? ",\n   {\"offset\":" : "\n   {\"offset\":";
+      appendInts(out, ch.box.offset);
+      out += ",\"shape\":";
+      appendInts(out, ch.box.shape);
+      out += ",\"file\":";
+      appendQuoted(out, ch.file);
+      out += ",\"byte_offset\":";
+      appendInt(out, ch.byteOffset);
+      out += ",\"length\":";
+      appendInt(out, ch.length);
+      out += ",\"crc32c\":[";
+      for (size_t k = 0; k < ch.crc32c.size(); ++k) {
+        out += k ? ",\"" : "\"";
+        out += hex8(ch.crc32c[k]);
+        out += '"';
+      }
+      out += "]}";
+      flush(false);
     }
     out += t.chunks.empty() ? "]}" : "\n  ]}";
   }
   out += meta.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
+  flush(true);
+}
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string out;
+  appendInts(out, shape);
   return out;
+}
+
+} // namespace
+
+std::string metadataChecksumOf(const CheckpointMetadata &meta) {
+  uint64_t h = kFnv1a64Basis;
+  emitMetadata(meta, nullptr,
+               [&](std::string_view piece) { h = fnv1a64(piece, h); });
+  return "fnv1a64:" + hex64(h);
+}
+
+std::string writeMetadata(const CheckpointMetadata &meta) {
+  std::string checksum = metadataChecksumOf(meta);
+  std::string out;
+  emitMetadata(meta, &checksum,
+               [&](std::string_view piece) { out.append(piece); });
+  return out;
+}
+
+std::string parameterListFingerprint(const CheckpointMetadata &meta) {
+  std::vector<const TensorEntry *> params;
+  for (const TensorEntry &t : meta.tensors)
+    if (t.kind == TensorKind::Parameter)
+      params.push_back(&t);
+  std::sort(params.begin(), params.end(), [](auto *a, auto *b) {
+    return std::tie(a->tensorId, a->name) < std::tie(b->tensorId, b->name);
+  });
+  std::string text;
+  for (const TensorEntry *t : params)
+    text += (t->tensorId ? std::to_string(*t->tensorId) : std::string("-")) +
+            " " + t->name + " " + shapeText(t->shape) + "\n";
+  return fingerprintOf(text);
+}
+
+std::string layoutFingerprint(const CheckpointMetadata &meta) {
+  std::string text = meta.mesh + "\n";
+  for (const TensorEntry &t : meta.tensors)
+    text += t.name + " " + t.layout + "\n";
+  return fingerprintOf(text);
 }
 
 } // namespace meshplan::ckpt

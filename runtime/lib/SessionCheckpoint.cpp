@@ -187,6 +187,18 @@ struct LazyFree {
   }
 };
 
+/// A save that failed (a full disk, a rank's error): its staging directory
+/// is removed, so that nothing half-written stays next to `dir`, and the
+/// message says what became of the checkpoint there.
+Error failedSave(const std::string &dir, const Error &error) {
+  Result<void> removed = ckpt::abortCheckpoint(dir);
+  std::string staging = ckpt::stagingDirOf(dir);
+  return Error{"checkpoint " + dir + " not saved: " + error.message +
+               (removed ? " (its partial files were removed"
+                        : " (" + removed.error().message) +
+               "; a checkpoint already at " + dir + " is unchanged)"};
+}
+
 Result<void> statusFrom(const std::vector<char> &bytes) {
   std::string text(bytes.begin(), bytes.end());
   if (text == "ok")
@@ -237,6 +249,8 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   // 1. The coordinator makes a fresh staging directory; the others wait.
   if (rank == coordinator) {
     Result<void> begun = ckpt::beginCheckpoint(dir);
+    if (!begun)
+      begun = failedSave(dir, begun.error());
     slowCheckpointForTests();
     MESHPLAN_TRY(store.storeSet(base + "begin", statusBytes(begun)));
     MESHPLAN_TRY(begun);
@@ -288,19 +302,24 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   if (rank == coordinator) {
     std::vector<ckpt::RankRecords> all;
     Result<void> committed;
+    // Every saver's word is awaited, even after one reported an error, so
+    // that no rank is still writing into the staging directory when a
+    // failed save removes it. Only a store error (a rank gone) stops the
+    // wait early.
     for (int64_t r : savers) {
-      if (!committed)
-        break;
       auto bytes = store.storeGet(base + "rank" + std::to_string(r));
       if (!bytes) {
-        committed = bytes.error();
+        if (committed)
+          committed = bytes.error();
         break;
       }
       auto rec = recordsFromBytes(*bytes, r);
-      if (!rec)
-        committed = rec.error();
-      else
+      if (!rec) {
+        if (committed)
+          committed = rec.error();
+      } else {
         all.push_back(std::move(*rec));
+      }
     }
     if (committed) {
       // ckpt::commitCheckpoint, in its steps (the test hook goes between).
@@ -316,6 +335,8 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
       if (committed)
         slowCheckpointForTests();
     }
+    if (!committed)
+      committed = failedSave(dir, committed.error());
     MESHPLAN_TRY(store.storeSet(base + "done", statusBytes(committed)));
     return committed;
   }

@@ -131,13 +131,17 @@ ckpt::CheckpointMetadata writeCheckpoint(
       save.push_back({&boxes[i], data[i]});
     }
     auto written = ckpt::writeRankData(out, int64_t(r), save);
+    // The message names what was asked for, then the file that failed (in
+    // the staging directory, removed on the way out) and why: a full disk
+    // is "No space left on device".
     if (!written)
-      throw CliError("-o: " + written.error().message);
+      throw CliError("-o: cannot write " + out + ": " +
+                     written.error().message);
     records.push_back(std::move(*written));
   }
   auto meta = ckpt::commitCheckpoint(out, info, records);
   if (!meta)
-    throw CliError("-o: " + meta.error().message);
+    throw CliError("-o: cannot write " + out + ": " + meta.error().message);
   cleanup.done = true;
   return std::move(*meta);
 }
@@ -241,8 +245,8 @@ meshplan::cli::runCkptInspectCommand(const CkptInspectOptions &options) {
     return (r.name.empty() ? std::string("-") : r.name) +
            (r.fingerprint.empty() ? "" : " (" + r.fingerprint + ")");
   };
-  out << "checkpoint " << options.dir << " (format version "
-      << ckpt::kCheckpointVersion << ")\n";
+  out << "checkpoint " << options.dir << " (format version " << meta.version
+      << ")\n";
   out << "  model:      " << ref(meta.model) << "\n";
   out << "  spec:       " << ref(meta.spec) << "\n";
   out << "  written by: "
@@ -482,7 +486,8 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
         return ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
       });
   if (!written)
-    throw CliError(written.error().message);
+    throw CliError("-o: cannot write " + options.out + ": " +
+                   written.error().message);
   CommandOutput result;
   result.out = "exported " + std::to_string(params.size()) + " parameters (" +
                std::to_string(bytes) + " bytes) of " + options.dir + " to " +
