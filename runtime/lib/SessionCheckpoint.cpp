@@ -74,6 +74,9 @@ Result<ckpt::RankRecords> recordsFromBytes(const std::vector<char> &bytes,
                                            int64_t rank) {
   std::string text(bytes.begin(), bytes.end());
   std::string who = "rank " + std::to_string(rank) + ": ";
+  // A rank's error already names the rank.
+  if (text.starts_with("error: "))
+    return makeError(text.substr(7));
   if (!text.starts_with("ok"))
     return makeError(who + text);
   json j = json::parse(text.begin() + 2, text.end(), nullptr, false);
@@ -295,8 +298,9 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
                               records ? recordsToBytes(*records)
                                       : statusBytes(records.error().within(
                                             "rank " + std::to_string(rank)))));
-  if (!records)
-    return records.error();
+  // A rank whose write failed does not return yet: the coordinator (which
+  // may be this rank) still gathers every report and removes the staging
+  // directory, and every rank returns its verdict.
   // 3. The coordinator gathers every saver's records (the metadata lists
   // them all) and commits; everyone returns what the commit did.
   if (rank == coordinator) {
