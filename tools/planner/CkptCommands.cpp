@@ -478,16 +478,23 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
       {"meshplan.model", meta.model.name},
       {"meshplan.spec", meta.spec.name},
       {"meshplan.step", std::to_string(meta.training.step)}};
+  bool readFailed = false;
   auto written = ckpt::writeSafetensors(
       options.out, entries, metadata,
       [&](size_t i, std::span<std::byte> out) -> Result<void> {
         const ckpt::TensorEntry &t = *params[i];
         ckpt::Box whole{std::vector<int64_t>(t.shape.size(), 0), t.shape};
-        return ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
+        auto loaded =
+            ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
+        readFailed = !loaded;
+        return loaded;
       });
+  // A checksum failure names the checkpoint's file; a failed write (a full
+  // disk) names the output first.
   if (!written)
-    throw CliError("-o: cannot write " + options.out + ": " +
-                   written.error().message);
+    throw CliError(readFailed ? written.error().message
+                              : "-o: cannot write " + options.out + ": " +
+                                    written.error().message);
   CommandOutput result;
   result.out = "exported " + std::to_string(params.size()) + " parameters (" +
                std::to_string(bytes) + " bytes) of " + options.dir + " to " +
