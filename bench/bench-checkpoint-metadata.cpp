@@ -12,7 +12,7 @@
 // (2 bytes of text per value), so that 2^26 values fit in the byte limit.
 //
 //   build/bin/bench-checkpoint-metadata [--values N] [--reps R] [--dir DIR]
-//                                       [--max-rss-mib M]
+//                                       [--max-rss-mib M] [--keep]
 //
 // With --max-rss-mib it exits 1 when a median peak RSS exceeds M (a check
 // for ctest at a small size). Uses --dir (default /tmp) for the metadata
@@ -45,10 +45,11 @@ constexpr int kDims = 64;    // the most a shape may have
 constexpr int kTensors = 16; // chunks spread over a few tensors
 constexpr int kFiles = 64;   // and over a few data files
 
-/// Values per chunk in the text: the object, offset and shape (an array and
-/// kDims integers each), file, byte_offset, length, crc32c (an array and
-/// one string).
-constexpr int64_t kValuesPerChunk = 1 + 2 * (1 + kDims) + 3 + 2;
+/// Values per chunk as the reader counts them (its limit's unit): the
+/// object, offset and shape (an array and kDims integers each), file,
+/// byte_offset, length, crc32c (an array and one string), and one more
+/// (measured: 2^26 values is reached at chunk 493,437).
+constexpr int64_t kValuesPerChunk = 1 + 2 * (1 + kDims) + 3 + 2 + 1;
 
 int write(const std::string &dir, int64_t values) {
   int64_t chunks = std::max<int64_t>(1, values / kValuesPerChunk);
@@ -131,10 +132,12 @@ double median(std::vector<double> v) {
 } // namespace
 
 int main(int argc, char **argv) {
-  int64_t values = int64_t(1) << 26;
+  // The limit, less room for the header, the files and the tensors.
+  int64_t values = (int64_t(1) << 26) - 8192;
   int reps = 3;
   std::string base = "/tmp";
   double maxRssMib = 0;
+  bool keep = false; // for profiling: `--read DIR` reads it again
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--read" && i + 1 < argc)
@@ -145,6 +148,8 @@ int main(int argc, char **argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--dir" && i + 1 < argc)
       base = argv[++i];
+    else if (a == "--keep")
+      keep = true;
     else if (a == "--max-rss-mib" && i + 1 < argc)
       maxRssMib = std::atof(argv[++i]);
     else {
@@ -189,7 +194,7 @@ int main(int argc, char **argv) {
     struct rusage usage;
     ::wait4(pid, &status, 0, &usage);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "the reading process failed\n");
+      std::fprintf(stderr, "the reading process failed (status %d)\n", status);
       rc = 1;
       break;
     }
@@ -198,7 +203,10 @@ int main(int argc, char **argv) {
     std::printf("read %d: %.2f s, peak RSS %.0f MiB\n", r + 1, times.back(),
                 rss.back());
   }
-  fs::remove_all(dir, ec);
+  if (keep)
+    std::printf("kept %s\n", dir.c_str());
+  else
+    fs::remove_all(dir, ec);
   if (rc != 0)
     return rc;
   std::printf("median of %d: %.2f s, peak RSS %.0f MiB\n", reps, median(times),

@@ -20,6 +20,7 @@
 #include <array>
 #include <charconv>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -263,7 +264,12 @@ Result<Chunk> readChunk(Value v, const Path &path) {
   return c;
 }
 
-Result<TensorEntry> readTensor(Value v, const Path &path) {
+/// Reads a tensor's chunks from pieces of the text parsed one by one
+/// (parseMetadata), instead of from its "chunks" value.
+using ChunkSource = std::function<Result<void>(TensorEntry &, const Path &)>;
+
+Result<TensorEntry> readTensor(Value v, const Path &path,
+                               const ChunkSource *chunkSource = nullptr) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kTensorRule));
   MESHPLAN_TRY(checkIntegers(v, path, kTensorRule));
@@ -291,6 +297,10 @@ Result<TensorEntry> readTensor(Value v, const Path &path) {
     MESHPLAN_TRY(readStringInto(*layout, path.child("layout"), t.layout));
   Value chunks = f.at("chunks");
   Path chunksPath = path.child("chunks");
+  if (chunkSource) {
+    MESHPLAN_TRY((*chunkSource)(t, chunksPath));
+    return t;
+  }
   t.chunks.reserve(chunks.size());
   size_t i = 0;
   for (Value chunk : chunks.elements()) {
@@ -502,13 +512,17 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
   return {};
 }
 
-Result<CheckpointMetadata> parseMetadata(std::string_view text) {
-  Result<Document> parsed =
-      Document::parse(text, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
-                      kMaxCheckpointJsonValuesText);
-  if (!parsed)
-    return parsed.error();
-  Value doc = parsed->root();
+namespace {
+
+/// Reads the tensors from pieces of the text parsed one by one, instead of
+/// from the document's "tensors" value (which is then `[]`).
+using TensorSource =
+    std::function<Result<void>(CheckpointMetadata &, const Path &)>;
+
+/// Reads a parsed document (with `tensorSource`, one whose tensors were
+/// elided and are read from it instead).
+Result<CheckpointMetadata> readDocument(Value doc,
+                                        const TensorSource *tensorSource) {
   const Path root;
   if (!doc.isObject())
     return typeError(root, doc, "a checkpoint metadata object");
@@ -601,7 +615,9 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   }
   Value tensors = f.at("tensors");
   Path tensorsPath = root.child("tensors");
-  meta.tensors.reserve(tensors.size());
+  if (tensorSource)
+    MESHPLAN_TRY((*tensorSource)(meta, tensorsPath));
+  meta.tensors.reserve(meta.tensors.size() + tensors.size());
   i = 0;
   for (Value tensor : tensors.elements()) {
     TensorEntry t;
@@ -624,6 +640,251 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
                          "order or a name edited); refusing to load state it "
                          "no longer describes");
   }
+  return meta;
+}
+
+//===----------------------------------------------------------------------===//
+// Reading in pieces
+//===----------------------------------------------------------------------===//
+//
+// A tape of the whole document costs 16 bytes per value: 1 GiB at the limit
+// of 2^26 values, on top of the text and the structures read from it
+// (docs/limits.md). Instead, the text is cut, without being tokenized, at
+// the elements of "tensors" and of each tensor's "chunks"; the document with
+// those arrays' contents elided, each tensor header with its chunks elided,
+// and each chunk are then tokenized on their own (each a small tape, reused
+// from one piece to the next), with one value limit over all of them. The
+// cuts only skip strings and balance brackets: each piece is then fully
+// checked by the tokenizer, and the separators between pieces here. Where
+// the cutting or a piece's tokenizing fails (malformed JSON, a duplicate
+// key, a nesting or string limit), the whole document is parsed as one, so
+// that the error is the exact one (line and column, JSON pointer) it always
+// was.
+
+constexpr size_t kNpos = std::string_view::npos;
+
+size_t skipSpace(std::string_view t, size_t i) {
+  while (i < t.size() &&
+         (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t'))
+    ++i;
+  return i;
+}
+
+/// The end of the string starting at t[i] == '"'.
+size_t stringEnd(std::string_view t, size_t i) {
+  for (size_t k = i + 1; k < t.size(); ++k) {
+    if (t[k] == '\\')
+      ++k;
+    else if (t[k] == '"')
+      return k + 1;
+  }
+  return kNpos;
+}
+
+/// The end of the value starting at t[i]: a string, a container (brackets
+/// balanced, strings skipped) or a scalar (up to a separator).
+size_t valueEnd(std::string_view t, size_t i) {
+  if (i >= t.size())
+    return kNpos;
+  if (t[i] == '"')
+    return stringEnd(t, i);
+  if (t[i] == '[' || t[i] == '{') {
+    size_t depth = 0;
+    for (size_t k = i; k < t.size(); ++k) {
+      char c = t[k];
+      if (c == '"') {
+        k = stringEnd(t, k);
+        if (k == kNpos)
+          return kNpos;
+        --k;
+      } else if (c == '[' || c == '{') {
+        ++depth;
+      } else if (c == ']' || c == '}') {
+        if (--depth == 0)
+          return k + 1;
+      }
+    }
+    return kNpos;
+  }
+  size_t k = i;
+  while (k < t.size() && t[k] != ',' && t[k] != ']' && t[k] != '}' &&
+         t[k] != ' ' && t[k] != '\n' && t[k] != '\r' && t[k] != '\t')
+    ++k;
+  return k == i ? kNpos : k;
+}
+
+struct Span {
+  size_t begin, end;
+};
+
+/// The elements of the array at t[i] == '[', and where it ends; false when
+/// it is not well formed at this level.
+bool arrayElements(std::string_view t, size_t i, std::vector<Span> &out,
+                   size_t &end) {
+  size_t k = skipSpace(t, i + 1);
+  if (k < t.size() && t[k] == ']') {
+    end = k + 1;
+    return true;
+  }
+  while (true) {
+    size_t e = valueEnd(t, k);
+    if (e == kNpos)
+      return false;
+    out.push_back({k, e});
+    k = skipSpace(t, e);
+    if (k >= t.size())
+      return false;
+    if (t[k] == ']') {
+      end = k + 1;
+      return true;
+    }
+    if (t[k] != ',')
+      return false;
+    k = skipSpace(t, k + 1);
+  }
+}
+
+/// Where the value of member `key` (written without escapes) of the object
+/// at t[i] == '{' starts, if it is an array; kNpos otherwise.
+size_t arrayMember(std::string_view t, size_t i, std::string_view key) {
+  size_t k = skipSpace(t, i + 1);
+  while (k < t.size() && t[k] == '"') {
+    size_t keyEnd = stringEnd(t, k);
+    if (keyEnd == kNpos)
+      return kNpos;
+    std::string_view name = t.substr(k + 1, keyEnd - k - 2);
+    k = skipSpace(t, keyEnd);
+    if (k >= t.size() || t[k] != ':')
+      return kNpos;
+    k = skipSpace(t, k + 1);
+    if (name == key)
+      return k < t.size() && t[k] == '[' ? k : kNpos;
+    size_t e = valueEnd(t, k);
+    if (e == kNpos)
+      return kNpos;
+    k = skipSpace(t, e);
+    if (k >= t.size() || t[k] != ',')
+      return kNpos;
+    k = skipSpace(t, k + 1);
+  }
+  return kNpos;
+}
+
+/// `text` with the contents of the array member `key` of the object at
+/// `at` elided (`[]` left), and the array's elements; false when the text
+/// cannot be cut there.
+bool elideArray(std::string_view text, size_t at, std::string_view key,
+                std::string &rest, std::vector<Span> &elements) {
+  size_t open = arrayMember(text, at, key);
+  size_t end = 0;
+  if (open == kNpos || !arrayElements(text, open, elements, end))
+    return false;
+  rest.assign(text.substr(0, open + 1));
+  rest += ']';
+  rest.append(text.substr(end));
+  return true;
+}
+
+/// The whole document as one tape (malformed documents, and those the
+/// cutting does not apply to).
+Result<CheckpointMetadata> parseWhole(std::string_view text) {
+  Result<Document> parsed =
+      Document::parse(text, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
+                      kMaxCheckpointJsonValuesText);
+  if (!parsed)
+    return parsed.error();
+  return readDocument(parsed->root(), nullptr);
+}
+
+} // namespace
+
+Result<CheckpointMetadata> parseMetadata(std::string_view text) {
+  // The document: a root object (after a byte order mark, if any).
+  size_t at = skipSpace(text, text.starts_with("\xEF\xBB\xBF") ? 3 : 0);
+  std::string header;
+  std::vector<Span> tensorSpans;
+  if (at >= text.size() || text[at] != '{' ||
+      !elideArray(text, at, "tensors", header, tensorSpans))
+    return parseWhole(text);
+  Result<Document> parsed =
+      Document::parse(header, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
+                      kMaxCheckpointJsonValuesText);
+  if (!parsed)
+    return parseWhole(text); // its line and column in the whole text
+  int64_t values = parsed->valueCount(); // one limit over every piece
+  // A piece's tokenizing failed: the whole document names the error
+  // exactly, except for the value limit, which is named here (parsing the
+  // whole document would need the very tape this avoids).
+  bool fallback = false;
+  auto tokenize = [&](std::string_view piece, int depth,
+                      const Path &path) -> Result<Document> {
+    Result<Document> d =
+        Document::parse(piece, kMaxPlanJsonDepth - depth,
+                        kMaxCheckpointJsonValues - values);
+    if (!d) {
+      if (d.error().message.ends_with("values (docs/limits.md)"))
+        return errorAt(path, std::string("the document has more than ") +
+                                 kMaxCheckpointJsonValuesText +
+                                 " values (docs/limits.md)");
+      fallback = true;
+      return d.error();
+    }
+    values += d->valueCount();
+    return d;
+  };
+  TensorSource tensors = [&](CheckpointMetadata &meta,
+                             const Path &tensorsPath) -> Result<void> {
+    meta.tensors.reserve(tensorSpans.size());
+    std::string tensorHeader;
+    std::vector<Span> chunkSpans;
+    for (size_t i = 0; i < tensorSpans.size(); ++i) {
+      Path path = tensorsPath.child(i);
+      std::string_view tensorText = text.substr(
+          tensorSpans[i].begin, tensorSpans[i].end - tensorSpans[i].begin);
+      chunkSpans.clear();
+      if (tensorText.empty() || tensorText[0] != '{' ||
+          !elideArray(tensorText, 0, "chunks", tensorHeader, chunkSpans)) {
+        // Not an object with a chunks array: read as it is, and named.
+        Result<Document> d = tokenize(tensorText, 2, path);
+        if (!d)
+          return d.error();
+        Result<TensorEntry> t = readTensor(d->root(), path);
+        if (!t)
+          return t.error();
+        meta.tensors.push_back(std::move(*t));
+        continue;
+      }
+      Result<Document> d = tokenize(tensorHeader, 2, path);
+      if (!d)
+        return d.error();
+      ChunkSource chunks = [&](TensorEntry &t,
+                               const Path &chunksPath) -> Result<void> {
+        t.chunks.reserve(chunkSpans.size());
+        for (size_t j = 0; j < chunkSpans.size(); ++j) {
+          Path chunkPath = chunksPath.child(j);
+          Result<Document> c = tokenize(
+              tensorText.substr(chunkSpans[j].begin,
+                                chunkSpans[j].end - chunkSpans[j].begin),
+              4, chunkPath);
+          if (!c)
+            return c.error();
+          Result<Chunk> chunk = readChunk(c->root(), chunkPath);
+          if (!chunk)
+            return chunk.error();
+          t.chunks.push_back(std::move(*chunk));
+        }
+        return {};
+      };
+      Result<TensorEntry> t = readTensor(d->root(), path, &chunks);
+      if (!t)
+        return t.error();
+      meta.tensors.push_back(std::move(*t));
+    }
+    return {};
+  };
+  Result<CheckpointMetadata> meta = readDocument(parsed->root(), &tensors);
+  if (!meta && fallback)
+    return parseWhole(text);
   return meta;
 }
 

@@ -844,6 +844,55 @@ TEST_F(Corruption, IntegersAndFingerprintsAreStrict) {
   expectHas(metaError(), "/model/fingerprint: expected");
 }
 
+// parseMetadata tokenizes the document piece by piece (the tensors and
+// their chunks elided, then each tensor header and each chunk on its own);
+// a document it cannot cut, or a piece that is malformed, is parsed whole,
+// so that what it accepts and how it names errors do not change.
+TEST_F(Corruption, PiecewiseReadingAcceptsAndNamesAsWhole) {
+  // Names holding brackets, braces, quotes and escapes, and a key written
+  // with an escape (which the cutting does not recognize as "chunks": that
+  // tensor is read whole): the same metadata either way.
+  CheckpointMetadata m = meta;
+  m.tensors[0].name = "odd]}[{\"\\name";
+  m.tensors[1].layout = "[{dp}, {\"x\"}] ]";
+  std::string text = writeMetadata(m);
+  Result<CheckpointMetadata> back = parseMetadata(text);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  m.directory.clear();
+  EXPECT_EQ(*back, m);
+  size_t at = text.find("\"chunks\":[", text.find("\"tensors\""));
+  ASSERT_NE(at, std::string::npos);
+  std::string escaped = text;
+  escaped.replace(at, 9, "\"chunk\\u0073\":");
+  back = parseMetadata("\xEF\xBB\xBF" + escaped);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(*back, m);
+
+  // A syntax error inside a chunk: the line and column of the whole text.
+  std::string bad = text;
+  size_t chunkLine = 1;
+  size_t length = bad.find("\"length\":", bad.find("\"tensors\""));
+  for (size_t k = 0; k < length; ++k)
+    chunkLine += bad[k] == '\n';
+  ASSERT_GT(chunkLine, 2u);
+  bad.erase(length + 8, 1); // "length" 48 : the colon gone
+  Result<CheckpointMetadata> err = parseMetadata(bad);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message,
+            "line " + std::to_string(chunkLine) + ", column ");
+  // A duplicate key inside a chunk, and a typed error: their pointers.
+  std::string dup = text;
+  dup.insert(length, "\"length\":1,");
+  err = parseMetadata(dup);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message, "/tensors/0/chunks/0/length: duplicate key");
+  std::string typed = text;
+  typed.replace(length, 9, "\"length\":\"48\",\"x\":");
+  err = parseMetadata(typed);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message, "/tensors/0/chunks/0/x: unknown key");
+}
+
 TEST_F(Corruption, ChunkOverlapAndGap) {
   OJson orig = doc;
   // Chunks of the strided [15,6] are sorted by offset: [0,0]+[2,6],
