@@ -45,11 +45,10 @@ constexpr int kDims = 64;    // the most a shape may have
 constexpr int kTensors = 16; // chunks spread over a few tensors
 constexpr int kFiles = 64;   // and over a few data files
 
-/// Values per chunk as the reader counts them (its limit's unit): the
-/// object, offset and shape (an array and kDims integers each), file,
-/// byte_offset, length, crc32c (an array and one string), and one more
-/// (measured: 2^26 values is reached at chunk 493,437).
-constexpr int64_t kValuesPerChunk = 1 + 2 * (1 + kDims) + 3 + 2 + 1;
+/// Values per chunk as the reader counts them (its limit's unit; keys are
+/// not values): the object, offset and shape (an array and kDims integers
+/// each), file, byte_offset, length, crc32c (an array and one string).
+constexpr int64_t kValuesPerChunk = 1 + 2 * (1 + kDims) + 3 + 2;
 
 int write(const std::string &dir, int64_t values) {
   int64_t chunks = std::max<int64_t>(1, values / kValuesPerChunk);
@@ -194,7 +193,10 @@ int main(int argc, char **argv) {
     struct rusage usage;
     ::wait4(pid, &status, 0, &usage);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "the reading process failed (status %d)\n", status);
+      std::fprintf(stderr,
+                   "the reading process failed (status %d; peak RSS %.0f "
+                   "MiB)\n",
+                   status, double(usage.ru_maxrss) / 1024);
       rc = 1;
       break;
     }
