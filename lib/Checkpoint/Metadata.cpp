@@ -818,9 +818,8 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   bool fallback = false;
   auto tokenize = [&](std::string_view piece, int depth,
                       const Path &path) -> Result<Document> {
-    Result<Document> d =
-        Document::parse(piece, kMaxPlanJsonDepth - depth,
-                        kMaxCheckpointJsonValues - values);
+    Result<Document> d = Document::parse(piece, kMaxPlanJsonDepth - depth,
+                                         kMaxCheckpointJsonValues - values);
     if (!d) {
       if (d.error().message.ends_with("values (docs/limits.md)"))
         return errorAt(path, std::string("the document has more than ") +
