@@ -145,6 +145,18 @@ echo "== with room again, the same commands succeed"
   --load-checkpoint "$C" --save-checkpoint "$C" | grep saved || fail "the save with room"
 inspect=$("$meshplan" ckpt inspect "$C")
 [[ $inspect == *"training:   step 4,"* ]] || fail "C is not at step 4: $inspect"
+"$meshplan" ckpt reshard "$C" --spec "$src/test/runtime/specs/fsdp6-tp2.json" -o "$fsdir/R" \
+  >/dev/null || fail "ckpt reshard with room"
+"$meshplan" ckpt import "$work/params.safetensors" --spec "$spec" -o "$fsdir/I" >/dev/null ||
+  fail "ckpt import with room"
+"$meshplan" ckpt export "$C" -o "$fsdir/x.safetensors" >/dev/null || fail "ckpt export with room"
+"$meshplan" ckpt export "$C" --format hf-llama --model tiny -o "$fsdir/hf" >/dev/null ||
+  fail "ckpt export --format hf-llama with room"
+[[ -s $fsdir/hf/config.json && -s $fsdir/hf/model.safetensors ]] ||
+  fail "the hf-llama export lacks its files: $(ls -A "$fsdir/hf")"
+for d in R I; do
+  "$meshplan" ckpt verify "$fsdir/$d" >/dev/null || fail "$d does not verify"
+done
 
 if ((failed)); then
   exit 1
