@@ -195,7 +195,6 @@ struct LazyFree {
 /// message says what became of the checkpoint there.
 Error failedSave(const std::string &dir, const Error &error) {
   Result<void> removed = ckpt::abortCheckpoint(dir);
-  std::string staging = ckpt::stagingDirOf(dir);
   return Error{"checkpoint " + dir + " not saved: " + error.message +
                (removed ? " (its partial files were removed"
                         : " (" + removed.error().message) +
@@ -306,6 +305,7 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   if (rank == coordinator) {
     std::vector<ckpt::RankRecords> all;
     Result<void> committed;
+    bool publishing = false;
     // Every saver's word is awaited, even after one reported an error, so
     // that no rank is still writing into the staging directory when a
     // failed save removes it. Only a store error (a rank gone) stops the
@@ -334,12 +334,16 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
         committed = ckpt::writeStagedMetadata(dir, *meta);
       if (committed) {
         slowCheckpointForTests();
+        publishing = true;
         committed = ckpt::publishCheckpoint(dir);
       }
       if (committed)
         slowCheckpointForTests();
     }
-    if (!committed)
+    // A failed publish is left as it is: after an exchange the staging
+    // directory may hold the previous checkpoint (publishCheckpoint's
+    // message says where it is).
+    if (!committed && !publishing)
       committed = failedSave(dir, committed.error());
     MESHPLAN_TRY(store.storeSet(base + "done", statusBytes(committed)));
     return committed;
