@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 using namespace meshplan;
