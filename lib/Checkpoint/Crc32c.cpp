@@ -161,4 +161,14 @@ std::string fingerprintOf(std::string_view bytes) {
   return "fnv1a64:" + fnv1a64Hex(bytes);
 }
 
+bool isFingerprint(std::string_view text) {
+  constexpr std::string_view prefix = "fnv1a64:";
+  if (text.size() != prefix.size() + 16 || !text.starts_with(prefix))
+    return false;
+  for (char c : text.substr(prefix.size()))
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return false;
+  return true;
+}
+
 } // namespace meshplan::ckpt

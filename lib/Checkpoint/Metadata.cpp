@@ -12,12 +12,15 @@
 
 #include "meshplan/Checkpoint/Checkpoint.h"
 
+#include "meshplan/Support/Hash.h"
 #include "meshplan/Support/Json.h"
 #include "meshplan/Support/JsonReader.h"
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -49,6 +52,7 @@ const SectionRule kRootRule = {
     {
         {.name = "format", .type = T::String, .required = true},
         {.name = "version", .type = T::Integer, .required = true},
+        {.name = "metadata_checksum", .type = T::String},
         {.name = "model", .type = T::Object, .required = true},
         {.name = "spec", .type = T::Object, .required = true},
         {.name = "training", .type = T::Object, .required = true},
@@ -192,6 +196,37 @@ bool plainFileName(std::string_view name) {
   return true;
 }
 
+/// The format says integers are JSON integers; the shared reader (as
+/// JSON Schema) also takes 0.0 or 1e3 for one. A checkpoint is
+/// machine-written, so a fraction or exponent where an integer belongs is
+/// an edit or another writer's mistake: refused, naming the field. Runs on
+/// an object that passed checkObject with `section`.
+Result<void> checkIntegers(Value v, const Path &path,
+                           const SectionRule &section) {
+  auto check = [](Value x, const Path &at) -> Result<void> {
+    if (x.kind() != ValueKind::Float)
+      return {};
+    return errorAt(at, "expected an integer, got number " + dump(x) +
+                           " (integers are written without a fraction or "
+                           "exponent)");
+  };
+  for (Member m : v.members())
+    for (const KeyRule &rule : section.keys) {
+      if (!sameText(rule.name, m.key))
+        continue;
+      Path at = path.child(m.key);
+      if (rule.type == T::Integer)
+        MESHPLAN_TRY(check(m.value, at));
+      else if (rule.type == T::Array && rule.items == T::Integer) {
+        size_t i = 0;
+        for (Value e : m.value.elements())
+          MESHPLAN_TRY(check(e, at.child(i++)));
+      }
+      break;
+    }
+  return {};
+}
+
 Result<SourceRef> readSource(Value v, const Path &path) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kSourceRule));
@@ -205,6 +240,7 @@ Result<SourceRef> readSource(Value v, const Path &path) {
 Result<Chunk> readChunk(Value v, const Path &path) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kChunkRule));
+  MESHPLAN_TRY(checkIntegers(v, path, kChunkRule));
   Chunk c;
   MESHPLAN_TRY(
       readIntArrayInto(f.at("offset"), path.child("offset"), c.box.offset, 0));
@@ -228,9 +264,15 @@ Result<Chunk> readChunk(Value v, const Path &path) {
   return c;
 }
 
-Result<TensorEntry> readTensor(Value v, const Path &path) {
+/// Reads a tensor's chunks from pieces of the text parsed one by one
+/// (parseMetadata), instead of from its "chunks" value.
+using ChunkSource = std::function<Result<void>(TensorEntry &, const Path &)>;
+
+Result<TensorEntry> readTensor(Value v, const Path &path,
+                               const ChunkSource *chunkSource = nullptr) {
   Fields f;
   MP_ASSIGN(f, checkObject(v, path, kTensorRule));
+  MESHPLAN_TRY(checkIntegers(v, path, kTensorRule));
   TensorEntry t;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), t.name));
   t.kind = f.at("kind").string() == "parameter" ? TensorKind::Parameter
@@ -255,6 +297,10 @@ Result<TensorEntry> readTensor(Value v, const Path &path) {
     MESHPLAN_TRY(readStringInto(*layout, path.child("layout"), t.layout));
   Value chunks = f.at("chunks");
   Path chunksPath = path.child("chunks");
+  if (chunkSource) {
+    MESHPLAN_TRY((*chunkSource)(t, chunksPath));
+    return t;
+  }
   t.chunks.reserve(chunks.size());
   size_t i = 0;
   for (Value chunk : chunks.elements()) {
@@ -344,6 +390,16 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
                        std::to_string(meta.blockBytes));
   if (meta.training.step < 0 || meta.training.seed < 0)
     return errorAt("/training", "step and seed must be >= 0");
+  for (auto [ptr, source] : {std::pair{"/model/fingerprint", &meta.model},
+                             std::pair{"/spec/fingerprint", &meta.spec}}) {
+    // Version 1 writers left fingerprints they did not know empty.
+    if (isFingerprint(source->fingerprint) ||
+        (meta.version < 2 && source->fingerprint.empty()))
+      continue;
+    return errorAt(ptr, "expected \"fnv1a64:\" and 16 lowercase hex digits, "
+                        "got " +
+                            quote(source->fingerprint));
+  }
   std::unordered_map<std::string_view, size_t> files;
   for (size_t i = 0; i < meta.files.size(); ++i) {
     const DataFile &f = meta.files[i];
@@ -456,13 +512,17 @@ Result<void> validateMetadata(const CheckpointMetadata &meta) {
   return {};
 }
 
-Result<CheckpointMetadata> parseMetadata(std::string_view text) {
-  Result<Document> parsed =
-      Document::parse(text, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
-                      kMaxCheckpointJsonValuesText);
-  if (!parsed)
-    return parsed.error();
-  Value doc = parsed->root();
+namespace {
+
+/// Reads the tensors from pieces of the text parsed one by one, instead of
+/// from the document's "tensors" value (which is then `[]`).
+using TensorSource =
+    std::function<Result<void>(CheckpointMetadata &, const Path &)>;
+
+/// Reads a parsed document (with `tensorSource`, one whose tensors were
+/// elided and are read from it instead).
+Result<CheckpointMetadata> readDocument(Value doc,
+                                        const TensorSource *tensorSource) {
   const Path root;
   if (!doc.isObject())
     return typeError(root, doc, "a checkpoint metadata object");
@@ -481,20 +541,36 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   if (!version)
     return errorAt(root, "missing required key \"version\"");
   if (version->kind() != ValueKind::Unsigned ||
-      version->unsignedValue() != static_cast<uint64_t>(kCheckpointVersion))
+      version->unsignedValue() < uint64_t(kOldestCheckpointVersion) ||
+      version->unsignedValue() > uint64_t(kCheckpointVersion))
     return errorAt(root.child("version"),
                    "unsupported checkpoint version " + dump(*version) +
-                       "; this meshplan reads version " +
+                       "; this meshplan reads versions " +
+                       std::to_string(kOldestCheckpointVersion) + " to " +
                        std::to_string(kCheckpointVersion));
   Fields f;
   MP_ASSIGN(f, checkObject(doc, root, kRootRule));
   CheckpointMetadata meta;
+  meta.version = int(version->unsignedValue());
+  // Version 2 protects the metadata with a checksum (checked last, once
+  // everything parsed is known to be well-formed); version 1 had none.
+  std::optional<Value> recorded = f.get("metadata_checksum");
+  if (meta.version >= 2 && !recorded)
+    return errorAt(root.child("metadata_checksum"),
+                   "missing required key; expected a string "
+                   "\"fnv1a64:<16 hex digits>\" (version 2 metadata is "
+                   "checksummed)");
+  if (meta.version < 2 && recorded)
+    return errorAt(root.child("metadata_checksum"),
+                   "version 1 metadata has no checksum (a version 2 file "
+                   "with its version edited?)");
   MP_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
   MP_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
   {
     Path p = root.child("training");
     Fields tf;
     MP_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
+    MESHPLAN_TRY(checkIntegers(f.at("training"), p, kTrainingRule));
     MP_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
     MP_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
     MP_ASSIGN(
@@ -518,6 +594,7 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     Path p = root.child("checksum");
     Fields cf;
     MP_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
+    MESHPLAN_TRY(checkIntegers(f.at("checksum"), p, kChecksumRule));
     MP_ASSIGN(meta.blockBytes,
               readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
                       kMaxBlockBytes));
@@ -530,6 +607,7 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     Path p = filesPath.child(i++);
     Fields ff;
     MP_ASSIGN(ff, checkObject(file, p, kFileRule));
+    MESHPLAN_TRY(checkIntegers(file, p, kFileRule));
     DataFile d;
     MESHPLAN_TRY(readStringInto(ff.at("name"), p.child("name"), d.name));
     MP_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
@@ -537,7 +615,9 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   }
   Value tensors = f.at("tensors");
   Path tensorsPath = root.child("tensors");
-  meta.tensors.reserve(tensors.size());
+  if (tensorSource)
+    MESHPLAN_TRY((*tensorSource)(meta, tensorsPath));
+  meta.tensors.reserve(meta.tensors.size() + tensors.size());
   i = 0;
   for (Value tensor : tensors.elements()) {
     TensorEntry t;
@@ -545,82 +625,455 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
     meta.tensors.push_back(std::move(t));
   }
   MESHPLAN_TRY(validateMetadata(meta));
+  if (recorded) {
+    std::string_view want = recorded->string();
+    if (!isFingerprint(want))
+      return errorAt(root.child("metadata_checksum"),
+                     "expected \"fnv1a64:\" and 16 lowercase hex digits, got " +
+                         quote(want));
+    std::string got = metadataChecksumOf(meta);
+    if (got != want)
+      return errorAt(root.child("metadata_checksum"),
+                     "the metadata hashes to " + got + ", not " +
+                         std::string(want) +
+                         ": it was changed after it was written (a value, an "
+                         "order or a name edited); refusing to load state it "
+                         "no longer describes");
+  }
   return meta;
 }
 
-std::string writeMetadata(const CheckpointMetadata &meta) {
-  // One file, one tensor header and one chunk per line: diffable, and
-  // greppable by tensor name or file.
-  auto source = [](const SourceRef &s) {
-    Json j = Json::object();
-    j["name"] = s.name;
-    j["fingerprint"] = s.fingerprint;
-    return dumpJson(j);
+//===----------------------------------------------------------------------===//
+// Reading in pieces
+//===----------------------------------------------------------------------===//
+//
+// A tape of the whole document costs 16 bytes per value: 1 GiB at the limit
+// of 2^26 values, on top of the text and the structures read from it
+// (docs/limits.md). Instead, the text is cut, without being tokenized, at
+// the elements of "tensors" and of each tensor's "chunks"; the document with
+// those arrays' contents elided, each tensor header with its chunks elided,
+// and each chunk are then tokenized on their own (each a small tape, reused
+// from one piece to the next), with one value limit over all of them. The
+// cuts only skip strings and balance brackets: each piece is then fully
+// checked by the tokenizer, and the separators between pieces here. Where
+// the cutting or a piece's tokenizing fails (malformed JSON, a duplicate
+// key, a nesting or string limit), the whole document is parsed as one, so
+// that the error is the exact one (line and column, JSON pointer) it always
+// was.
+
+constexpr size_t kNpos = std::string_view::npos;
+
+size_t skipSpace(std::string_view t, size_t i) {
+  while (i < t.size() &&
+         (t[i] == ' ' || t[i] == '\n' || t[i] == '\r' || t[i] == '\t'))
+    ++i;
+  return i;
+}
+
+/// The end of the string starting at t[i] == '"'.
+size_t stringEnd(std::string_view t, size_t i) {
+  for (size_t k = i + 1; k < t.size(); ++k) {
+    if (t[k] == '\\')
+      ++k;
+    else if (t[k] == '"')
+      return k + 1;
+  }
+  return kNpos;
+}
+
+/// The end of the value starting at t[i]: a string, a container (brackets
+/// balanced, strings skipped) or a scalar (up to a separator).
+size_t valueEnd(std::string_view t, size_t i) {
+  if (i >= t.size())
+    return kNpos;
+  if (t[i] == '"')
+    return stringEnd(t, i);
+  if (t[i] == '[' || t[i] == '{') {
+    size_t depth = 0;
+    for (size_t k = i; k < t.size(); ++k) {
+      char c = t[k];
+      if (c == '"') {
+        k = stringEnd(t, k);
+        if (k == kNpos)
+          return kNpos;
+        --k;
+      } else if (c == '[' || c == '{') {
+        ++depth;
+      } else if (c == ']' || c == '}') {
+        if (--depth == 0)
+          return k + 1;
+      }
+    }
+    return kNpos;
+  }
+  size_t k = i;
+  while (k < t.size() && t[k] != ',' && t[k] != ']' && t[k] != '}' &&
+         t[k] != ' ' && t[k] != '\n' && t[k] != '\r' && t[k] != '\t')
+    ++k;
+  return k == i ? kNpos : k;
+}
+
+struct Span {
+  size_t begin, end;
+};
+
+/// The elements of the array at t[i] == '[', and where it ends; false when
+/// it is not well formed at this level.
+bool arrayElements(std::string_view t, size_t i, std::vector<Span> &out,
+                   size_t &end) {
+  size_t k = skipSpace(t, i + 1);
+  if (k < t.size() && t[k] == ']') {
+    end = k + 1;
+    return true;
+  }
+  while (true) {
+    size_t e = valueEnd(t, k);
+    if (e == kNpos)
+      return false;
+    out.push_back({k, e});
+    k = skipSpace(t, e);
+    if (k >= t.size())
+      return false;
+    if (t[k] == ']') {
+      end = k + 1;
+      return true;
+    }
+    if (t[k] != ',')
+      return false;
+    k = skipSpace(t, k + 1);
+  }
+}
+
+/// Where the value of member `key` (written without escapes) of the object
+/// at t[i] == '{' starts, if it is an array; kNpos otherwise.
+size_t arrayMember(std::string_view t, size_t i, std::string_view key) {
+  size_t k = skipSpace(t, i + 1);
+  while (k < t.size() && t[k] == '"') {
+    size_t keyEnd = stringEnd(t, k);
+    if (keyEnd == kNpos)
+      return kNpos;
+    std::string_view name = t.substr(k + 1, keyEnd - k - 2);
+    k = skipSpace(t, keyEnd);
+    if (k >= t.size() || t[k] != ':')
+      return kNpos;
+    k = skipSpace(t, k + 1);
+    if (name == key)
+      return k < t.size() && t[k] == '[' ? k : kNpos;
+    size_t e = valueEnd(t, k);
+    if (e == kNpos)
+      return kNpos;
+    k = skipSpace(t, e);
+    if (k >= t.size() || t[k] != ',')
+      return kNpos;
+    k = skipSpace(t, k + 1);
+  }
+  return kNpos;
+}
+
+/// `text` with the contents of the array member `key` of the object at
+/// `at` elided (`[]` left), and the array's elements; false when the text
+/// cannot be cut there.
+bool elideArray(std::string_view text, size_t at, std::string_view key,
+                std::string &rest, std::vector<Span> &elements) {
+  size_t open = arrayMember(text, at, key);
+  size_t end = 0;
+  if (open == kNpos || !arrayElements(text, open, elements, end))
+    return false;
+  rest.assign(text.substr(0, open + 1));
+  rest += ']';
+  rest.append(text.substr(end));
+  return true;
+}
+
+/// The whole document as one tape (malformed documents, and those the
+/// cutting does not apply to).
+Result<CheckpointMetadata> parseWhole(std::string_view text) {
+  Result<Document> parsed =
+      Document::parse(text, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
+                      kMaxCheckpointJsonValuesText);
+  if (!parsed)
+    return parsed.error();
+  return readDocument(parsed->root(), nullptr);
+}
+
+} // namespace
+
+Result<CheckpointMetadata> parseMetadata(std::string_view text) {
+  // The document: a root object (after a byte order mark, if any).
+  size_t at = skipSpace(text, text.starts_with("\xEF\xBB\xBF") ? 3 : 0);
+  std::string header;
+  std::vector<Span> tensorSpans;
+  if (at >= text.size() || text[at] != '{' ||
+      !elideArray(text, at, "tensors", header, tensorSpans))
+    return parseWhole(text);
+  Result<Document> parsed =
+      Document::parse(header, kMaxPlanJsonDepth, kMaxCheckpointJsonValues,
+                      kMaxCheckpointJsonValuesText);
+  if (!parsed)
+    return parseWhole(text); // its line and column in the whole text
+  int64_t values = parsed->valueCount(); // one limit over every piece
+  // A piece's tokenizing failed: the whole document names the error
+  // exactly, except for the value limit, which is named here (parsing the
+  // whole document would need the very tape this avoids).
+  bool fallback = false;
+  auto tokenize = [&](std::string_view piece, int depth,
+                      const Path &path) -> Result<Document> {
+    Result<Document> d = Document::parse(piece, kMaxPlanJsonDepth - depth,
+                                         kMaxCheckpointJsonValues - values);
+    if (!d) {
+      if (d.error().message.ends_with("values (docs/limits.md)"))
+        return errorAt(path, std::string("the document has more than ") +
+                                 kMaxCheckpointJsonValuesText +
+                                 " values (docs/limits.md)");
+      fallback = true;
+      return d.error();
+    }
+    values += d->valueCount();
+    return d;
   };
-  std::string out = "{\n";
-  out += " \"format\": " + Json(std::string(kCheckpointFormat)).dump() + ",\n";
-  out += " \"version\": " + std::to_string(kCheckpointVersion) + ",\n";
-  out += " \"model\": " + source(meta.model) + ",\n";
-  out += " \"spec\": " + source(meta.spec) + ",\n";
-  Json training = Json::object();
-  training["step"] = meta.training.step;
-  training["seed"] = meta.training.seed;
-  training["stochastic_rounding"] = meta.training.stochasticRounding;
-  out += " \"training\": " + dumpJson(training) + ",\n";
-  Json writtenBy = Json::object();
-  writtenBy["mesh"] = meta.mesh;
-  writtenBy["generator"] = meta.generator;
+  TensorSource tensors = [&](CheckpointMetadata &meta,
+                             const Path &tensorsPath) -> Result<void> {
+    meta.tensors.reserve(tensorSpans.size());
+    std::string tensorHeader;
+    std::vector<Span> chunkSpans;
+    for (size_t i = 0; i < tensorSpans.size(); ++i) {
+      Path path = tensorsPath.child(i);
+      std::string_view tensorText = text.substr(
+          tensorSpans[i].begin, tensorSpans[i].end - tensorSpans[i].begin);
+      chunkSpans.clear();
+      if (tensorText.empty() || tensorText[0] != '{' ||
+          !elideArray(tensorText, 0, "chunks", tensorHeader, chunkSpans)) {
+        // Not an object with a chunks array: read as it is, and named.
+        Result<Document> d = tokenize(tensorText, 2, path);
+        if (!d)
+          return d.error();
+        Result<TensorEntry> t = readTensor(d->root(), path);
+        if (!t)
+          return t.error();
+        meta.tensors.push_back(std::move(*t));
+        continue;
+      }
+      Result<Document> d = tokenize(tensorHeader, 2, path);
+      if (!d)
+        return d.error();
+      ChunkSource chunks = [&](TensorEntry &t,
+                               const Path &chunksPath) -> Result<void> {
+        t.chunks.reserve(chunkSpans.size());
+        for (size_t j = 0; j < chunkSpans.size(); ++j) {
+          Path chunkPath = chunksPath.child(j);
+          Result<Document> c = tokenize(
+              tensorText.substr(chunkSpans[j].begin,
+                                chunkSpans[j].end - chunkSpans[j].begin),
+              4, chunkPath);
+          if (!c)
+            return c.error();
+          Result<Chunk> chunk = readChunk(c->root(), chunkPath);
+          if (!chunk)
+            return chunk.error();
+          t.chunks.push_back(std::move(*chunk));
+        }
+        return {};
+      };
+      Result<TensorEntry> t = readTensor(d->root(), path, &chunks);
+      if (!t)
+        return t.error();
+      meta.tensors.push_back(std::move(*t));
+    }
+    return {};
+  };
+  Result<CheckpointMetadata> meta = readDocument(parsed->root(), &tensors);
+  if (!meta && fallback)
+    return parseWhole(text);
+  return meta;
+}
+
+namespace {
+
+/// Appends a JSON string exactly as nlohmann's dump (no ASCII escaping,
+/// invalid UTF-8 replaced) writes it, the canonical form's one string
+/// encoding; printable ASCII without quotes or backslashes, the usual case,
+/// without building a Json.
+void appendQuoted(std::string &out, std::string_view s) {
+  for (unsigned char c : s)
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+      out += dumpJson(Json(std::string(s)));
+      return;
+    }
+  out += '"';
+  out += s;
+  out += '"';
+}
+
+void appendInt(std::string &out, int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, end);
+}
+
+void appendInts(std::string &out, const std::vector<int64_t> &v) {
+  out += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i)
+      out += ',';
+    appendInt(out, v[i]);
+  }
+  out += ']';
+}
+
+/// The text of checkpoint.json, handed to `sink` in pieces of about 64 KiB
+/// (so that the checksum of a 256 MiB document needs no 256 MiB string).
+/// Without `checksum` it is the canonical text the checksum is taken of;
+/// with it, the file, which has one line more. One file, one tensor header
+/// and one chunk per line: diffable, and greppable by tensor name or file.
+template <class Sink>
+void emitMetadata(const CheckpointMetadata &meta, const std::string *checksum,
+                  Sink &&sink) {
+  std::string out;
+  out.reserve(size_t(1) << 17);
+  auto flush = [&](bool force) {
+    if (force || out.size() >= (size_t(1) << 16)) {
+      sink(std::string_view(out));
+      out.clear();
+    }
+  };
+  auto source = [&](const SourceRef &s) {
+    out += "{\"name\":";
+    appendQuoted(out, s.name);
+    out += ",\"fingerprint\":";
+    appendQuoted(out, s.fingerprint);
+    out += '}';
+  };
+  out += "{\n \"format\": ";
+  appendQuoted(out, kCheckpointFormat);
+  out += ",\n \"version\": " + std::to_string(kCheckpointVersion) + ",\n";
+  if (checksum) {
+    out += " \"metadata_checksum\": ";
+    appendQuoted(out, *checksum);
+    out += ",\n";
+  }
+  out += " \"model\": ";
+  source(meta.model);
+  out += ",\n \"spec\": ";
+  source(meta.spec);
+  out += ",\n \"training\": {\"step\":";
+  appendInt(out, meta.training.step);
+  out += ",\"seed\":";
+  appendInt(out, meta.training.seed);
+  out += ",\"stochastic_rounding\":";
+  out += meta.training.stochasticRounding ? "true" : "false";
+  out += "},\n \"written_by\": {\"mesh\":";
+  appendQuoted(out, meta.mesh);
+  out += ",\"generator\":";
+  appendQuoted(out, meta.generator);
   // Provenance of an imported or converted checkpoint; absent otherwise, so
   // that a checkpoint without it reads as before.
-  if (!meta.from.empty())
-    writtenBy["from"] = meta.from;
-  if (!meta.conversion.empty())
-    writtenBy["conversion"] = meta.conversion;
-  out += " \"written_by\": " + dumpJson(writtenBy) + ",\n";
-  Json checksum = Json::object();
-  checksum["algorithm"] = "crc32c";
-  checksum["block_bytes"] = meta.blockBytes;
-  out += " \"checksum\": " + dumpJson(checksum) + ",\n";
-  out += " \"files\": [";
+  if (!meta.from.empty()) {
+    out += ",\"from\":";
+    appendQuoted(out, meta.from);
+  }
+  if (!meta.conversion.empty()) {
+    out += ",\"conversion\":";
+    appendQuoted(out, meta.conversion);
+  }
+  out += "},\n \"checksum\": {\"algorithm\":\"crc32c\",\"block_bytes\":";
+  appendInt(out, meta.blockBytes);
+  out += "},\n \"files\": [";
   for (size_t i = 0; i < meta.files.size(); ++i) {
-    Json f = Json::object();
-    f["name"] = meta.files[i].name;
-    f["bytes"] = meta.files[i].bytes;
-    out += (i ? ",\n  " : "\n  ") + dumpJson(f);
+    out += i ? ",\n  {\"name\":" : "\n  {\"name\":";
+    appendQuoted(out, meta.files[i].name);
+    out += ",\"bytes\":";
+    appendInt(out, meta.files[i].bytes);
+    out += '}';
   }
   out += meta.files.empty() ? "],\n" : "\n ],\n";
   out += " \"tensors\": [";
   for (size_t i = 0; i < meta.tensors.size(); ++i) {
     const TensorEntry &t = meta.tensors[i];
-    Json h = Json::object();
-    h["name"] = t.name;
-    h["kind"] = std::string(tensorKindName(t.kind));
-    if (t.tensorId)
-      h["tensor_id"] = *t.tensorId;
-    h["dtype"] = std::string(plan::dtypeName(t.dtype));
-    h["shape"] = t.shape;
-    h["layout"] = t.layout;
-    std::string head = dumpJson(h);
-    head.pop_back(); // reopen the object to append the chunks
-    out += (i ? ",\n  " : "\n  ") + head + ",\"chunks\":[";
+    out += i ? ",\n  {\"name\":" : "\n  {\"name\":";
+    appendQuoted(out, t.name);
+    out += ",\"kind\":";
+    appendQuoted(out, tensorKindName(t.kind));
+    if (t.tensorId) {
+      out += ",\"tensor_id\":";
+      appendInt(out, *t.tensorId);
+    }
+    out += ",\"dtype\":";
+    appendQuoted(out, plan::dtypeName(t.dtype));
+    out += ",\"shape\":";
+    appendInts(out, t.shape);
+    out += ",\"layout\":";
+    appendQuoted(out, t.layout);
+    out += ",\"chunks\":[";
     for (size_t c = 0; c < t.chunks.size(); ++c) {
       const Chunk &ch = t.chunks[c];
-      Json j = Json::object();
-      j["offset"] = ch.box.offset;
-      j["shape"] = ch.box.shape;
-      j["file"] = ch.file;
-      j["byte_offset"] = ch.byteOffset;
-      j["length"] = ch.length;
-      Json crcs = Json::array();
-      for (uint32_t v : ch.crc32c)
-        crcs.push_back(hex8(v));
-      j["crc32c"] = std::move(crcs);
-      out += (c ? ",\n   " : "\n   ") + dumpJson(j);
+      out += c ? ",\n   {\"offset\":" : "\n   {\"offset\":";
+      appendInts(out, ch.box.offset);
+      out += ",\"shape\":";
+      appendInts(out, ch.box.shape);
+      out += ",\"file\":";
+      appendQuoted(out, ch.file);
+      out += ",\"byte_offset\":";
+      appendInt(out, ch.byteOffset);
+      out += ",\"length\":";
+      appendInt(out, ch.length);
+      out += ",\"crc32c\":[";
+      for (size_t k = 0; k < ch.crc32c.size(); ++k) {
+        out += k ? ",\"" : "\"";
+        out += hex8(ch.crc32c[k]);
+        out += '"';
+      }
+      out += "]}";
+      flush(false);
     }
     out += t.chunks.empty() ? "]}" : "\n  ]}";
   }
   out += meta.tensors.empty() ? "]\n}\n" : "\n ]\n}\n";
+  flush(true);
+}
+
+std::string shapeText(const std::vector<int64_t> &shape) {
+  std::string out;
+  appendInts(out, shape);
   return out;
+}
+
+} // namespace
+
+std::string metadataChecksumOf(const CheckpointMetadata &meta) {
+  uint64_t h = kFnv1a64Basis;
+  emitMetadata(meta, nullptr,
+               [&](std::string_view piece) { h = fnv1a64(piece, h); });
+  return "fnv1a64:" + hex64(h);
+}
+
+std::string writeMetadata(const CheckpointMetadata &meta) {
+  std::string checksum = metadataChecksumOf(meta);
+  std::string out;
+  emitMetadata(meta, &checksum,
+               [&](std::string_view piece) { out.append(piece); });
+  return out;
+}
+
+std::string parameterListFingerprint(const CheckpointMetadata &meta) {
+  std::vector<const TensorEntry *> params;
+  for (const TensorEntry &t : meta.tensors)
+    if (t.kind == TensorKind::Parameter)
+      params.push_back(&t);
+  std::sort(params.begin(), params.end(), [](auto *a, auto *b) {
+    return std::tie(a->tensorId, a->name) < std::tie(b->tensorId, b->name);
+  });
+  std::string text;
+  for (const TensorEntry *t : params)
+    text += (t->tensorId ? std::to_string(*t->tensorId) : std::string("-")) +
+            " " + t->name + " " + shapeText(t->shape) + "\n";
+  return fingerprintOf(text);
+}
+
+std::string layoutFingerprint(const CheckpointMetadata &meta) {
+  std::string text = meta.mesh + "\n";
+  for (const TensorEntry &t : meta.tensors)
+    text += t.name + " " + t.layout + "\n";
+  return fingerprintOf(text);
 }
 
 } // namespace meshplan::ckpt

@@ -265,6 +265,13 @@ assembleMetadata(const CheckpointInfo &info,
               [](const Chunk &a, const Chunk &b) {
                 return a.box.offset < b.box.offset;
               });
+  // Every checkpoint names what it came from: a writer that knows no
+  // document (a session opened from plans, a trainer's preset model) gets
+  // the fingerprints of what it saved (docs/checkpoint-format.md).
+  if (meta.model.fingerprint.empty())
+    meta.model.fingerprint = parameterListFingerprint(meta);
+  if (meta.spec.fingerprint.empty())
+    meta.spec.fingerprint = layoutFingerprint(meta);
   if (Result<void> ok = validateMetadata(meta); !ok)
     return ok.error().within("the saved chunks do not form a checkpoint");
   return meta;
@@ -289,20 +296,31 @@ Result<void> writeStagedMetadata(const std::string &dir,
                        " bytes, but its writer reported " +
                        std::to_string(f.bytes));
   }
-  std::string text = writeMetadata(meta);
-  std::string path = io::joinPath(staging, kMetadataFileName);
+  MESHPLAN_TRY(writeFileDurably(io::joinPath(staging, kMetadataFileName),
+                                writeMetadata(meta)));
+  return io::fsyncPath(staging, /*directory=*/true);
+}
+
+Result<void> writeFileDurably(const std::string &path, std::string_view bytes) {
   io::Fd fd(
       ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.ok())
     return makeError(path + ": cannot create: " + io::errnoText(errno));
   MESHPLAN_TRY(io::writeAll(fd.get(),
-                            reinterpret_cast<const std::byte *>(text.data()),
-                            text.size(), path));
+                            reinterpret_cast<const std::byte *>(bytes.data()),
+                            bytes.size(), path));
   if (::fsync(fd.get()) != 0)
     return makeError(path + ": fsync failed: " + io::errnoText(errno));
   if (fd.release() != 0)
     return makeError(path + ": close failed: " + io::errnoText(errno));
-  return io::fsyncPath(staging, /*directory=*/true);
+  return {};
+}
+
+Result<void> abortCheckpoint(const std::string &dir) {
+  std::string staging = stagingDirOf(dir);
+  if (staging.empty())
+    return {};
+  return removeTree(staging);
 }
 
 Result<void> publishCheckpoint(const std::string &dir) {

@@ -107,6 +107,8 @@ public:
         maxValuesText(maxValuesText) {}
 
   Result<void> run();
+  /// Values tokenized (the unit of `maxValues`).
+  int64_t valuesRead() const { return values; }
 
 private:
   using Node = Document::Node;
@@ -688,6 +690,7 @@ Result<Document> Document::parse(std::string_view text, int maxDepth,
   doc.text = text;
   Tokenizer tokenizer(doc, maxDepth, maxValues, maxValuesText);
   MESHPLAN_TRY(tokenizer.run());
+  doc.valueCount_ = tokenizer.valuesRead();
   return doc;
 }
 

@@ -74,6 +74,9 @@ Result<ckpt::RankRecords> recordsFromBytes(const std::vector<char> &bytes,
                                            int64_t rank) {
   std::string text(bytes.begin(), bytes.end());
   std::string who = "rank " + std::to_string(rank) + ": ";
+  // A rank's error already names the rank.
+  if (text.starts_with("error: "))
+    return makeError(text.substr(7));
   if (!text.starts_with("ok"))
     return makeError(who + text);
   json j = json::parse(text.begin() + 2, text.end(), nullptr, false);
@@ -187,6 +190,17 @@ struct LazyFree {
   }
 };
 
+/// A save that failed (a full disk, a rank's error): its staging directory
+/// is removed, so that nothing half-written stays next to `dir`, and the
+/// message says what became of the checkpoint there.
+Error failedSave(const std::string &dir, const Error &error) {
+  Result<void> removed = ckpt::abortCheckpoint(dir);
+  return Error{"checkpoint " + dir + " not saved: " + error.message +
+               (removed ? " (its partial files were removed"
+                        : " (" + removed.error().message) +
+               "; a checkpoint already at " + dir + " is unchanged)"};
+}
+
 Result<void> statusFrom(const std::vector<char> &bytes) {
   std::string text(bytes.begin(), bytes.end());
   if (text == "ok")
@@ -237,6 +251,8 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
   // 1. The coordinator makes a fresh staging directory; the others wait.
   if (rank == coordinator) {
     Result<void> begun = ckpt::beginCheckpoint(dir);
+    if (!begun)
+      begun = failedSave(dir, begun.error());
     slowCheckpointForTests();
     MESHPLAN_TRY(store.storeSet(base + "begin", statusBytes(begun)));
     MESHPLAN_TRY(begun);
@@ -281,26 +297,33 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
                               records ? recordsToBytes(*records)
                                       : statusBytes(records.error().within(
                                             "rank " + std::to_string(rank)))));
-  if (!records)
-    return records.error();
+  // A rank whose write failed does not return yet: the coordinator (which
+  // may be this rank) still gathers every report and removes the staging
+  // directory, and every rank returns its verdict.
   // 3. The coordinator gathers every saver's records (the metadata lists
   // them all) and commits; everyone returns what the commit did.
   if (rank == coordinator) {
     std::vector<ckpt::RankRecords> all;
     Result<void> committed;
+    bool publishing = false;
+    // Every saver's word is awaited, even after one reported an error, so
+    // that no rank is still writing into the staging directory when a
+    // failed save removes it. Only a store error (a rank gone) stops the
+    // wait early.
     for (int64_t r : savers) {
-      if (!committed)
-        break;
       auto bytes = store.storeGet(base + "rank" + std::to_string(r));
       if (!bytes) {
-        committed = bytes.error();
+        if (committed)
+          committed = bytes.error();
         break;
       }
       auto rec = recordsFromBytes(*bytes, r);
-      if (!rec)
-        committed = rec.error();
-      else
+      if (!rec) {
+        if (committed)
+          committed = rec.error();
+      } else {
         all.push_back(std::move(*rec));
+      }
     }
     if (committed) {
       // ckpt::commitCheckpoint, in its steps (the test hook goes between).
@@ -311,11 +334,17 @@ Result<void> Session::saveCheckpoint(const std::string &dir,
         committed = ckpt::writeStagedMetadata(dir, *meta);
       if (committed) {
         slowCheckpointForTests();
+        publishing = true;
         committed = ckpt::publishCheckpoint(dir);
       }
       if (committed)
         slowCheckpointForTests();
     }
+    // A failed publish is left as it is: after an exchange the staging
+    // directory may hold the previous checkpoint (publishCheckpoint's
+    // message says where it is).
+    if (!committed && !publishing)
+      committed = failedSave(dir, committed.error());
     MESHPLAN_TRY(store.storeSet(base + "done", statusBytes(committed)));
     return committed;
   }

@@ -11,7 +11,9 @@
 #     makes both layouts' gradients equal, so only the checkpoint and the
 #     optimizer can differ);
 #  3. a flipped byte in a data file: the load fails, naming the tensor, the
-#     file and the byte offset.
+#     file and the byte offset; an edited step in checkpoint.json: the load
+#     fails on the metadata checksum.
+#  Every checkpoint written records the model's and the spec's fingerprints.
 #
 #   checkpoint.sh BIN_DIR SOURCE_DIR
 set -euo pipefail
@@ -26,6 +28,17 @@ echo "== 1. same layout (HSDP 2 x FSDP 3, bf16 stochastic rounding)"
 spec=$src/test/runtime/specs/hsdp2x3-sr.json
 run -n 6 -- "$train" --spec "$spec" "${common[@]}" --steps 10 --save-params "$work/a" | tail -n 1
 run -n 6 -- "$train" --spec "$spec" "${common[@]}" --steps 5 --save-checkpoint "$work/c1" | grep saved
+# What it came from is recorded: the model's and the spec's fingerprints
+# (the trainer once wrote an empty model fingerprint), and the metadata is
+# checksummed (format version 2).
+for key in model spec metadata_checksum; do
+  grep -Eq "\"$key\": (\{\"name\":\"[^\"]*\",\"fingerprint\":)?\"fnv1a64:[0-9a-f]{16}\"" \
+    "$work/c1/checkpoint.json" || {
+    echo "FAIL: no $key fingerprint in $work/c1/checkpoint.json:" >&2
+    head -n 5 "$work/c1/checkpoint.json" >&2
+    exit 1
+  }
+done
 run -n 6 -- "$train" --spec "$spec" "${common[@]}" --steps 10 --load-checkpoint "$work/c1" \
   --save-params "$work/b" | grep loaded
 "$train" --compare "$work/a" "$work/b" --rtol 0
@@ -61,4 +74,19 @@ if [[ $code == 0 ]] || ! grep -q "checksum" "$work/err"; then
   exit 1
 fi
 grep -m 1 "checksum" "$work/err"
+
+echo "== an edited step"
+sed -i 's/"step":5,/"step":1,/' "$work/c1/checkpoint.json"
+grep -q '"step":1,' "$work/c1/checkpoint.json" || { echo "FAIL: the edit" >&2; exit 1; }
+set +e
+run -n 6 -- "$train" --spec "$spec" "${common[@]}" --steps 10 --load-checkpoint "$work/c1" \
+  >"$work/out" 2>"$work/err"
+code=$?
+set -e
+if [[ $code == 0 ]] || ! grep -q "checkpoint.json: /metadata_checksum: the metadata hashes to" "$work/err"; then
+  echo "FAIL: metadata with an edited step loaded (exit $code):" >&2
+  cat "$work/err" >&2
+  exit 1
+fi
+grep -m 1 "metadata_checksum" "$work/err"
 echo "refused, as it should be"

@@ -150,14 +150,18 @@ ckpt::CheckpointMetadata writeCheckpoint(
       save.push_back({&boxes[i], data[i]});
     }
     auto written = ckpt::writeRankData(out, int64_t(r), save);
+    // The message names what was asked for, then the file that failed (in
+    // the staging directory, removed on the way out) and why: a full disk
+    // is "No space left on device".
     if (!written)
-      throw CliError("-o: " + written.error().message);
+      throw CliError("-o: cannot write " + out + ": " +
+                     written.error().message);
     records.push_back(std::move(*written));
     bar(int64_t(r) + 1, int64_t(spec.ranks.size()));
   }
   auto meta = ckpt::commitCheckpoint(out, info, records);
   if (!meta)
-    throw CliError("-o: " + meta.error().message);
+    throw CliError("-o: cannot write " + out + ": " + meta.error().message);
   cleanup.done = true;
   return std::move(*meta);
 }
@@ -261,8 +265,8 @@ meshplan::cli::runCkptInspectCommand(const CkptInspectOptions &options) {
     return (r.name.empty() ? std::string("-") : r.name) +
            (r.fingerprint.empty() ? "" : " (" + r.fingerprint + ")");
   };
-  out << "checkpoint " << options.dir << " (format version "
-      << ckpt::kCheckpointVersion << ")\n";
+  out << "checkpoint " << options.dir << " (format version " << meta.version
+      << ")\n";
   out << "  model:      " << ref(meta.model) << "\n";
   out << "  spec:       " << ref(meta.spec) << "\n";
   out << "  written by: "
@@ -531,6 +535,7 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
       {"meshplan.spec", meta.spec.name},
       {"meshplan.step", std::to_string(meta.training.step)}};
   int64_t filled = 0;
+  bool readFailed = false;
   auto written = ckpt::writeSafetensors(
       target, entries, metadata,
       [&](size_t i, std::span<std::byte> out) -> Result<void> {
@@ -538,10 +543,17 @@ meshplan::cli::runCkptExportCommand(const CkptExportOptions &options) {
         bar(filled++, int64_t(params.size()));
         const ckpt::TensorEntry &t = *params[i];
         ckpt::Box whole{std::vector<int64_t>(t.shape.size(), 0), t.shape};
-        return ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
+        auto loaded =
+            ckpt::loadBoxInto(meta, t.name, t.shape, whole, t.dtype, out);
+        readFailed = !loaded;
+        return loaded;
       });
+  // A checksum failure names the checkpoint's file; a failed write (a full
+  // disk) names the output first.
   if (!written)
-    throw CliError(written.error().message);
+    throw CliError(readFailed ? written.error().message
+                              : "-o: cannot write " + options.out + ": " +
+                                    written.error().message);
   bar(int64_t(params.size()), int64_t(params.size()));
   CommandOutput result;
   std::string line = "exported " + std::to_string(params.size()) +

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 using namespace meshplan;
@@ -564,12 +563,13 @@ int64_t parseByteSize(const std::string &text, const std::string &flag) {
 
 namespace {
 
-void writeTextFile(const std::string &path, const std::string &text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out)
-    throw CliError("-o: cannot write " + path);
+/// Written, fsynced and closed with every return value checked (an
+/// ofstream reports neither a failed fsync nor the ENOSPC that close can
+/// return on some file systems).
+void writeTextFile(const std::string &outDir, const std::string &path,
+                   const std::string &text) {
+  if (auto ok = ckpt::writeFileDurably(path, text); !ok)
+    throw CliError("-o: cannot write " + outDir + ": " + ok.error().message);
 }
 
 std::string shardName(size_t k, size_t n) {
@@ -684,7 +684,8 @@ HfExport exportHfLlama(const ckpt::CheckpointMetadata &meta,
           return {};
         });
     if (!written)
-      throw CliError("-o: " + written.error().message);
+      throw CliError("-o: cannot write " + outDir + ": " +
+                     written.error().message);
   }
   result.tensors = int64_t(names.size());
   result.files = int64_t(shards.size());
@@ -695,7 +696,7 @@ HfExport exportHfLlama(const ckpt::CheckpointMetadata &meta,
     for (const auto &[tensor, file] : weightMap)
       map[tensor] = file;
     index["weight_map"] = std::move(map);
-    writeTextFile(joinPath(staging, kIndexFile), index.dump(2) + "\n");
+    writeTextFile(outDir, joinPath(staging, kIndexFile), index.dump(2) + "\n");
   }
 
   const ckpt::TensorEntry &emb = *entries["tok_embeddings.weight"];
@@ -722,7 +723,7 @@ HfExport exportHfLlama(const ckpt::CheckpointMetadata &meta,
   config["torch_dtype"] = std::string(plan::dtypeName(emb.dtype));
   config["initializer_range"] = 0.02;
   config["use_cache"] = true;
-  writeTextFile(joinPath(staging, kConfigFile), config.dump(2) + "\n");
+  writeTextFile(outDir, joinPath(staging, kConfigFile), config.dump(2) + "\n");
 
   if (::rename(staging.c_str(), outDir.c_str()) != 0)
     throw CliError("-o: cannot rename " + staging + " to " + outDir + ": " +

@@ -641,8 +641,9 @@ TEST_F(Corruption, TruncatedMetadata) {
 
 TEST_F(Corruption, EditedMetadataFields) {
   OJson orig = doc;
-  doc["version"] = 2;
-  expectHas(metaError(), "/version: unsupported checkpoint version 2");
+  doc["version"] = 3;
+  expectHas(metaError(), "/version: unsupported checkpoint version 3; this "
+                         "meshplan reads versions 1 to 2");
   doc = orig;
   doc["format"] = "meshplan.plan";
   expectHas(metaError(), "/format: expected \"meshplan.checkpoint\"");
@@ -690,6 +691,206 @@ TEST_F(Corruption, EditedMetadataFields) {
   doc = orig;
   doc["checksum"]["algorithm"] = "xxh3";
   expectHas(metaError(), "/checksum/algorithm");
+}
+
+// Edits that keep the metadata well-formed (every chunk inside its tensor
+// and file, the tiling intact) but make it describe other state: only the
+// metadata checksum catches them. Each is first shown to load wrong values
+// through a version 1 reader (no checksum), so the test cannot pass by
+// tripping over a structural check instead.
+TEST_F(Corruption, MetadataChecksumCatchesConsistentEdits) {
+  OJson orig = doc;
+  auto asVersion1 = [&] {
+    doc["version"] = 1;
+    doc.erase("metadata_checksum");
+  };
+  auto readsAsVersion1 = [&](const std::string &tensor, const Box &box,
+                             bool sameBytes) {
+    OJson edited = doc;
+    asVersion1();
+    writeText(metaPath, doc.dump());
+    doc = edited;
+    Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    const TensorEntry *t = m->findTensor(tensor);
+    ASSERT_NE(t, nullptr);
+    Result<std::vector<std::byte>> got =
+        loadBox(*m, tensor, t->shape, box, t->dtype);
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    EXPECT_EQ(*got == extract(whole.at(tensor), box), sameBytes) << tensor;
+  };
+  const std::string refused = "/metadata_checksum: the metadata hashes to ";
+
+  // The step counter edited (7 -> 1): AdamW's bias correction and the
+  // schedule would restart.
+  doc["training"]["step"] = 1;
+  {
+    OJson edited = doc;
+    asVersion1();
+    writeText(metaPath, doc.dump());
+    Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_EQ(m->training.step, 1);
+    doc = edited;
+  }
+  expectHas(metaError(), refused);
+
+  // Two chunks of one tensor exchange their box offsets: the tiling is
+  // intact and every data checksum still matches, but each box would load
+  // the other's values.
+  doc = orig;
+  ASSERT_EQ(meta.tensors[0].chunks[0].box.shape,
+            meta.tensors[0].chunks[1].box.shape);
+  std::swap(doc["tensors"][0]["chunks"][0]["offset"],
+            doc["tensors"][0]["chunks"][1]["offset"]);
+  readsAsVersion1(meta.tensors[0].name, meta.tensors[0].chunks[0].box, false);
+  expectHas(metaError(), refused);
+  // Their byte offsets exchanged instead (two chunks of one file with the
+  // same length): a load would fail on the data checksums, naming a data
+  // file; the metadata checksum names the edit up front.
+  doc = orig;
+  const OJson &first = doc["tensors"][0]["chunks"][0];
+  std::optional<std::pair<size_t, size_t>> other;
+  for (size_t t = 1; t < doc["tensors"].size() && !other; ++t)
+    for (size_t c = 0; c < doc["tensors"][t]["chunks"].size() && !other; ++c) {
+      const OJson &ch = doc["tensors"][t]["chunks"][c];
+      if (ch["file"] == first["file"] && ch["length"] == first["length"])
+        other = {t, c};
+    }
+  ASSERT_TRUE(other.has_value());
+  std::swap(
+      doc["tensors"][0]["chunks"][0]["byte_offset"],
+      doc["tensors"][other->first]["chunks"][other->second]["byte_offset"]);
+  expectHas(metaError(), refused);
+
+  // AdamW's two moments exchanged: their chunk lists swapped.
+  doc = orig;
+  std::string param = meta.tensors[0].name;
+  std::optional<size_t> avg, avgSq;
+  for (size_t t = 0; t < doc["tensors"].size(); ++t) {
+    if (doc["tensors"][t]["name"] == param + ".exp_avg")
+      avg = t;
+    if (doc["tensors"][t]["name"] == param + ".exp_avg_sq")
+      avgSq = t;
+  }
+  ASSERT_TRUE(avg && avgSq);
+  std::swap(doc["tensors"][*avg]["chunks"], doc["tensors"][*avgSq]["chunks"]);
+  readsAsVersion1(param + ".exp_avg", meta.tensors[*avg].chunks[0].box, false);
+  expectHas(metaError(), refused);
+
+  // The unedited file reads as version 1 too (the lambda's premise), and
+  // reformatting (indentation, key order) keeps the checksum valid: it is
+  // taken over a canonical text, not the file's bytes.
+  doc = orig;
+  readsAsVersion1(param + ".exp_avg", meta.tensors[*avg].chunks[0].box, true);
+  OJson reordered;
+  for (auto it = orig.rbegin(); it != orig.rend(); ++it)
+    reordered[it.key()] = it.value();
+  writeText(metaPath, reordered.dump(2));
+  Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(metadataChecksumOf(*m), orig["metadata_checksum"]);
+
+  // The checksum itself: missing, malformed, or on a version 1 document.
+  doc = orig;
+  doc.erase("metadata_checksum");
+  expectHas(metaError(), "/metadata_checksum: missing required key");
+  doc = orig;
+  doc["metadata_checksum"] = "crc32c:00000000";
+  expectHas(metaError(), "/metadata_checksum: expected \"fnv1a64:\"");
+  doc = orig;
+  doc["version"] = 1;
+  expectHas(metaError(), "/metadata_checksum: version 1 metadata has no");
+}
+
+TEST_F(Corruption, IntegersAndFingerprintsAreStrict) {
+  OJson orig = doc;
+  doc["tensors"][0]["chunks"][0]["byte_offset"] = 0.0;
+  expectHas(metaError(), "/tensors/0/chunks/0/byte_offset: expected an "
+                         "integer, got number 0.0");
+  doc = orig;
+  doc["tensors"][0]["chunks"][0]["shape"][1] = 6.0;
+  expectHas(metaError(), "/tensors/0/chunks/0/shape/1: expected an integer");
+  doc = orig;
+  doc["training"]["step"] = 7e0;
+  expectHas(metaError(), "/training/step: expected an integer");
+  doc = orig;
+  doc["files"][0]["bytes"] = double(meta.files[0].bytes);
+  expectHas(metaError(), "/files/0/bytes: expected an integer");
+  doc = orig;
+  doc["checksum"]["block_bytes"] = 16.0;
+  expectHas(metaError(), "/checksum/block_bytes: expected an integer");
+  doc = orig;
+  doc["model"]["fingerprint"] = "xyz";
+  std::string msg = metaError();
+  expectHas(msg, dir + "/checkpoint.json: /model/fingerprint: expected "
+                       "\"fnv1a64:\" and 16 lowercase hex digits, got \"xyz\"");
+  doc = orig;
+  doc["spec"]["fingerprint"] = "fnv1a64:2CD6B4F1BD6A2C61";
+  expectHas(metaError(), "/spec/fingerprint: expected");
+  doc = orig;
+  doc["spec"]["fingerprint"] = "";
+  expectHas(metaError(), "/spec/fingerprint: expected");
+  // Version 1 writers left unknown fingerprints empty: still read.
+  doc = orig;
+  doc["version"] = 1;
+  doc.erase("metadata_checksum");
+  doc["model"]["fingerprint"] = "";
+  writeText(metaPath, doc.dump());
+  Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_EQ(m->version, 1);
+  doc["model"]["fingerprint"] = "xyz";
+  expectHas(metaError(), "/model/fingerprint: expected");
+}
+
+// parseMetadata tokenizes the document piece by piece (the tensors and
+// their chunks elided, then each tensor header and each chunk on its own);
+// a document it cannot cut, or a piece that is malformed, is parsed whole,
+// so that what it accepts and how it names errors do not change.
+TEST_F(Corruption, PiecewiseReadingAcceptsAndNamesAsWhole) {
+  // Names holding brackets, braces, quotes and escapes, and a key written
+  // with an escape (which the cutting does not recognize as "chunks": that
+  // tensor is read whole): the same metadata either way.
+  CheckpointMetadata m = meta;
+  m.tensors[0].name = "odd]}[{\"\\name";
+  m.tensors[1].layout = "[{dp}, {\"x\"}] ]";
+  std::string text = writeMetadata(m);
+  Result<CheckpointMetadata> back = parseMetadata(text);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  m.directory.clear();
+  EXPECT_EQ(*back, m);
+  size_t at = text.find("\"chunks\":[", text.find("\"tensors\""));
+  ASSERT_NE(at, std::string::npos);
+  std::string escaped = text;
+  escaped.replace(at, 9, "\"chunk\\u0073\":");
+  back = parseMetadata("\xEF\xBB\xBF" + escaped);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(*back, m);
+
+  // A syntax error inside a chunk: the line and column of the whole text.
+  std::string bad = text;
+  size_t chunkLine = 1;
+  size_t length = bad.find("\"length\":", bad.find("\"tensors\""));
+  for (size_t k = 0; k < length; ++k)
+    chunkLine += bad[k] == '\n';
+  ASSERT_GT(chunkLine, 2u);
+  bad.erase(length + 8, 1); // "length" 48 : the colon gone
+  Result<CheckpointMetadata> err = parseMetadata(bad);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message,
+            "line " + std::to_string(chunkLine) + ", column ");
+  // A duplicate key inside a chunk, and a typed error: their pointers.
+  std::string dup = text;
+  dup.insert(length, "\"length\":1,");
+  err = parseMetadata(dup);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message, "/tensors/0/chunks/0/length: duplicate key");
+  std::string typed = text;
+  typed.replace(length, 9, "\"length\":\"48\",\"x\":");
+  err = parseMetadata(typed);
+  ASSERT_FALSE(err.ok());
+  expectHas(err.error().message, "/tensors/0/chunks/0/x: unknown key");
 }
 
 TEST_F(Corruption, ChunkOverlapAndGap) {
@@ -788,6 +989,50 @@ TEST(CommitChecks, MissingRankOrMismatchedRecordsAreNotCommitted) {
       << m.error().message;
   EXPECT_FALSE(fs::exists(dir));
   ASSERT_TRUE(commitCheckpoint(dir, infoFor(c), records).ok());
+}
+
+TEST(CommitChecks, FingerprintsAreFilledWhenTheWriterKnowsNoDocument) {
+  TempDir tmp;
+  LayoutCase c = layoutCases()[3];
+  std::map<std::string, Whole> whole = wholeTensors(c);
+  std::string dir = tmp / "ckpt";
+  ASSERT_TRUE(save(dir, c, whole, 16).ok());
+  Result<CheckpointMetadata> known = readCheckpointMetadata(dir);
+  ASSERT_TRUE(known.ok());
+  EXPECT_EQ(known->model.fingerprint, fingerprintOf("model json"));
+
+  // As a session opened from plans (C API, Python) or the trainer saves:
+  // names only.
+  std::vector<RankRecords> records;
+  ASSERT_TRUE(beginCheckpoint(dir).ok());
+  for (const plan::Plan &p : makePlans(c)) {
+    auto boxes = *persistentBoxesOf(p);
+    std::vector<std::vector<std::byte>> data;
+    std::vector<SaveBox> sb;
+    for (const PersistentBox &b : boxes)
+      data.push_back(extract(whole.at(b.tensor), b.box));
+    for (size_t i = 0; i < boxes.size(); ++i)
+      sb.push_back({&boxes[i], data[i]});
+    records.push_back(*writeRankData(dir, p.rank, sb));
+  }
+  CheckpointInfo info = infoFor(c);
+  info.model.fingerprint.clear();
+  info.spec.fingerprint.clear();
+  ASSERT_TRUE(commitCheckpoint(dir, info, records).ok());
+  Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_TRUE(isFingerprint(m->model.fingerprint)) << m->model.fingerprint;
+  EXPECT_TRUE(isFingerprint(m->spec.fingerprint)) << m->spec.fingerprint;
+  EXPECT_EQ(m->model.fingerprint, parameterListFingerprint(*m));
+  EXPECT_EQ(m->spec.fingerprint, layoutFingerprint(*m));
+  // The model's fingerprint does not depend on the layout it was saved
+  // under; the layouts' does.
+  LayoutCase other = layoutCases()[1];
+  ASSERT_TRUE(save(tmp / "other", other, wholeTensors(other), 16).ok());
+  Result<CheckpointMetadata> o = readCheckpointMetadata(tmp / "other");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(parameterListFingerprint(*o), m->model.fingerprint);
+  EXPECT_NE(layoutFingerprint(*o), m->spec.fingerprint);
 }
 
 //===----------------------------------------------------------------------===//

@@ -155,6 +155,21 @@ TEST(JsonReader, ValueLimit) {
             "/999: the document has more than 1000 values (docs/limits.md)");
 }
 
+TEST(JsonReader, ValueCountIsTheLimitsUnit) {
+  // What a reader of a document in pieces adds up against one limit: a
+  // document of exactly `maxValues` values parses, and counts that many.
+  for (std::string_view text : {"[1,2,3]", R"({"a":{"b":1,"c":[]}})", "\"x\"",
+                                "[]", R"({"k":[[],{}]})"}) {
+    Result<Document> d = Document::parse(text);
+    ASSERT_TRUE(d.ok()) << text;
+    int64_t n = d->valueCount();
+    EXPECT_TRUE(Document::parse(text, kMaxJsonDepth, n).ok()) << text;
+    EXPECT_FALSE(Document::parse(text, kMaxJsonDepth, n - 1).ok()) << text;
+  }
+  EXPECT_EQ(Document::parse("[1,2,3]")->valueCount(), 4);
+  EXPECT_EQ(Document::parse(R"({"a":{"b":1,"c":[]}})")->valueCount(), 4);
+}
+
 TEST(JsonReader, StringLengthLimit) {
   const size_t max = static_cast<size_t>(kMaxJsonStringBytes);
   auto quoted = [](std::string body) { return "\"" + body + "\""; };

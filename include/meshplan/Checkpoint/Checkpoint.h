@@ -1,8 +1,9 @@
 //===- Checkpoint.h - Sharded checkpoints across parallel layouts ---------===//
 //
 // A checkpoint is a directory: one JSON metadata file (checkpoint.json) and
-// one raw data file per writing rank (rank<R>.data), format version 1
-// (docs/checkpoint-format.md). Every persistent tensor of a plan (parameter
+// one raw data file per writing rank (rank<R>.data), format version 2
+// (docs/checkpoint-format.md; version 1, without the metadata checksum, is
+// still read). Every persistent tensor of a plan (parameter
 // shards and optimizer state) is stored as chunks: boxes of the global tensor
 // in row-major little-endian bytes, each written once by a deterministic owner
 // and checksummed with CRC32C per fixed-size block, so that a reader under any
@@ -38,10 +39,13 @@
 
 namespace meshplan::ckpt {
 
-/// The "format" string of checkpoint.json and the version this build reads
-/// and writes.
+/// The "format" string of checkpoint.json, the version this build writes,
+/// and the oldest it reads. Version 2 added the metadata checksum and
+/// requires both fingerprints; version 1 is read as it was written
+/// (unprotected metadata, empty fingerprints allowed).
 inline constexpr std::string_view kCheckpointFormat = "meshplan.checkpoint";
-inline constexpr int kCheckpointVersion = 1;
+inline constexpr int kCheckpointVersion = 2;
+inline constexpr int kOldestCheckpointVersion = 1;
 /// The metadata file inside a checkpoint directory.
 inline constexpr std::string_view kMetadataFileName = "checkpoint.json";
 /// Checksum block size the writer uses unless told otherwise: small enough
@@ -68,6 +72,8 @@ uint32_t crc32cPortable(const void *data, size_t size, uint32_t crc = 0);
 /// "fnv1a64:<16 hex digits>" of a document's bytes: identifies the spec or
 /// model a checkpoint came from (not a security hash).
 std::string fingerprintOf(std::string_view bytes);
+/// True for "fnv1a64:" and 16 lowercase hex digits.
+bool isFingerprint(std::string_view text);
 
 //===----------------------------------------------------------------------===//
 // Boxes
@@ -147,7 +153,9 @@ Result<std::vector<PersistentBox>> persistentBoxesOf(const plan::Plan &plan);
 /// Where a document (spec or model) came from: its name and fingerprint.
 struct SourceRef {
   std::string name;
-  std::string fingerprint; ///< e.g. fingerprintOf(file bytes); may be ""
+  /// fingerprintOf(file bytes); "" in a CheckpointInfo lets the writer
+  /// fill the default (parameterListFingerprint, layoutFingerprint).
+  std::string fingerprint;
   bool operator==(const SourceRef &) const = default;
 };
 
@@ -203,6 +211,9 @@ struct DataFile {
 };
 
 struct CheckpointMetadata {
+  /// The format version read (a version 1 file stays 1 in memory; writing
+  /// always writes kCheckpointVersion).
+  int version = kCheckpointVersion;
   SourceRef model;
   SourceRef spec;
   TrainingState training;
@@ -227,10 +238,24 @@ struct CheckpointMetadata {
 Result<void> validateMetadata(const CheckpointMetadata &meta);
 
 /// Parses and validates checkpoint.json's text ("line L, column C: ..." for
-/// malformed JSON, "<JSON pointer>: ..." otherwise).
+/// malformed JSON, "<JSON pointer>: ..." otherwise), and, from version 2,
+/// checks its metadata_checksum against metadataChecksumOf what it parsed.
 Result<CheckpointMetadata> parseMetadata(std::string_view text);
-/// The text of checkpoint.json (one tensor per line; parseMetadata inverts).
+/// The text of checkpoint.json, version kCheckpointVersion (one tensor per
+/// line; parseMetadata inverts), with its metadata_checksum.
 std::string writeMetadata(const CheckpointMetadata &meta);
+/// "fnv1a64:<hex>" of the metadata's canonical text: writeMetadata's output
+/// without its metadata_checksum line (docs/checkpoint-format.md, "Metadata
+/// checksum"). Computed in pieces; the text is never built whole.
+std::string metadataChecksumOf(const CheckpointMetadata &meta);
+/// The default model fingerprint: fingerprintOf one line "<tensor_id>
+/// <name> <shape>" per parameter, by tensor_id then name: what the model is,
+/// whatever its layout or stored dtype.
+std::string parameterListFingerprint(const CheckpointMetadata &meta);
+/// The default spec fingerprint, for writers that have no spec document (a
+/// session opened from plans): fingerprintOf the mesh and one line "<name>
+/// <layout>" per tensor.
+std::string layoutFingerprint(const CheckpointMetadata &meta);
 
 /// Reads `dir`/checkpoint.json and checks that every data file it names
 /// exists with exactly the recorded size. Errors start with the file path.
@@ -310,8 +335,19 @@ Result<void> writeStagedMetadata(const std::string &dir,
 /// existing `dir` that is not a checkpoint is refused, never replaced.
 Result<void> publishCheckpoint(const std::string &dir);
 
+/// After a failed save (any step; once no rank writes any more): removes
+/// the staging directory and what it holds, so that nothing half-written
+/// stays next to `dir`. A checkpoint at `dir` is never touched.
+Result<void> abortCheckpoint(const std::string &dir);
+
+/// Writes `bytes` to a new file at `path` (replacing one), fsyncs and
+/// closes it, checking each step: a full disk is reported by write, fsync
+/// or close, whichever sees it first, naming `path`.
+Result<void> writeFileDurably(const std::string &path, std::string_view bytes);
+
 /// One rank, after gathering every rank's records: assembleMetadata,
-/// writeStagedMetadata, publishCheckpoint.
+/// writeStagedMetadata, publishCheckpoint. On failure the staging
+/// directory is left for the caller (abortCheckpoint, or a retry).
 Result<CheckpointMetadata>
 commitCheckpoint(const std::string &dir, const CheckpointInfo &info,
                  std::span<const RankRecords> records);

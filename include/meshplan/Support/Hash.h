@@ -1,7 +1,8 @@
 //===- Hash.h - The one content digest (FNV-1a, 64 bits) --------*- C++ -*-===//
 //
 // What tells two documents apart where no adversary is involved: a
-// checkpoint's spec fingerprint ("fnv1a64:<hex>", meshplan/Checkpoint), an
+// checkpoint's spec fingerprint ("fnv1a64:<hex>", meshplan/Checkpoint) and
+// its metadata checksum (over a canonical text, fed piece by piece), an
 // executed-step trace's plan digest (meshplan/Plan/ExecutedTrace.h). Not a
 // defence against forgery.
 //
@@ -15,9 +16,13 @@
 
 namespace meshplan {
 
-/// FNV-1a over the bytes, 64 bits.
-inline uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
+/// FNV-1a's initial state (the offset basis).
+inline constexpr uint64_t kFnv1a64Basis = 0xcbf29ce484222325ull;
+
+/// FNV-1a over the bytes, 64 bits. `h` is the state after the preceding
+/// bytes, so fnv1a64(b, fnv1a64(a)) == fnv1a64(a + b): a long text can be
+/// hashed in pieces without being built whole.
+inline uint64_t fnv1a64(std::string_view bytes, uint64_t h = kFnv1a64Basis) {
   for (unsigned char c : bytes) {
     h ^= c;
     h *= 0x100000001b3ull;
@@ -25,14 +30,18 @@ inline uint64_t fnv1a64(std::string_view bytes) {
   return h;
 }
 
-/// `fnv1a64(bytes)` as 16 lower-case hex digits.
-inline std::string fnv1a64Hex(std::string_view bytes) {
+/// A 64-bit hash as 16 lower-case hex digits.
+inline std::string hex64(uint64_t h) {
   static const char *digits = "0123456789abcdef";
-  uint64_t h = fnv1a64(bytes);
   std::string out(16, '0');
   for (int i = 15; i >= 0; --i, h >>= 4)
     out[size_t(i)] = digits[h & 0xF];
   return out;
+}
+
+/// `fnv1a64(bytes)` as 16 lower-case hex digits.
+inline std::string fnv1a64Hex(std::string_view bytes) {
+  return hex64(fnv1a64(bytes));
 }
 
 } // namespace meshplan

@@ -126,6 +126,10 @@ public:
   ~Document();
 
   Value root() const;
+  /// The values it holds, counted as `maxValues` counts them: a reader that
+  /// parses a large document piece by piece (checkpoint metadata) keeps one
+  /// limit over all the pieces.
+  int64_t valueCount() const { return valueCount_; }
 
 private:
   friend class Value;
@@ -167,6 +171,7 @@ private:
   std::string_view text;
   std::string arena; ///< strings that held escapes, decoded
   Nodes nodes;       ///< the root first; capacity beyond the last is spare
+  int64_t valueCount_ = 0;
 };
 
 /// A view of one value of a Document.
