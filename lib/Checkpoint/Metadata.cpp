@@ -26,14 +26,6 @@ namespace meshplan::ckpt {
 
 using namespace meshplan::json;
 
-#define MP_ASSIGN(lhs, expr)                                                   \
-  do {                                                                         \
-    auto mpRes_ = (expr);                                                      \
-    if (!mpRes_.ok())                                                          \
-      return mpRes_.error();                                                   \
-    lhs = std::move(mpRes_.value());                                           \
-  } while (0)
-
 const TensorEntry *CheckpointMetadata::findTensor(std::string_view name) const {
   for (const TensorEntry &t : tensors)
     if (t.name == name)
@@ -194,7 +186,7 @@ bool plainFileName(std::string_view name) {
 
 Result<SourceRef> readSource(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kSourceRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kSourceRule));
   SourceRef s;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), s.name));
   MESHPLAN_TRY(readStringInto(f.at("fingerprint"), path.child("fingerprint"),
@@ -204,16 +196,16 @@ Result<SourceRef> readSource(Value v, const Path &path) {
 
 Result<Chunk> readChunk(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kChunkRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kChunkRule));
   Chunk c;
   MESHPLAN_TRY(
       readIntArrayInto(f.at("offset"), path.child("offset"), c.box.offset, 0));
   MESHPLAN_TRY(readIntArrayInto(f.at("shape"), path.child("shape"), c.box.shape,
                                 0, kMaxTensorElements));
   MESHPLAN_TRY(readStringInto(f.at("file"), path.child("file"), c.file));
-  MP_ASSIGN(c.byteOffset,
-            readInt(f.at("byte_offset"), path.child("byte_offset"), 0));
-  MP_ASSIGN(c.length, readInt(f.at("length"), path.child("length"), 0));
+  MESHPLAN_ASSIGN(c.byteOffset,
+                  readInt(f.at("byte_offset"), path.child("byte_offset"), 0));
+  MESHPLAN_ASSIGN(c.length, readInt(f.at("length"), path.child("length"), 0));
   Value crcs = f.at("crc32c");
   Path crcPath = path.child("crc32c");
   // As many as the file lists (the tape holds them all already);
@@ -222,7 +214,7 @@ Result<Chunk> readChunk(Value v, const Path &path) {
   size_t i = 0;
   for (Value crc : crcs.elements()) {
     uint32_t value = 0;
-    MP_ASSIGN(value, parseHex8(crc, crcPath.child(i++)));
+    MESHPLAN_ASSIGN(value, parseHex8(crc, crcPath.child(i++)));
     c.crc32c.push_back(value);
   }
   return c;
@@ -230,14 +222,14 @@ Result<Chunk> readChunk(Value v, const Path &path) {
 
 Result<TensorEntry> readTensor(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kTensorRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kTensorRule));
   TensorEntry t;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), t.name));
   t.kind = f.at("kind").string() == "parameter" ? TensorKind::Parameter
                                                 : TensorKind::OptimizerState;
   if (std::optional<Value> id = f.get("tensor_id")) {
     int64_t n = 0;
-    MP_ASSIGN(n, readInt(*id, path.child("tensor_id"), 0));
+    MESHPLAN_ASSIGN(n, readInt(*id, path.child("tensor_id"), 0));
     t.tensorId = n;
   }
   std::string_view dtype = f.at("dtype").string();
@@ -259,7 +251,7 @@ Result<TensorEntry> readTensor(Value v, const Path &path) {
   size_t i = 0;
   for (Value chunk : chunks.elements()) {
     Chunk c;
-    MP_ASSIGN(c, readChunk(chunk, chunksPath.child(i++)));
+    MESHPLAN_ASSIGN(c, readChunk(chunk, chunksPath.child(i++)));
     t.chunks.push_back(std::move(c));
   }
   return t;
@@ -487,24 +479,26 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
                        "; this meshplan reads version " +
                        std::to_string(kCheckpointVersion));
   Fields f;
-  MP_ASSIGN(f, checkObject(doc, root, kRootRule));
+  MESHPLAN_ASSIGN(f, checkObject(doc, root, kRootRule));
   CheckpointMetadata meta;
-  MP_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
-  MP_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
+  MESHPLAN_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
+  MESHPLAN_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
   {
     Path p = root.child("training");
     Fields tf;
-    MP_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
-    MP_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
-    MP_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
-    MP_ASSIGN(
+    MESHPLAN_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
+    MESHPLAN_ASSIGN(meta.training.step,
+                    readInt(tf.at("step"), p.child("step"), 0));
+    MESHPLAN_ASSIGN(meta.training.seed,
+                    readInt(tf.at("seed"), p.child("seed"), 0));
+    MESHPLAN_ASSIGN(
         meta.training.stochasticRounding,
         readBool(tf.at("stochastic_rounding"), p.child("stochastic_rounding")));
   }
   if (std::optional<Value> w = f.get("written_by")) {
     Path p = root.child("written_by");
     Fields wf;
-    MP_ASSIGN(wf, checkObject(*w, p, kWrittenByRule));
+    MESHPLAN_ASSIGN(wf, checkObject(*w, p, kWrittenByRule));
     if (std::optional<Value> m = wf.get("mesh"))
       MESHPLAN_TRY(readStringInto(*m, p.child("mesh"), meta.mesh));
     if (std::optional<Value> g = wf.get("generator"))
@@ -517,10 +511,10 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   {
     Path p = root.child("checksum");
     Fields cf;
-    MP_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
-    MP_ASSIGN(meta.blockBytes,
-              readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
-                      kMaxBlockBytes));
+    MESHPLAN_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
+    MESHPLAN_ASSIGN(meta.blockBytes,
+                    readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
+                            kMaxBlockBytes));
   }
   Value files = f.at("files");
   Path filesPath = root.child("files");
@@ -529,10 +523,10 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   for (Value file : files.elements()) {
     Path p = filesPath.child(i++);
     Fields ff;
-    MP_ASSIGN(ff, checkObject(file, p, kFileRule));
+    MESHPLAN_ASSIGN(ff, checkObject(file, p, kFileRule));
     DataFile d;
     MESHPLAN_TRY(readStringInto(ff.at("name"), p.child("name"), d.name));
-    MP_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
+    MESHPLAN_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
     meta.files.push_back(std::move(d));
   }
   Value tensors = f.at("tensors");
@@ -541,7 +535,7 @@ Result<CheckpointMetadata> parseMetadata(std::string_view text) {
   i = 0;
   for (Value tensor : tensors.elements()) {
     TensorEntry t;
-    MP_ASSIGN(t, readTensor(tensor, tensorsPath.child(i++)));
+    MESHPLAN_ASSIGN(t, readTensor(tensor, tensorsPath.child(i++)));
     meta.tensors.push_back(std::move(t));
   }
   MESHPLAN_TRY(validateMetadata(meta));

@@ -2,8 +2,10 @@
 //
 // What tells two documents apart where no adversary is involved: a
 // checkpoint's spec fingerprint ("fnv1a64:<hex>", meshplan/Checkpoint), an
-// executed-step trace's plan digest (meshplan/Plan/ExecutedTrace.h). Not a
-// defence against forgery.
+// executed-step trace's plan digest (meshplan/Plan/ExecutedTrace.h), the
+// Gloo slot of a tagged transfer (runtime), the trainer's per-tensor seed
+// (examples/trainer, from an older basis it keeps). Not a defence against
+// forgery.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_SUPPORT_HASH_H
@@ -15,9 +17,14 @@
 
 namespace meshplan {
 
-/// FNV-1a over the bytes, 64 bits.
-inline uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
+/// FNV-1a's 64-bit offset basis.
+inline constexpr uint64_t kFnv1a64Basis = 0xcbf29ce484222325ull;
+
+/// FNV-1a over the bytes, 64 bits, from `basis` (FNV-1a's own unless a
+/// caller must keep the values of an older copy that started elsewhere).
+inline uint64_t fnv1a64(std::string_view bytes,
+                        uint64_t basis = kFnv1a64Basis) {
+  uint64_t h = basis;
   for (unsigned char c : bytes) {
     h ^= c;
     h *= 0x100000001b3ull;
