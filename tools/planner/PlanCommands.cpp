@@ -316,7 +316,7 @@ static std::string overCapacity(const plan::Plan &plan, const Device &d) {
                       3);
 }
 
-static void checkPlanOptions(const PlanOptions &options) {
+CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   if (options.all == options.rank.has_value())
     throw CliError(options.all ? "--all: give --all or --rank R, not both"
                                : "--rank: give --rank R or --all");
@@ -329,148 +329,30 @@ static void checkPlanOptions(const PlanOptions &options) {
       options.progress != "never")
     throw CliError("--progress: expected auto, always or never, not \"" +
                    options.progress + "\"");
-}
-
-using IrDump = std::function<Result<void>(std::string_view, mlir::ModuleOp)>;
-
-/// --dump-ir: each stage's module to DIR/NN-<stage>.mlir, numbered from
-/// `stage`; IR dumps go to a fresh directory, written only once the spec
-/// loaded. Empty without the flag.
-static IrDump irDumper(const PlanOptions &options, int &stage) {
-  if (options.dumpIr.empty())
-    return {};
-  return [&options, &stage](std::string_view name,
-                            mlir::ModuleOp module) -> Result<void> {
-    std::error_code ec;
-    fs::create_directories(options.dumpIr, ec);
-    char prefix[8];
-    std::snprintf(prefix, sizeof prefix, "%02d-", stage++);
-    std::string path =
-        options.dumpIr + "/" + prefix + std::string(name) + ".mlir";
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module.print(os);
-    std::ofstream file(path);
-    file << text;
-    if (!file)
-      return Error("--dump-ir: cannot write " + path);
-    return {};
-  };
-}
-
-/// The verification of every rank's plan before anything is written: the
-/// line saying so, or why it failed.
-struct VerifyOutcome {
-  std::string verified;
-  std::optional<std::string> failure;
-};
-
-static VerifyOutcome verifyAllRanks(const Planned &p,
-                                    const std::vector<int64_t> &ranks,
-                                    int64_t world, const PlanOptions &options,
-                                    bool showProgress) {
-  auto verifyStart = Clock::now();
-  // Each full plan is held only while its facts are recorded (as
-  // `meshplan verify` reads a directory), on the writer's threads, each
-  // with a builder of its own (mergeFacts joins them).
-  unsigned threads = options.threads ? unsigned(options.threads) : 2u;
-  std::vector<plan::Plan> plans(ranks.size());
-  std::vector<plan::FactsBuilder> builder(threads);
-  ProgressBar bar(showProgress, "verifying");
-  std::atomic<int64_t> done{0};
-  int64_t shown = 0; // thread 0's, then the caller's after the join
-  std::mutex failMutex;
-  std::string failure;
-  auto work = [&](unsigned t) {
-    for (size_t i = t; i < ranks.size(); i += threads) {
-      auto plan = p.templateFor(ranks[i]).instantiate(ranks[i],
-                                                      /*withEstimates=*/false);
-      if (!plan) {
-        std::lock_guard<std::mutex> lock(failMutex);
-        failure = plan.error().message;
-        return;
-      }
-      builder[t].add(i, *plan);
-      plans[i] = plan::verificationCopy(*plan);
-      int64_t n = ++done;
-      // Thread 0 shows every count up to the current one, in order (the
-      // bar's output does not depend on how the threads interleave); the
-      // rest after the join.
-      for (; t == 0 && shown < n && shown + 1 < world; ++shown)
-        bar(shown + 1, world);
-    }
-  };
-  {
-    std::vector<std::thread> pool;
-    for (unsigned t = 1; t < threads; ++t)
-      pool.emplace_back(work, t);
-    work(0);
-    for (std::thread &th : pool)
-      th.join();
-  }
-  if (!failure.empty())
-    throw std::runtime_error("internal error: " + failure);
-  for (; shown < world; ++shown)
-    bar(shown + 1, world);
-  plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
-  auto report = plan::verifyPlans(plans, facts);
-  if (!report)
-    throw std::runtime_error("internal error: " + report.error().message);
-  if (!report->ok())
-    return {"", "meshplan: verification failed (" +
-                    std::string(plan::failureKindName(report->failure->kind)) +
-                    "): " + report->failure->message +
-                    "\nnothing was written to " + options.outDir + "\n"};
-  return {"verified all " + std::to_string(world) + " ranks (" +
-              count(report->stats.collectives, "collective") + " on " +
-              count(report->stats.communicators, "communicator") +
-              " agree; every program runs to completion) in " +
-              fixed(secondsSince(verifyStart), 2) + " s",
-          std::nullopt};
-}
-
-/// What `plan` prints on success: what was planned, the verification line,
-/// where it went, and --timings.
-static std::string
-planSummary(const Planned &p, const std::vector<int64_t> &ranks,
-            const PlanOptions &options, const std::string &verified,
-            Clock::time_point start, Clock::time_point afterCompile) {
-  const plan::PreparedTemplate &prepared = p.first();
-  int64_t world = prepared.mesh().size();
-  const plan::ProgramTemplate &program = p.templateFor(ranks.front()).get();
-  std::ostringstream out;
-  out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
-      << " of " << p.spec.model->name << " on mesh "
-      << meshText(prepared.mesh().getAxes()) << " (" << world
-      << " ranks): " << count(program.comms.size(), "communicator") << ", "
-      << count(program.buffers.size(), "buffer") << ", "
-      << count(program.program.size(), "instruction") << " per rank";
-  if (p.spec.pipeline)
-    out << " at pp coordinate " << p.pipelineRankOf(ranks.front()) << " ("
-        << p.spec.pipeline->config.ranks << " pp coordinates, one template "
-        << "each)";
-  out << "\n";
-  out << verified << "\n";
-  out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
-      << " s\n";
-  if (options.timings) {
-    out << "stage timings:\n";
-    for (const pipeline::StageTiming &t : p.compiled.timings)
-      out << "  " << std::left << std::setw(26) << t.stage << std::right
-          << fixed(t.seconds * 1e3, 1) << " ms\n";
-    out << "  " << std::left << std::setw(26) << "verify + write" << std::right
-        << fixed(secondsSince(afterCompile) * 1e3, 1) << " ms\n";
-  }
-  return out.str();
-}
-
-CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
-  checkPlanOptions(options);
   Device device = deviceOrThrow(options.cost);
   auto start = Clock::now();
 
+  // IR dumps go to a fresh directory, written only once the spec loaded.
   int stage = 0;
-  IrDump dump = irDumper(options, stage);
+  std::function<Result<void>(std::string_view, mlir::ModuleOp)> dump;
+  if (!options.dumpIr.empty()) {
+    dump = [&](std::string_view name, mlir::ModuleOp module) -> Result<void> {
+      std::error_code ec;
+      fs::create_directories(options.dumpIr, ec);
+      char prefix[8];
+      std::snprintf(prefix, sizeof prefix, "%02d-", stage++);
+      std::string path =
+          options.dumpIr + "/" + prefix + std::string(name) + ".mlir";
+      std::string text;
+      llvm::raw_string_ostream os(text);
+      module.print(os);
+      std::ofstream file(path);
+      file << text;
+      if (!file)
+        return Error("--dump-ir: cannot write " + path);
+      return {};
+    };
+  }
   Planned p = planOrThrow(options.spec, options.cost, options.rank, dump);
   auto afterCompile = Clock::now();
   const plan::PreparedTemplate &prepared = p.first();
@@ -521,13 +403,66 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
   // Verify the whole set before writing anything.
   std::string verified;
   if (options.all && !options.noVerify && world <= options.verifyLimit) {
-    VerifyOutcome v = verifyAllRanks(p, ranks, world, options, showProgress);
-    if (v.failure) {
+    auto verifyStart = Clock::now();
+    // Each full plan is held only while its facts are recorded (as
+    // `meshplan verify` reads a directory), on the writer's threads, each
+    // with a builder of its own (mergeFacts joins them).
+    unsigned threads = options.threads ? unsigned(options.threads) : 2u;
+    std::vector<plan::Plan> plans(ranks.size());
+    std::vector<plan::FactsBuilder> builder(threads);
+    ProgressBar bar(showProgress, "verifying");
+    std::atomic<int64_t> done{0};
+    int64_t shown = 0; // thread 0's, then the caller's after the join
+    std::mutex failMutex;
+    std::string failure;
+    auto work = [&](unsigned t) {
+      for (size_t i = t; i < ranks.size(); i += threads) {
+        auto plan = p.templateFor(ranks[i]).instantiate(
+            ranks[i], /*withEstimates=*/false);
+        if (!plan) {
+          std::lock_guard<std::mutex> lock(failMutex);
+          failure = plan.error().message;
+          return;
+        }
+        builder[t].add(i, *plan);
+        plans[i] = plan::verificationCopy(*plan);
+        int64_t n = ++done;
+        // Thread 0 shows every count up to the current one, in order (the
+        // bar's output does not depend on how the threads interleave); the
+        // rest after the join.
+        for (; t == 0 && shown < n && shown + 1 < world; ++shown)
+          bar(shown + 1, world);
+      }
+    };
+    {
+      std::vector<std::thread> pool;
+      for (unsigned t = 1; t < threads; ++t)
+        pool.emplace_back(work, t);
+      work(0);
+      for (std::thread &th : pool)
+        th.join();
+    }
+    if (!failure.empty())
+      throw std::runtime_error("internal error: " + failure);
+    for (; shown < world; ++shown)
+      bar(shown + 1, world);
+    plan::PlanSetFacts facts = plan::mergeFacts(builder, plans.size());
+    auto report = plan::verifyPlans(plans, facts);
+    if (!report)
+      throw std::runtime_error("internal error: " + report.error().message);
+    if (!report->ok()) {
       result.exitCode = 1;
-      result.err = *v.failure;
+      result.err = "meshplan: verification failed (" +
+                   std::string(plan::failureKindName(report->failure->kind)) +
+                   "): " + report->failure->message +
+                   "\nnothing was written to " + options.outDir + "\n";
       return result;
     }
-    verified = v.verified;
+    verified = "verified all " + std::to_string(world) + " ranks (" +
+               count(report->stats.collectives, "collective") + " on " +
+               count(report->stats.communicators, "communicator") +
+               " agree; every program runs to completion) in " +
+               fixed(secondsSince(verifyStart), 2) + " s";
   } else if (options.all) {
     verified = options.noVerify
                    ? "not verified (--no-verify)"
@@ -573,7 +508,31 @@ CommandOutput meshplan::cli::runPlanCommand(const PlanOptions &options) {
         "meshplan: warning: over capacity (--allow-over-capacity): " + over +
         " (docs/memory.md)\n";
 
-  result.out = planSummary(p, ranks, options, verified, start, afterCompile);
+  const plan::ProgramTemplate &program = p.templateFor(ranks.front()).get();
+  std::ostringstream out;
+  out << "planned " << ranks.size() << (ranks.size() == 1 ? " rank" : " ranks")
+      << " of " << p.spec.model->name << " on mesh "
+      << meshText(prepared.mesh().getAxes()) << " (" << world
+      << " ranks): " << count(program.comms.size(), "communicator") << ", "
+      << count(program.buffers.size(), "buffer") << ", "
+      << count(program.program.size(), "instruction") << " per rank";
+  if (p.spec.pipeline)
+    out << " at pp coordinate " << p.pipelineRankOf(ranks.front()) << " ("
+        << p.spec.pipeline->config.ranks << " pp coordinates, one template "
+        << "each)";
+  out << "\n";
+  out << verified << "\n";
+  out << "wrote " << options.outDir << " in " << fixed(secondsSince(start), 2)
+      << " s\n";
+  if (options.timings) {
+    out << "stage timings:\n";
+    for (const pipeline::StageTiming &t : p.compiled.timings)
+      out << "  " << std::left << std::setw(26) << t.stage << std::right
+          << fixed(t.seconds * 1e3, 1) << " ms\n";
+    out << "  " << std::left << std::setw(26) << "verify + write" << std::right
+        << fixed(secondsSince(afterCompile) * 1e3, 1) << " ms\n";
+  }
+  result.out = out.str();
   return result;
 }
 
