@@ -578,10 +578,10 @@ std::string mib(double bytes) {
   return buf;
 }
 
-bool printSummary(const SummaryReporter &reporter) {
-  std::vector<std::string> failures;
+/// Target A's table: one rank's plan per world size, its memory and size.
+void printPlanTable(const SummaryReporter &reporter,
+                    std::vector<std::string> &failures) {
   int64_t lo = kShapes.front().world(), hi = kShapes.back().world();
-
   std::printf("\nA. One rank's plan of llama3-405b (HSDP x CP x TP, float8 "
               "all-gather): load spec + compile (verifying each stage) + "
               "prepare + instantiate + writePlan to a string + teardown.\n"
@@ -671,7 +671,10 @@ bool printSummary(const SummaryReporter &reporter) {
                 "instructions)\n",
                 r.communicators, r.buffers, r.instructions);
   }
+}
 
+/// The stages of plan_last_rank, median per world size.
+void printStageBreakdown() {
   std::printf("\nStage breakdown of plan_last_rank, median ms per stage "
               "(measured inside each iteration):\n");
   std::printf("%-40s", "stage");
@@ -699,7 +702,11 @@ bool printSummary(const SummaryReporter &reporter) {
   for (double s : sums)
     std::printf(" %9.1f", s);
   std::printf("\n");
+}
 
+/// Target B's table: `meshplan verify DIR` of 1,024 ranks.
+void printVerifyTable(const SummaryReporter &reporter,
+                      std::vector<std::string> &failures) {
   std::printf("\nB. meshplan verify DIR: all %lld ranks of llama3-8b, "
               "dp_shard %lld x tp %lld\n\n",
               static_cast<long long>(kVerifyWorld),
@@ -780,6 +787,14 @@ bool printSummary(const SummaryReporter &reporter) {
               verifyRun.maxRssMiB, verifyRun.wallS,
               verifyRun.userS + verifyRun.sysS);
   std::printf("\n");
+}
+
+bool printSummary(const SummaryReporter &reporter) {
+  std::vector<std::string> failures;
+  int64_t lo = kShapes.front().world(), hi = kShapes.back().world();
+  printPlanTable(reporter, failures);
+  printStageBreakdown();
+  printVerifyTable(reporter, failures);
 
   bench::addRunFailures(reporter.errors, !reporter.samples.empty(), failures);
   return bench::printVerdict(

@@ -280,43 +280,45 @@ Result<void> RankTrainer::exchangeBubble() {
   return {};
 }
 
-/// The measured bubble next to the cost model's (plan::simulateTogether,
-/// as `meshplan explain` lays a pipeline out) and the textbook formula.
-/// Bubble = the compute stream's idle time over the step, averaged over the
-/// pipeline's ranks; the model's step is the slowest rank's.
-void RankTrainer::printBubble() {
-  const frontend::ResolvedPipeline &pp = *planned.spec.pipeline;
-  std::vector<int64_t> ranks = pipelineRanks();
-  size_t P = ranks.size();
-  if (pipelineFigures.size() != P)
-    return;
+namespace {
+
+/// "flops" per measured second in the replayed costs below.
+constexpr double kReplayRate = 1e12;
+
+/// What printBubble replays, gathered from every pp coordinate's plan and
+/// figures (BubbleFigures).
+struct BubbleInputs {
   std::vector<plan::Plan> plans;
   std::vector<std::vector<double>> planFlops, measuredCosts;
-  // Per recorded step, per pp coordinate: the durations replayed.
-  size_t steps = idleOfStep.size();
-  std::vector<std::vector<std::vector<double>>> stepSeconds(steps);
-  // Per recorded step: the dispatch latency of the pipeline's instructions
-  // but the recvs, summed, and how many there are.
-  std::vector<double> dispatchTotal(steps, 0.0);
+  /// Per recorded step, per pp coordinate: the durations replayed.
+  std::vector<std::vector<std::vector<double>>> stepSeconds;
+  /// Per recorded step: the dispatch latency of the pipeline's instructions
+  /// but the recvs, summed, and how many there are.
+  std::vector<double> dispatchTotal;
   size_t dispatched = 0;
   double totalFlops = 0, totalCompute = 0;
-  const double rate = 1e12; // "flops" per measured second below
-  for (size_t c = 0; c < P; ++c) {
+};
+
+/// Each coordinate's plan instantiated for its rank, with its measured
+/// costs (or the line saying why there are none).
+Result<BubbleInputs>
+gatherBubbleInputs(const Planned &planned, const std::vector<int64_t> &ranks,
+                   const std::vector<std::vector<double>> &figures,
+                   size_t steps) {
+  BubbleInputs in;
+  in.stepSeconds.resize(steps);
+  in.dispatchTotal.assign(steps, 0.0);
+  for (size_t c = 0; c < ranks.size(); ++c) {
     const plan::PreparedTemplate &t = planned.templateFor(ranks[c]);
     auto one = t.instantiate(ranks[c], false);
-    if (!one) {
-      std::printf("pipeline bubble: %s\n", one.error().message.c_str());
-      return;
-    }
-    const std::vector<double> &f = pipelineFigures[c];
+    if (!one)
+      return one.error();
+    const std::vector<double> &f = figures[c];
     size_t n = one->program.size();
     BubbleFigures at{steps, n};
-    if (f.size() != at.size()) {
-      std::printf("pipeline bubble: the figures of pp coordinate %zu do not "
-                  "match its plan\n",
-                  c);
-      return;
-    }
+    if (f.size() != at.size())
+      return makeError("the figures of pp coordinate " + std::to_string(c) +
+                       " do not match its plan");
     // Each step's durations: every instruction but the transfers (a recv's
     // time is the wait the layout predicts; a send is the model's transfer,
     // as its measured time is only the posting) and the no-ops.
@@ -328,11 +330,11 @@ void RankTrainer::printBubble() {
             op != plan::OpKind::Free && op != plan::OpKind::Wait)
           sec[i] = f[at.seconds(k, i)];
       }
-      stepSeconds[k].push_back(std::move(sec));
-      dispatchTotal[k] += f[at.dispatch(k)];
+      in.stepSeconds[k].push_back(std::move(sec));
+      in.dispatchTotal[k] += f[at.dispatch(k)];
     }
-    for (const plan::Instruction &in : one->program)
-      dispatched += in.op != plan::OpKind::Recv;
+    for (const plan::Instruction &instr : one->program)
+      in.dispatched += instr.op != plan::OpKind::Recv;
     std::vector<double> flops = t.flops(), measured(one->program.size(), 0);
     flops.resize(one->program.size(), 0);
     for (size_t i = 0; i < one->program.size(); ++i) {
@@ -340,101 +342,134 @@ void RankTrainer::printBubble() {
       if (plan::isCollective(op) || op == plan::OpKind::Free ||
           op == plan::OpKind::Wait)
         continue;
-      measured[i] = double(f[at.median(i)]) * rate;
+      measured[i] = double(f[at.median(i)]) * kReplayRate;
       if (op == plan::OpKind::Compute) {
-        totalFlops += flops[i];
-        totalCompute += double(f[at.median(i)]);
+        in.totalFlops += flops[i];
+        in.totalCompute += double(f[at.median(i)]);
       }
     }
-    plans.push_back(std::move(*one));
-    planFlops.push_back(std::move(flops));
-    measuredCosts.push_back(std::move(measured));
+    in.plans.push_back(std::move(*one));
+    in.planFlops.push_back(std::move(flops));
+    in.measuredCosts.push_back(std::move(measured));
   }
-  std::vector<const plan::Plan *> pointers;
-  for (const plan::Plan &one : plans)
-    pointers.push_back(&one);
-  // The bubble of a joint layout: the compute stream idle over the
-  // slowest rank's step, per rank and averaged (PlanCommands.cpp's
-  // explainPipeline).
-  struct Layout {
-    std::vector<double> idle;
-    double mean = 0, step = 0;
-    std::string error;
-  };
-  auto layOut = [&](const std::vector<std::vector<double>> &costs,
+  return in;
+}
+
+/// The bubble of a joint layout: the compute stream idle over the slowest
+/// rank's step, per rank and averaged (PlanCommands.cpp's explainPipeline).
+struct BubbleLayout {
+  std::vector<double> idle;
+  double mean = 0, step = 0;
+  std::string error;
+};
+
+BubbleLayout layOut(const std::vector<const plan::Plan *> &plans,
+                    const std::vector<std::vector<double>> &costs,
                     const plan::CostModel &m,
                     const std::vector<std::vector<double>> &seconds = {}) {
-    Layout out;
-    auto schedules = plan::simulateTogether(pointers, costs, m, seconds);
-    if (!schedules) {
-      out.error = schedules.error().message;
-      return out;
-    }
-    for (const plan::Schedule &s : *schedules)
-      out.step = std::max(out.step, s.stepSeconds);
-    for (const plan::Schedule &s : *schedules) {
-      double busy = s.computeStream >= 0
-                        ? s.streamBusySeconds[size_t(s.computeStream)]
-                        : 0.0;
-      out.idle.push_back(out.step > 0 ? std::max(0.0, 1 - busy / out.step)
-                                      : 0.0);
+  BubbleLayout out;
+  auto schedules = plan::simulateTogether(plans, costs, m, seconds);
+  if (!schedules) {
+    out.error = schedules.error().message;
+    return out;
+  }
+  for (const plan::Schedule &s : *schedules)
+    out.step = std::max(out.step, s.stepSeconds);
+  for (const plan::Schedule &s : *schedules) {
+    double busy = s.computeStream >= 0
+                      ? s.streamBusySeconds[size_t(s.computeStream)]
+                      : 0.0;
+    out.idle.push_back(out.step > 0 ? std::max(0.0, 1 - busy / out.step) : 0.0);
+    out.mean += out.idle.back() / double(plans.size());
+  }
+  return out;
+}
+
+/// Each step laid out with its own measured durations (and, withDispatch,
+/// its own dispatch latency), then the median over the steps per coordinate
+/// (as the measurement takes it): the pipeline's waits come from the layout
+/// alone. A median of the durations instead loses their spread, and a
+/// pipeline's step depends on it: a slow instruction on the critical path
+/// delays every stage behind.
+BubbleLayout replaySteps(const std::vector<const plan::Plan *> &plans,
+                         const BubbleInputs &in, const plan::CostModel &m,
+                         const std::vector<double> &dispatchOf,
+                         bool withDispatch) {
+  size_t P = plans.size(), steps = in.stepSeconds.size();
+  BubbleLayout out;
+  std::vector<std::vector<double>> idle(P);
+  std::vector<double> stepOf;
+  for (size_t k = 0; k < steps && out.error.empty(); ++k) {
+    plan::CostModel mk = m;
+    mk.dispatchSeconds = withDispatch ? dispatchOf[k] : 0.0;
+    BubbleLayout one = layOut(plans, in.measuredCosts, mk, in.stepSeconds[k]);
+    out.error = one.error;
+    for (size_t c = 0; c < one.idle.size(); ++c)
+      idle[c].push_back(one.idle[c]);
+    stepOf.push_back(one.step);
+  }
+  if (out.error.empty() && !stepOf.empty()) {
+    for (size_t c = 0; c < P; ++c) {
+      out.idle.push_back(median(idle[c]));
       out.mean += out.idle.back() / double(P);
     }
-    return out;
-  };
+    out.step = median(stepOf);
+  }
+  return out;
+}
+
+std::string percents(const std::vector<double> &v) {
+  std::string out;
+  for (size_t c = 0; c < v.size(); ++c) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.1f%%", c ? " " : "", 100 * v[c]);
+    out += buf;
+  }
+  return out;
+}
+
+} // namespace
+
+/// The measured bubble next to the cost model's (plan::simulateTogether,
+/// as `meshplan explain` lays a pipeline out) and the textbook formula.
+/// Bubble = the compute stream's idle time over the step, averaged over the
+/// pipeline's ranks; the model's step is the slowest rank's.
+void RankTrainer::printBubble() {
+  const frontend::ResolvedPipeline &pp = *planned.spec.pipeline;
+  std::vector<int64_t> ranks = pipelineRanks();
+  size_t P = ranks.size();
+  if (pipelineFigures.size() != P)
+    return;
+  size_t steps = idleOfStep.size();
+  Result<BubbleInputs> inputs =
+      gatherBubbleInputs(planned, ranks, pipelineFigures, steps);
+  if (!inputs) {
+    std::printf("pipeline bubble: %s\n", inputs.error().message.c_str());
+    return;
+  }
+  const BubbleInputs &in = *inputs;
+  std::vector<const plan::Plan *> pointers;
+  for (const plan::Plan &one : in.plans)
+    pointers.push_back(&one);
   // The executor's mean hand-off per instruction, step by step: the cost
   // model's dispatch latency (every instruction starts that long after it
   // is ready; CostModel::dispatchSeconds).
   std::vector<double> dispatchOf(steps, 0.0);
   for (size_t k = 0; k < steps; ++k)
-    dispatchOf[k] = dispatchTotal[k] / double(std::max<size_t>(dispatched, 1));
+    dispatchOf[k] =
+        in.dispatchTotal[k] / double(std::max<size_t>(in.dispatched, 1));
   double dispatchMedian = steps ? median(dispatchOf) : 0.0;
   plan::CostModel m = *machine;
-  m.peakFlopsPerSecond = rate;
+  m.peakFlopsPerSecond = kReplayRate;
   m.dispatchSeconds = dispatchMedian;
-  Layout measuredLayout = layOut(measuredCosts, m);
-  // Each step laid out with its own measured durations (and, withDispatch,
-  // its own dispatch latency), then the median over the steps per
-  // coordinate (as the measurement takes it): the pipeline's waits come
-  // from the layout alone. A median of the durations instead loses their
-  // spread, and a pipeline's step depends on it: a slow instruction on the
-  // critical path delays every stage behind.
-  auto replay = [&](bool withDispatch) {
-    Layout out;
-    std::vector<std::vector<double>> idle(P);
-    std::vector<double> stepOf;
-    for (size_t k = 0; k < steps && out.error.empty(); ++k) {
-      plan::CostModel mk = m;
-      mk.dispatchSeconds = withDispatch ? dispatchOf[k] : 0.0;
-      Layout one = layOut(measuredCosts, mk, stepSeconds[k]);
-      out.error = one.error;
-      for (size_t c = 0; c < one.idle.size(); ++c)
-        idle[c].push_back(one.idle[c]);
-      stepOf.push_back(one.step);
-    }
-    if (out.error.empty() && !stepOf.empty()) {
-      for (size_t c = 0; c < P; ++c) {
-        out.idle.push_back(median(idle[c]));
-        out.mean += out.idle.back() / double(P);
-      }
-      out.step = median(stepOf);
-    }
-    return out;
-  };
-  Layout replayLayout = replay(true), undispatchedLayout = replay(false);
+  BubbleLayout measuredLayout = layOut(pointers, in.measuredCosts, m);
+  BubbleLayout replayLayout = replaySteps(pointers, in, m, dispatchOf, true),
+               undispatchedLayout =
+                   replaySteps(pointers, in, m, dispatchOf, false);
   plan::CostModel f = *machine;
-  f.peakFlopsPerSecond = totalFlops / std::max(totalCompute, 1e-9);
-  Layout flopLayout = layOut(planFlops, f);
+  f.peakFlopsPerSecond = in.totalFlops / std::max(in.totalCompute, 1e-9);
+  BubbleLayout flopLayout = layOut(pointers, in.planFlops, f);
 
-  auto percents = [](const std::vector<double> &v) {
-    std::string out;
-    for (size_t c = 0; c < v.size(); ++c) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%s%.1f%%", c ? " " : "", 100 * v[c]);
-      out += buf;
-    }
-    return out;
-  };
   std::vector<double> measuredIdle;
   double measuredMean = 0, measuredWall = 0;
   for (size_t c = 0; c < P; ++c) {
@@ -455,7 +490,7 @@ void RankTrainer::printBubble() {
       (long long)config.ranks, (long long)config.microbatches,
       (long long)config.stagesPerRank, idleOfStep.size(),
       percents(measuredIdle).c_str(), 100 * measuredMean, measuredWall * 1e3);
-  auto ratio = [&](const Layout &l) {
+  auto ratio = [&](const BubbleLayout &l) {
     return l.mean > 0 ? measuredMean / l.mean : 0.0;
   };
   if (!replayLayout.error.empty())

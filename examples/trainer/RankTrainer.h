@@ -23,6 +23,8 @@
 
 namespace meshplan::trainer {
 
+class MetricsFile;
+
 using runtime::ComputeCall;
 using runtime::Session;
 using runtime::SessionOptions;
@@ -88,6 +90,39 @@ private:
   void printBubble();
   Result<void> saveCheckpoint();
 
+  // run()'s steps (Train.cpp).
+  /// One step's figures, as printed and written to --metrics.
+  struct StepFigures {
+    int64_t step = 0;
+    double loss = 0, lr = 0, wall = 0, compute = 0, comm = 0, exposed = 0;
+  };
+  /// Every step's figures, for the summary.
+  struct RunSeries {
+    std::vector<double> losses, walls, computes, comms, exposeds, overheads,
+        callbackComputes, planExposed, clips, traceRecordings;
+    DeviceTimes deviceTimes;
+  };
+  Result<void> initParameters();
+  void printBanner() const;
+  /// --load-checkpoint: loads it and returns the first step to run (1
+  /// without one).
+  Result<int64_t> loadCheckpointIfAsked();
+  /// --resume-after: the persistent shards kept in memory, into a fresh
+  /// session.
+  Result<void> resumeInFreshSession();
+  /// Runs step `step` (which a healed fault-tolerant group may move on to
+  /// its source's step) and measures it.
+  Result<StepFigures> runStep(int64_t &step);
+  void reportFaultTolerance();
+  /// Gradient clipping's instructions' time in the step, if it has any.
+  std::optional<double> clippingSeconds(const StepProfile &prof) const;
+  void record(RunSeries &series, const StepFigures &f, const StepProfile &prof,
+              int64_t firstStep);
+  Result<void> writeMetrics(MetricsFile &metrics, const StepFigures &f,
+                            const StepProfile &prof);
+  void printStep(const StepFigures &f, const StepProfile &prof) const;
+  void printSummary(const RunSeries &series, bool bubble);
+
   const TrainFlags &flags;
   const Planned &planned;
   const TextData &data;
@@ -134,6 +169,8 @@ private:
            std::map<std::string, std::vector<float>>>
       stashed;
   int64_t printerRank = 0;
+  /// Tokens of the whole job per step.
+  int64_t tokensPerStep = 0;
   std::vector<int32_t> tokens, targets;
   std::map<std::string, std::vector<float>> weights; ///< fp32 of a call
 

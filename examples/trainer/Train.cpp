@@ -869,12 +869,7 @@ Result<void> RankTrainer::saveCheckpoint() {
   return {};
 }
 
-Result<void> RankTrainer::run() {
-  MESHPLAN_TRY(open(""));
-  const plan::Plan &p0 = session->plan();
-  bool printer = p0.rank == printerRank;
-  int64_t tokensPerStep = planned.roles.dataParallel() * planned.microbatches *
-                          flags.batch * flags.seqLen;
+Result<void> RankTrainer::initParameters() {
   auto init = [&](TensorView &v) -> Result<void> {
     auto runs = k::boxIndexRuns(v.globalShape(), v.offset(), v.localShape());
     if (!runs)
@@ -890,44 +885,275 @@ Result<void> RankTrainer::run() {
       }
     return {};
   };
-  MESHPLAN_TRY(session->initParameters(init));
+  return session->initParameters(init);
+}
+
+void RankTrainer::printBanner() const {
+  const LlamaConfig &c = planned.config;
+  std::printf(
+      "meshplan-train: model %s (dim %lld, %lld layers, %lld heads, "
+      "%lld kv heads, ffn %lld, vocab %lld) on %lld ranks; %lld "
+      "data-parallel x %lld microbatches x %lld sequences of %lld "
+      "tokens = %lld tokens per step; %s matmuls\n",
+      planned.spec.model->name.c_str(), (long long)c.dim, (long long)c.nLayers,
+      (long long)c.nHeads, (long long)c.nKvHeads, (long long)c.ffnDim,
+      (long long)c.vocab, (long long)options.worldSize,
+      (long long)planned.roles.dataParallel(), (long long)planned.microbatches,
+      (long long)flags.batch, (long long)flags.seqLen, (long long)tokensPerStep,
+      planned.modelOptions.bf16Matmul ? "bf16-input" : "fp32");
+  std::fflush(stdout);
+}
+
+Result<int64_t> RankTrainer::loadCheckpointIfAsked() {
+  if (flags.loadCheckpoint.empty())
+    return int64_t(1);
+  ckpt::LoadOptions load;
+  load.dtypeCast = flags.dtypeCast;
+  load.resetOptimizerState = flags.optimizerState == "reset";
+  auto state = session->loadCheckpoint(flags.loadCheckpoint, load);
+  if (!state)
+    return state.error().within("--load-checkpoint");
+  if (state->step >= flags.steps)
+    return makeError("--load-checkpoint: the checkpoint is at step " +
+                     std::to_string(state->step) + ", not below --steps " +
+                     std::to_string(flags.steps));
+  MESHPLAN_TRY(session->resumeAfter(state->step));
+  int64_t first = state->step + 1;
+  if (session->plan().rank == printerRank)
+    std::printf("loaded %s: continuing at step %lld\n",
+                flags.loadCheckpoint.c_str(), (long long)first);
+  return first;
+}
+
+// Gradient clipping's instructions are grad_norm, the all_reduce of its
+// buffer and clip_grad: their time per step, for the summary's ratio.
+std::optional<double>
+RankTrainer::clippingSeconds(const StepProfile &prof) const {
+  const plan::Plan &p = session->plan();
+  std::string normBuffer;
+  double seconds = 0;
+  bool any = false;
+  for (size_t i = 0; i < p.program.size() && i < prof.instructionEnd.size();
+       ++i) {
+    const plan::Instruction &in = p.program[i];
+    bool clipping =
+        in.op == plan::OpKind::GradNorm || in.op == plan::OpKind::ClipGradients;
+    if (in.op == plan::OpKind::GradNorm)
+      normBuffer = in.outputs.at(0);
+    if (in.op == plan::OpKind::AllReduce && !normBuffer.empty() &&
+        in.inputs == std::vector<std::string>{normBuffer})
+      clipping = true;
+    if (!clipping)
+      continue;
+    any = true;
+    seconds += prof.instructionEnd[i] - prof.instructionStart[i];
+  }
+  return any ? std::optional<double>(seconds) : std::nullopt;
+}
+
+// Keeps every persistent shard in memory, ends this session, and goes on in
+// a fresh one from those bytes.
+Result<void> RankTrainer::resumeInFreshSession() {
+  std::map<std::string, std::vector<std::byte>> kept;
+  std::vector<TensorView> all = session->parameters();
+  for (const TensorView &v : session->optimizerState())
+    all.push_back(v);
+  for (const TensorView &v : all) {
+    kept[v.id()].resize(v.bytes.size());
+    MESHPLAN_TRY(session->copyOut(v, kept[v.id()]));
+  }
+  MESHPLAN_TRY(session->close());
+  session.reset();
+  MESHPLAN_TRY(open("-resumed"));
+  for (auto &[id, bytes] : kept) {
+    auto v = session->tensor(id);
+    if (!v)
+      return v.error();
+    if (v->bytes.size() != bytes.size())
+      return makeError("resume: " + id + " changed size");
+    MESHPLAN_TRY(session->copyInto(*v, bytes));
+  }
+  MESHPLAN_TRY(session->resumeAfter(flags.resumeAfter));
+  if (session->plan().rank == printerRank)
+    std::printf("resumed after step %lld in a fresh session from the "
+                "shards kept in memory (%zu tensors)\n",
+                (long long)flags.resumeAfter, kept.size());
+  return {};
+}
+
+/// Prints the fault-tolerance state when it changed since the last step.
+void RankTrainer::reportFaultTolerance() {
+  auto ft = session->faultTolerance();
+  if (!ft || (ft->epoch == ftEpoch && ft->stepsDiscarded == ftDiscarded &&
+              ft->heals == ftHeals))
+    return;
+  std::string live;
+  for (int g : ft->liveGroups)
+    live += (live.empty() ? "" : ", ") + std::to_string(g);
+  std::printf("fault tolerance: step %lld committed in epoch %lld "
+              "(replica groups %s of %lld live); %lld steps "
+              "discarded, %lld heals so far\n",
+              (long long)session->stepsDone(), (long long)ft->epoch,
+              live.c_str(), (long long)ft->numGroups,
+              (long long)ft->stepsDiscarded, (long long)ft->heals);
+  std::fflush(stdout);
+  ftEpoch = ft->epoch;
+  ftDiscarded = ft->stepsDiscarded;
+  ftHeals = ft->heals;
+}
+
+Result<RankTrainer::StepFigures> RankTrainer::runStep(int64_t &step) {
+  lossSum = 0;
+  lossCount = 0;
+  tpSeconds = 0;
+  delayStepForTests();
+  StepFigures f;
+  // The plan's rate for this step (its lr_schedule): printed with it.
+  f.lr = session->lr().value_or(0.0);
+  auto t = Clock::now();
+  MESHPLAN_TRY(session->step());
+  f.wall = secondsSince(t);
+  if (session->faultTolerance()) {
+    // A healed group continues at its source's step.
+    step = session->stepsDone();
+    reportFaultTolerance();
+  }
+  f.step = step;
+  if (!microbatches.empty() || !stashed.empty())
+    return makeError("step " + std::to_string(step) +
+                     " ended with a microbatch whose backward never ran");
+  auto loss = globalLoss(lossCount ? float(lossSum / double(lossCount)) : 0);
+  if (!loss)
+    return loss.error();
+  f.loss = *loss;
+  const StepProfile &prof = session->lastStepProfile();
+  f.compute = prof.callbacks - tpSeconds + prof.kernels;
+  f.comm = prof.collectives + tpSeconds;
+  f.exposed = prof.exposedCollectives + tpSeconds;
+  return f;
+}
+
+void RankTrainer::record(RunSeries &series, const StepFigures &f,
+                         const StepProfile &prof, int64_t firstStep) {
+  series.losses.push_back(f.loss);
+  series.walls.push_back(f.wall);
+  if (auto c = clippingSeconds(prof))
+    series.clips.push_back(*c);
+  if (prof.traceRecording > 0)
+    series.traceRecordings.push_back(prof.traceRecording);
+  series.computes.push_back(f.compute);
+  series.comms.push_back(f.comm);
+  series.exposeds.push_back(f.exposed);
+  series.overheads.push_back(prof.overhead);
+  series.callbackComputes.push_back(prof.callbacks - tpSeconds);
+  series.planExposed.push_back(prof.exposedCollectives);
+  if (flags.deviceTiming && f.step > firstStep)
+    series.deviceTimes.add(session->plan(), prof);
+  if (machine && planned.spec.pipeline &&
+      (f.step > firstStep || f.step == flags.steps))
+    recordBubble(prof);
+}
+
+Result<void> RankTrainer::writeMetrics(MetricsFile &metrics,
+                                       const StepFigures &f,
+                                       const StepProfile &prof) {
+  StepMetrics m;
+  m.step = f.step;
+  m.rank = options.rank;
+  m.loss = f.loss;
+  m.lossIsGlobal = lossIsGlobal;
+  m.lr = f.lr;
+  m.gradNorm = prof.gradNorm;
+  m.clipCoefficient = prof.clipCoefficient;
+  m.updateSkipped = prof.updateSkipped;
+  m.tokens = tokensPerStep;
+  m.stepSeconds = f.wall;
+  m.computeSeconds = f.compute;
+  m.communicationSeconds = f.comm;
+  m.exposedSeconds = f.exposed;
+  m.runtimeSeconds = prof.overhead;
+  m.peakRssBytes = MetricsFile::peakRssBytes();
+  if (auto ft = session->faultTolerance())
+    m.faultToleranceEpoch = ft->epoch;
+  return metrics.write(m);
+}
+
+void RankTrainer::printStep(const StepFigures &f,
+                            const StepProfile &prof) const {
+  std::string norm;
+  if (prof.gradNorm) {
+    char text[96];
+    std::snprintf(text, sizeof(text), " grad norm %.4g (clip %.4g)",
+                  *prof.gradNorm, double(prof.clipCoefficient));
+    norm = text;
+  }
+  std::printf("step %lld/%lld loss %.4f%s%s lr %.4g tok/s %.0f | step "
+              "%.1f ms: compute %.1f comm %.1f exposed %.1f runtime %.2f "
+              "ms\n",
+              (long long)f.step, (long long)flags.steps, f.loss,
+              lossIsGlobal ? "" : " (this rank)", norm.c_str(), f.lr,
+              double(tokensPerStep) / f.wall, f.wall * 1e3, f.compute * 1e3,
+              f.comm * 1e3, f.exposed * 1e3, prof.overhead * 1e3);
+  std::fflush(stdout);
+}
+
+void RankTrainer::printSummary(const RunSeries &series, bool bubble) {
+  const std::vector<double> &losses = series.losses;
+  size_t n = std::min<size_t>(10, losses.size());
+  double first = 0, last = 0;
+  for (size_t i = 0; i < n; ++i) {
+    first += losses[i];
+    last += losses[losses.size() - 1 - i];
+  }
+  double w = median(series.walls);
+  std::printf(
+      "summary: %lld steps; loss %.4f -> %.4f (mean of the first and last "
+      "%zu steps); median step %.1f ms, %.0f tok/s; compute %.1f ms, comm "
+      "%.1f ms (exposed %.1f ms), runtime overhead %.2f ms (%.2f%% of the "
+      "step); matmuls %.2f GFLOP/s\n",
+      (long long)losses.size(), first / double(n), last / double(n), n, w * 1e3,
+      double(tokensPerStep) / w, median(series.computes) * 1e3,
+      median(series.comms) * 1e3, median(series.exposeds) * 1e3,
+      median(series.overheads) * 1e3, 100.0 * median(series.overheads) / w,
+      matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
+  if (!series.clips.empty())
+    std::printf("gradient clipping: median %.3f ms per step (exact norm, "
+                "its all-reduce, the scale) = %.2f%% of the median step\n",
+                median(series.clips) * 1e3, 100.0 * median(series.clips) / w);
+  if (!series.traceRecordings.empty()) {
+    // Every traced step copies its times; the last also writes the file.
+    double total = 0;
+    for (double t : series.traceRecordings)
+      total += t;
+    size_t traced = series.traceRecordings.size();
+    std::printf("trace recording: %zu steps in %.3f ms (the file's write "
+                "included), %.3f ms per traced step = %.2f%% of the median "
+                "step (rank 0; %s/rank<R>.json)\n",
+                traced, total * 1e3, total / double(traced) * 1e3,
+                100.0 * total / double(traced) / w, flags.traceDir.c_str());
+  }
+  if (flags.deviceTiming)
+    series.deviceTimes.print(w);
+  if (machine)
+    printCostModel(median(series.callbackComputes), w,
+                   median(series.planExposed));
+  if (bubble)
+    printBubble();
+}
+
+Result<void> RankTrainer::run() {
+  MESHPLAN_TRY(open(""));
+  bool printer = session->plan().rank == printerRank;
+  tokensPerStep = planned.roles.dataParallel() * planned.microbatches *
+                  flags.batch * flags.seqLen;
+  MESHPLAN_TRY(initParameters());
   if (flags.costModel)
     MESHPLAN_TRY(calibrate());
-  if (printer) {
-    const LlamaConfig &c = planned.config;
-    std::printf("meshplan-train: model %s (dim %lld, %lld layers, %lld heads, "
-                "%lld kv heads, ffn %lld, vocab %lld) on %lld ranks; %lld "
-                "data-parallel x %lld microbatches x %lld sequences of %lld "
-                "tokens = %lld tokens per step; %s matmuls\n",
-                planned.spec.model->name.c_str(), (long long)c.dim,
-                (long long)c.nLayers, (long long)c.nHeads,
-                (long long)c.nKvHeads, (long long)c.ffnDim, (long long)c.vocab,
-                (long long)options.worldSize,
-                (long long)planned.roles.dataParallel(),
-                (long long)planned.microbatches, (long long)flags.batch,
-                (long long)flags.seqLen, (long long)tokensPerStep,
-                planned.modelOptions.bf16Matmul ? "bf16-input" : "fp32");
-    std::fflush(stdout);
-  }
-
-  int64_t first = 1;
-  if (!flags.loadCheckpoint.empty()) {
-    ckpt::LoadOptions load;
-    load.dtypeCast = flags.dtypeCast;
-    load.resetOptimizerState = flags.optimizerState == "reset";
-    auto state = session->loadCheckpoint(flags.loadCheckpoint, load);
-    if (!state)
-      return state.error().within("--load-checkpoint");
-    if (state->step >= flags.steps)
-      return makeError("--load-checkpoint: the checkpoint is at step " +
-                       std::to_string(state->step) + ", not below --steps " +
-                       std::to_string(flags.steps));
-    MESHPLAN_TRY(session->resumeAfter(state->step));
-    first = state->step + 1;
-    if (printer)
-      std::printf("loaded %s: continuing at step %lld\n",
-                  flags.loadCheckpoint.c_str(), (long long)first);
-  }
+  if (printer)
+    printBanner();
+  Result<int64_t> first = loadCheckpointIfAsked();
+  if (!first)
+    return first.error();
   std::unique_ptr<MetricsFile> metrics;
   if (!flags.metrics.empty()) {
     auto opened = MetricsFile::open(flags.metrics, options.rank);
@@ -935,118 +1161,15 @@ Result<void> RankTrainer::run() {
       return opened.error();
     metrics = std::move(*opened);
   }
-  std::vector<double> losses, walls, computes, comms, exposeds, overheads,
-      callbackComputes, planExposed, clips, traceRecordings;
-  DeviceTimes deviceTimes;
-  // Gradient clipping's instructions (grad_norm, the all_reduce of its
-  // buffer, clip_grad): their time per step, for the summary's ratio.
-  auto clippingSeconds = [&](const StepProfile &prof) -> std::optional<double> {
-    const plan::Plan &p = session->plan();
-    std::string normBuffer;
-    double seconds = 0;
-    bool any = false;
-    for (size_t i = 0; i < p.program.size() && i < prof.instructionEnd.size();
-         ++i) {
-      const plan::Instruction &in = p.program[i];
-      bool clipping = in.op == plan::OpKind::GradNorm ||
-                      in.op == plan::OpKind::ClipGradients;
-      if (in.op == plan::OpKind::GradNorm)
-        normBuffer = in.outputs.at(0);
-      if (in.op == plan::OpKind::AllReduce && !normBuffer.empty() &&
-          in.inputs == std::vector<std::string>{normBuffer})
-        clipping = true;
-      if (!clipping)
-        continue;
-      any = true;
-      seconds += prof.instructionEnd[i] - prof.instructionStart[i];
-    }
-    return any ? std::optional<double>(seconds) : std::nullopt;
-  };
-  for (int64_t step = first; step <= flags.steps; ++step) {
-    if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1) {
-      // Keep every persistent shard in memory, end this session, and go on
-      // in a fresh one from those bytes.
-      std::map<std::string, std::vector<std::byte>> kept;
-      std::vector<TensorView> all = session->parameters();
-      for (const TensorView &v : session->optimizerState())
-        all.push_back(v);
-      for (const TensorView &v : all) {
-        kept[v.id()].resize(v.bytes.size());
-        MESHPLAN_TRY(session->copyOut(v, kept[v.id()]));
-      }
-      MESHPLAN_TRY(session->close());
-      session.reset();
-      MESHPLAN_TRY(open("-resumed"));
-      for (auto &[id, bytes] : kept) {
-        auto v = session->tensor(id);
-        if (!v)
-          return v.error();
-        if (v->bytes.size() != bytes.size())
-          return makeError("resume: " + id + " changed size");
-        MESHPLAN_TRY(session->copyInto(*v, bytes));
-      }
-      MESHPLAN_TRY(session->resumeAfter(flags.resumeAfter));
-      if (printer)
-        std::printf("resumed after step %lld in a fresh session from the "
-                    "shards kept in memory (%zu tensors)\n",
-                    (long long)flags.resumeAfter, kept.size());
-    }
-    lossSum = 0;
-    lossCount = 0;
-    tpSeconds = 0;
-    delayStepForTests();
-    // The plan's rate for this step (its lr_schedule): printed with it.
-    double stepLr = session->lr().value_or(0.0);
-    auto t = Clock::now();
-    MESHPLAN_TRY(session->step());
-    double wall = secondsSince(t);
-    if (auto ft = session->faultTolerance()) {
-      // A healed group continues at its source's step.
-      step = session->stepsDone();
-      if (ft->epoch != ftEpoch || ft->stepsDiscarded != ftDiscarded ||
-          ft->heals != ftHeals) {
-        std::string live;
-        for (int g : ft->liveGroups)
-          live += (live.empty() ? "" : ", ") + std::to_string(g);
-        std::printf("fault tolerance: step %lld committed in epoch %lld "
-                    "(replica groups %s of %lld live); %lld steps "
-                    "discarded, %lld heals so far\n",
-                    (long long)step, (long long)ft->epoch, live.c_str(),
-                    (long long)ft->numGroups, (long long)ft->stepsDiscarded,
-                    (long long)ft->heals);
-        std::fflush(stdout);
-        ftEpoch = ft->epoch;
-        ftDiscarded = ft->stepsDiscarded;
-        ftHeals = ft->heals;
-      }
-    }
-    if (!microbatches.empty() || !stashed.empty())
-      return makeError("step " + std::to_string(step) +
-                       " ended with a microbatch whose backward never ran");
-    auto loss = globalLoss(lossCount ? float(lossSum / double(lossCount)) : 0);
-    if (!loss)
-      return loss.error();
+  RunSeries series;
+  for (int64_t step = *first; step <= flags.steps; ++step) {
+    if (flags.resumeAfter >= 0 && step == flags.resumeAfter + 1)
+      MESHPLAN_TRY(resumeInFreshSession());
+    Result<StepFigures> f = runStep(step);
+    if (!f)
+      return f.error();
     const StepProfile &prof = session->lastStepProfile();
-    double compute = prof.callbacks - tpSeconds + prof.kernels;
-    double comm = prof.collectives + tpSeconds;
-    double exposed = prof.exposedCollectives + tpSeconds;
-    losses.push_back(*loss);
-    walls.push_back(wall);
-    if (auto c = clippingSeconds(prof))
-      clips.push_back(*c);
-    if (prof.traceRecording > 0)
-      traceRecordings.push_back(prof.traceRecording);
-    computes.push_back(compute);
-    comms.push_back(comm);
-    exposeds.push_back(exposed);
-    overheads.push_back(prof.overhead);
-    callbackComputes.push_back(prof.callbacks - tpSeconds);
-    planExposed.push_back(prof.exposedCollectives);
-    if (flags.deviceTiming && step > first)
-      deviceTimes.add(session->plan(), prof);
-    if (machine && planned.spec.pipeline &&
-        (step > first || step == flags.steps))
-      recordBubble(prof);
+    record(series, *f, prof, *first);
     // A skipped update is said on every step it happens, whatever
     // --log-every says: it is never silent.
     if (printer && prof.updateSkipped) {
@@ -1056,44 +1179,10 @@ Result<void> RankTrainer::run() {
                   (long long)step, prof.gradNorm.value_or(0.0));
       std::fflush(stdout);
     }
-    if (metrics) {
-      StepMetrics m;
-      m.step = step;
-      m.rank = options.rank;
-      m.loss = *loss;
-      m.lossIsGlobal = lossIsGlobal;
-      m.lr = stepLr;
-      m.gradNorm = prof.gradNorm;
-      m.clipCoefficient = prof.clipCoefficient;
-      m.updateSkipped = prof.updateSkipped;
-      m.tokens = tokensPerStep;
-      m.stepSeconds = wall;
-      m.computeSeconds = compute;
-      m.communicationSeconds = comm;
-      m.exposedSeconds = exposed;
-      m.runtimeSeconds = prof.overhead;
-      m.peakRssBytes = MetricsFile::peakRssBytes();
-      if (auto ft = session->faultTolerance())
-        m.faultToleranceEpoch = ft->epoch;
-      MESHPLAN_TRY(metrics->write(m));
-    }
-    if (printer && (step % flags.logEvery == 0 || step == flags.steps)) {
-      std::string norm;
-      if (prof.gradNorm) {
-        char text[96];
-        std::snprintf(text, sizeof(text), " grad norm %.4g (clip %.4g)",
-                      *prof.gradNorm, double(prof.clipCoefficient));
-        norm = text;
-      }
-      std::printf("step %lld/%lld loss %.4f%s%s lr %.4g tok/s %.0f | step "
-                  "%.1f ms: compute %.1f comm %.1f exposed %.1f runtime %.2f "
-                  "ms\n",
-                  (long long)step, (long long)flags.steps, *loss,
-                  lossIsGlobal ? "" : " (this rank)", norm.c_str(), stepLr,
-                  double(tokensPerStep) / wall, wall * 1e3, compute * 1e3,
-                  comm * 1e3, exposed * 1e3, prof.overhead * 1e3);
-      std::fflush(stdout);
-    }
+    if (metrics)
+      MESHPLAN_TRY(writeMetrics(*metrics, *f, prof));
+    if (printer && (step % flags.logEvery == 0 || step == flags.steps))
+      printStep(*f, prof);
     if (flags.checkpointEvery > 0 && step % flags.checkpointEvery == 0)
       MESHPLAN_TRY(saveCheckpoint());
   }
@@ -1107,48 +1196,8 @@ Result<void> RankTrainer::run() {
   if (bubble)
     MESHPLAN_TRY(exchangeBubble());
   MESHPLAN_TRY(session->close());
-  if (printer && !losses.empty()) {
-    size_t n = std::min<size_t>(10, losses.size());
-    double first = 0, last = 0;
-    for (size_t i = 0; i < n; ++i) {
-      first += losses[i];
-      last += losses[losses.size() - 1 - i];
-    }
-    double w = median(walls);
-    std::printf(
-        "summary: %lld steps; loss %.4f -> %.4f (mean of the first and last "
-        "%zu steps); median step %.1f ms, %.0f tok/s; compute %.1f ms, comm "
-        "%.1f ms (exposed %.1f ms), runtime overhead %.2f ms (%.2f%% of the "
-        "step); matmuls %.2f GFLOP/s\n",
-        (long long)losses.size(), first / double(n), last / double(n), n,
-        w * 1e3, double(tokensPerStep) / w, median(computes) * 1e3,
-        median(comms) * 1e3, median(exposeds) * 1e3, median(overheads) * 1e3,
-        100.0 * median(overheads) / w,
-        matmulSeconds > 0 ? matmulFlops / matmulSeconds * 1e-9 : 0.0);
-    if (!clips.empty())
-      std::printf("gradient clipping: median %.3f ms per step (exact norm, "
-                  "its all-reduce, the scale) = %.2f%% of the median step\n",
-                  median(clips) * 1e3, 100.0 * median(clips) / w);
-    if (!traceRecordings.empty()) {
-      // Every traced step copies its times; the last also writes the file.
-      double total = 0;
-      for (double t : traceRecordings)
-        total += t;
-      std::printf("trace recording: %zu steps in %.3f ms (the file's write "
-                  "included), %.3f ms per traced step = %.2f%% of the median "
-                  "step (rank 0; %s/rank<R>.json)\n",
-                  traceRecordings.size(), total * 1e3,
-                  total / double(traceRecordings.size()) * 1e3,
-                  100.0 * total / double(traceRecordings.size()) / w,
-                  flags.traceDir.c_str());
-    }
-    if (flags.deviceTiming)
-      deviceTimes.print(w);
-    if (machine)
-      printCostModel(median(callbackComputes), w, median(planExposed));
-    if (bubble)
-      printBubble();
-  }
+  if (printer && !series.losses.empty())
+    printSummary(series, bubble);
   return {};
 }
 

@@ -5,6 +5,7 @@
 #include "meshplan/Pipeline/Pipeline.h"
 #include "meshplan/Plan/Plan.h"
 #include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Support/Hash.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,11 +33,13 @@ static uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/// A tensor name's seed for its initial values and synthetic gradients.
+/// FNV-1a from 1469598103934665603, not FNV's offset basis (one digit short
+/// of 14695981039346656037): the basis this trainer always used, kept so
+/// that initial weights, and so losses and saved checkpoints, stay what they
+/// were.
 static uint64_t hashName(const std::string &s) {
-  uint64_t h = 1469598103934665603ull; // FNV-1a
-  for (unsigned char c : s)
-    h = (h ^ c) * 1099511628211ull;
-  return h;
+  return fnv1a64(s, 1469598103934665603ull);
 }
 
 //===----------------------------------------------------------------------===//

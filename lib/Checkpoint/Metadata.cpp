@@ -29,14 +29,6 @@ namespace meshplan::ckpt {
 
 using namespace meshplan::json;
 
-#define MP_ASSIGN(lhs, expr)                                                   \
-  do {                                                                         \
-    auto mpRes_ = (expr);                                                      \
-    if (!mpRes_.ok())                                                          \
-      return mpRes_.error();                                                   \
-    lhs = std::move(mpRes_.value());                                           \
-  } while (0)
-
 const TensorEntry *CheckpointMetadata::findTensor(std::string_view name) const {
   for (const TensorEntry &t : tensors)
     if (t.name == name)
@@ -229,7 +221,7 @@ Result<void> checkIntegers(Value v, const Path &path,
 
 Result<SourceRef> readSource(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kSourceRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kSourceRule));
   SourceRef s;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), s.name));
   MESHPLAN_TRY(readStringInto(f.at("fingerprint"), path.child("fingerprint"),
@@ -239,7 +231,7 @@ Result<SourceRef> readSource(Value v, const Path &path) {
 
 Result<Chunk> readChunk(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kChunkRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kChunkRule));
   MESHPLAN_TRY(checkIntegers(v, path, kChunkRule));
   Chunk c;
   MESHPLAN_TRY(
@@ -247,9 +239,9 @@ Result<Chunk> readChunk(Value v, const Path &path) {
   MESHPLAN_TRY(readIntArrayInto(f.at("shape"), path.child("shape"), c.box.shape,
                                 0, kMaxTensorElements));
   MESHPLAN_TRY(readStringInto(f.at("file"), path.child("file"), c.file));
-  MP_ASSIGN(c.byteOffset,
-            readInt(f.at("byte_offset"), path.child("byte_offset"), 0));
-  MP_ASSIGN(c.length, readInt(f.at("length"), path.child("length"), 0));
+  MESHPLAN_ASSIGN(c.byteOffset,
+                  readInt(f.at("byte_offset"), path.child("byte_offset"), 0));
+  MESHPLAN_ASSIGN(c.length, readInt(f.at("length"), path.child("length"), 0));
   Value crcs = f.at("crc32c");
   Path crcPath = path.child("crc32c");
   // As many as the file lists (the tape holds them all already);
@@ -258,7 +250,7 @@ Result<Chunk> readChunk(Value v, const Path &path) {
   size_t i = 0;
   for (Value crc : crcs.elements()) {
     uint32_t value = 0;
-    MP_ASSIGN(value, parseHex8(crc, crcPath.child(i++)));
+    MESHPLAN_ASSIGN(value, parseHex8(crc, crcPath.child(i++)));
     c.crc32c.push_back(value);
   }
   return c;
@@ -271,7 +263,7 @@ using ChunkSource = std::function<Result<void>(TensorEntry &, const Path &)>;
 Result<TensorEntry> readTensor(Value v, const Path &path,
                                const ChunkSource *chunkSource = nullptr) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kTensorRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kTensorRule));
   MESHPLAN_TRY(checkIntegers(v, path, kTensorRule));
   TensorEntry t;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), t.name));
@@ -279,7 +271,7 @@ Result<TensorEntry> readTensor(Value v, const Path &path,
                                                 : TensorKind::OptimizerState;
   if (std::optional<Value> id = f.get("tensor_id")) {
     int64_t n = 0;
-    MP_ASSIGN(n, readInt(*id, path.child("tensor_id"), 0));
+    MESHPLAN_ASSIGN(n, readInt(*id, path.child("tensor_id"), 0));
     t.tensorId = n;
   }
   std::string_view dtype = f.at("dtype").string();
@@ -305,7 +297,7 @@ Result<TensorEntry> readTensor(Value v, const Path &path,
   size_t i = 0;
   for (Value chunk : chunks.elements()) {
     Chunk c;
-    MP_ASSIGN(c, readChunk(chunk, chunksPath.child(i++)));
+    MESHPLAN_ASSIGN(c, readChunk(chunk, chunksPath.child(i++)));
     t.chunks.push_back(std::move(c));
   }
   return t;
@@ -549,7 +541,7 @@ Result<CheckpointMetadata> readDocument(Value doc,
                        std::to_string(kOldestCheckpointVersion) + " to " +
                        std::to_string(kCheckpointVersion));
   Fields f;
-  MP_ASSIGN(f, checkObject(doc, root, kRootRule));
+  MESHPLAN_ASSIGN(f, checkObject(doc, root, kRootRule));
   CheckpointMetadata meta;
   meta.version = int(version->unsignedValue());
   // Version 2 protects the metadata with a checksum (checked last, once
@@ -564,23 +556,23 @@ Result<CheckpointMetadata> readDocument(Value doc,
     return errorAt(root.child("metadata_checksum"),
                    "version 1 metadata has no checksum (a version 2 file "
                    "with its version edited?)");
-  MP_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
-  MP_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
+  MESHPLAN_ASSIGN(meta.model, readSource(f.at("model"), root.child("model")));
+  MESHPLAN_ASSIGN(meta.spec, readSource(f.at("spec"), root.child("spec")));
   {
     Path p = root.child("training");
     Fields tf;
-    MP_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
+    MESHPLAN_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
     MESHPLAN_TRY(checkIntegers(f.at("training"), p, kTrainingRule));
-    MP_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
-    MP_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
-    MP_ASSIGN(
+    MESHPLAN_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
+    MESHPLAN_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
+    MESHPLAN_ASSIGN(
         meta.training.stochasticRounding,
         readBool(tf.at("stochastic_rounding"), p.child("stochastic_rounding")));
   }
   if (std::optional<Value> w = f.get("written_by")) {
     Path p = root.child("written_by");
     Fields wf;
-    MP_ASSIGN(wf, checkObject(*w, p, kWrittenByRule));
+    MESHPLAN_ASSIGN(wf, checkObject(*w, p, kWrittenByRule));
     if (std::optional<Value> m = wf.get("mesh"))
       MESHPLAN_TRY(readStringInto(*m, p.child("mesh"), meta.mesh));
     if (std::optional<Value> g = wf.get("generator"))
@@ -593,9 +585,9 @@ Result<CheckpointMetadata> readDocument(Value doc,
   {
     Path p = root.child("checksum");
     Fields cf;
-    MP_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
+    MESHPLAN_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
     MESHPLAN_TRY(checkIntegers(f.at("checksum"), p, kChecksumRule));
-    MP_ASSIGN(meta.blockBytes,
+    MESHPLAN_ASSIGN(meta.blockBytes,
               readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
                       kMaxBlockBytes));
   }
@@ -606,11 +598,11 @@ Result<CheckpointMetadata> readDocument(Value doc,
   for (Value file : files.elements()) {
     Path p = filesPath.child(i++);
     Fields ff;
-    MP_ASSIGN(ff, checkObject(file, p, kFileRule));
+    MESHPLAN_ASSIGN(ff, checkObject(file, p, kFileRule));
     MESHPLAN_TRY(checkIntegers(file, p, kFileRule));
     DataFile d;
     MESHPLAN_TRY(readStringInto(ff.at("name"), p.child("name"), d.name));
-    MP_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
+    MESHPLAN_ASSIGN(d.bytes, readInt(ff.at("bytes"), p.child("bytes"), 0));
     meta.files.push_back(std::move(d));
   }
   Value tensors = f.at("tensors");
@@ -621,7 +613,7 @@ Result<CheckpointMetadata> readDocument(Value doc,
   i = 0;
   for (Value tensor : tensors.elements()) {
     TensorEntry t;
-    MP_ASSIGN(t, readTensor(tensor, tensorsPath.child(i++)));
+    MESHPLAN_ASSIGN(t, readTensor(tensor, tensorsPath.child(i++)));
     meta.tensors.push_back(std::move(t));
   }
   MESHPLAN_TRY(validateMetadata(meta));

@@ -374,6 +374,20 @@ private:
     return {pl::BufferKind::Scratch, "tmp"};
   }
 
+  /// An op being translated into an instruction: its id, the instruction
+  /// so far, the buffer ids of its operands, and its FLOPs.
+  struct Translation {
+    Operation *op;
+    int64_t distId;
+    pl::Instruction in;
+    std::vector<std::string> inputs;
+    double flops = 0;
+  };
+
+  /// Where a translation went: a new instruction still to be added, or
+  /// into an earlier one (a bucket, a fused update).
+  enum class Placed { New, Merged };
+
   Result<void> exportOp(Operation *op) {
     IntegerAttr idAttr =
         dist::DistDialect::IdAttrHelper(op->getContext()).getAttr(op);
@@ -381,26 +395,47 @@ private:
         dist::DistDialect::StreamAttrHelper(op->getContext()).getAttr(op);
     if (!idAttr || !streamAttr)
       return opError(op, "has no dist.id / dist.stream (run dist-schedule)");
-    int64_t distId = idAttr.getInt();
+    Translation t{op, idAttr.getInt(), {}, {}};
     std::string stream = streamAttr.str();
     if (std::find(out.streams.begin(), out.streams.end(), stream) ==
         out.streams.end())
       out.streams.push_back(stream);
-
-    pl::Instruction in;
-    in.id = "i" + std::to_string(distId);
-    in.stream = stream;
-    double flops = 0;
+    t.in.id = "i" + std::to_string(t.distId);
+    t.in.stream = stream;
 
     // Operands are buffers of earlier ops (or arguments).
-    std::vector<std::string> inputs;
     for (Value v : op->getOperands()) {
       auto id = inputId(op, v);
       if (!id)
         return id.error();
-      inputs.push_back(*id);
+      t.inputs.push_back(*id);
     }
+    if (foldsAway(t))
+      return {};
+    Result<Placed> placed = translate(t);
+    if (!placed)
+      return placed.error();
+    if (*placed == Placed::Merged)
+      return {};
+    // Adjacent local instructions of one kind fuse into one (a unit's
+    // casts, the frees after one compute): fewer, larger instructions.
+    if (!out.program.empty() && fusable(out.program.back(), t.in))
+      return mergeInto(static_cast<int>(out.program.size()) - 1, op, t.distId,
+                       t.in, t.flops);
+    if (auto ok = addDeps(op, t.in); !ok)
+      return ok.error();
+    instructionOfId[t.distId] = static_cast<int>(out.program.size());
+    instructionOfOp[op] = static_cast<int>(out.program.size());
+    out.program.push_back(std::move(t.in));
+    out.flops.push_back(t.flops);
+    return {};
+  }
 
+  /// Whether the op needs no instruction: a cast folded into the all-gather
+  /// that reads it, or a free of folded casts only (whose other operands it
+  /// then keeps as its inputs).
+  bool foldsAway(Translation &t) {
+    Operation *op = t.op;
     // FSDP2 casts a parameter shard to the mixed-precision dtype while
     // copying it into the all-gather buffer: a cast of a parameter read only
     // by all-gathers (and frees) is no instruction and no buffer of its own;
@@ -410,23 +445,66 @@ private:
       bufferOf[result] = bufferOf.lookup(source);
       rootOf[result] = rootOf.lookup(source);
       folded.insert(result);
-      instructionOfId[distId] = -1;
+      instructionOfId[t.distId] = -1;
       instructionOfOp[op] = -1;
-      return {};
+      return true;
     }
     if (isa<dist::FreeOp>(op)) {
       // Frees of folded casts release nothing.
-      inputs.clear();
+      t.inputs.clear();
       for (Value v : op->getOperands())
         if (!folded.count(v))
-          inputs.push_back(bufferId(v));
-      if (inputs.empty()) {
-        instructionOfId[distId] = -1;
+          t.inputs.push_back(bufferId(v));
+      if (t.inputs.empty()) {
+        instructionOfId[t.distId] = -1;
         instructionOfOp[op] = -1;
-        return {};
+        return true;
       }
     }
+    return false;
+  }
 
+  /// Fills the instruction for the op's kind.
+  Result<Placed> translate(Translation &t) {
+    Operation *op = t.op;
+    if (isa<dist::SendOp, dist::RecvOp>(op))
+      return translateTransfer(t);
+    if (auto compute = dyn_cast<dist::ComputeOp>(op))
+      return translateCompute(compute, t);
+    if (auto adam = dyn_cast<dist::AdamWOp>(op))
+      return translateAdamW(adam, t);
+    if (isa<dist::FreeOp>(op))
+      return translateFree(t);
+    if (isa<arith::AddFOp>(op) &&
+        dist::DistDialect::AccumulateAttrHelper(op->getContext())
+            .isAttrPresent(op)) {
+      // A microbatch's reduced gradient added into the accumulated one, in
+      // place (dist-schedule frees neither the sum nor its first operand).
+      Value result = op->getResult(0), acc = op->getOperand(0);
+      bufferOf[result] = bufferOf.lookup(acc);
+      rootOf[result] = rootOf.lookup(acc);
+      t.in.op = pl::OpKind::Accumulate;
+      t.in.inputs = t.inputs;
+      t.in.outputs = {t.inputs[0]};
+      t.in.label = "accumulate " + rootOf.lookup(acc);
+      return Placed::New;
+    }
+    if (auto sum = dyn_cast<dist::ReduceSumOp>(op))
+      return translateSum(sum, t);
+    if (auto amax = dyn_cast<dist::Fp8AmaxOp>(op))
+      return translateAmax(amax, t);
+    if (op->getNumResults() == 1 &&
+        (isa<dist::Fp8CastOp, arith::TruncFOp, arith::ExtFOp, dist::AllGatherOp,
+             dist::ReduceScatterOp, dist::AllReduceOp, dist::AllToAllOp,
+             dist::PermuteOp, dist::BroadcastOp>(op)))
+      return translateOneResult(t);
+    return opError(op, "has no plan instruction (export supports the "
+                       "ops of a scheduled dist.train_step)");
+  }
+
+  Result<Placed> translateTransfer(Translation &t) {
+    Operation *op = t.op;
+    pl::Instruction &in = t.in;
     if (auto transfer = dyn_cast<dist::SendOp>(op)) {
       if (auto ok = exportTransfer(op, transfer.getCommAttr(),
                                    transfer.getPeerAttr().getInt(),
@@ -434,258 +512,262 @@ private:
           !ok)
         return ok.error();
       in.op = pl::OpKind::Send;
-      in.inputs = inputs;
-    } else if (auto transfer = dyn_cast<dist::RecvOp>(op)) {
-      if (auto ok = exportTransfer(op, transfer.getCommAttr(),
-                                   transfer.getPeerAttr().getInt(),
-                                   transfer.getTag(), transfer.getResult(), in);
-          !ok)
-        return ok.error();
-      in.op = pl::OpKind::Recv;
-      // "F s0 mb3" arrives as act.s0.mb3, "B s2 mb3" as actgrad.s2.mb3:
-      // the names its producer's buffer has on the other rank.
-      auto index =
-          addBuffer(op, transfer.getResult(), activationId(transfer.getTag()),
-                    pl::BufferKind::Activation, false);
-      if (!index)
-        return index.error();
-      in.outputs = {bufferId(transfer.getResult())};
-    } else if (auto compute = dyn_cast<dist::ComputeOp>(op)) {
-      in.op = pl::OpKind::Compute;
-      // zbv's split backward keeps its phase names (the dialect's):
-      // backward_input, then backward_weight (docs/plan-format.md).
-      switch (compute.getPhase()) {
-      case dist::Phase::Forward:
-        in.phase = "forward";
-        break;
-      case dist::Phase::Backward:
-        in.phase = "backward";
-        break;
-      default:
-        in.phase = dist::stringifyPhase(compute.getPhase()).str();
-        break;
-      }
-      in.label = in.phase + " " + compute.getModule().str();
-      in.unit = compute.getModule().str();
-      IntegerAttr mbAttr =
-          dist::DistDialect::MicrobatchAttrHelper(op->getContext()).getAttr(op);
-      if (auto stage = compute.getStageAttr())
-        in.label +=
-            " (stage " + std::to_string(stage.getInt()) + (mbAttr ? ", " : ")");
-      else if (mbAttr)
-        in.label += " (";
-      if (mbAttr) {
-        in.label += "microbatch " + std::to_string(mbAttr.getInt()) + ")";
-        in.microbatch = mbAttr.getInt();
-      }
-      if (auto f = compute.getFlopsAttr())
-        flops = f.getValueAsDouble();
-      in.inputs = inputs;
-      int64_t mb = 0;
-      if (auto attr = dist::DistDialect::MicrobatchAttrHelper(op->getContext())
-                          .getAttr(op))
-        mb = attr.getInt();
-      auto stageTag = [&](std::string_view what) {
-        return std::string(what) + ".s" +
-               std::to_string(compute.getStageAttr().getInt()) + ".mb" +
-               std::to_string(mb);
-      };
-      for (auto [i, grad] : llvm::enumerate(compute.getGrads())) {
-        // A stage's activations (rank-local, no layout): a forward's
-        // output for the next stage, a backward's gradient of the stage's
-        // input activation.
-        if (compute.getStageAttr() && !dist::getLayout(grad.getType())) {
-          bool forward = compute.getPhase() == dist::Phase::Forward;
-          auto index =
-              addBuffer(op, grad, stageTag(forward ? "act" : "actgrad"),
-                        pl::BufferKind::Activation, false);
-          if (!index)
-            return index.error();
-          in.outputs.push_back(bufferId(grad));
-          continue;
-        }
-        Value source = compute.getInputs()[i];
-        std::string root = rootOf.lookup(source);
-        rootOf[grad] = root;
-        auto index = addBuffer(op, grad, root + ".grad",
-                               pl::BufferKind::Gradient, false);
+      in.inputs = t.inputs;
+      return Placed::New;
+    }
+    auto transfer = cast<dist::RecvOp>(op);
+    if (auto ok = exportTransfer(op, transfer.getCommAttr(),
+                                 transfer.getPeerAttr().getInt(),
+                                 transfer.getTag(), transfer.getResult(), in);
+        !ok)
+      return ok.error();
+    in.op = pl::OpKind::Recv;
+    // "F s0 mb3" arrives as act.s0.mb3, "B s2 mb3" as actgrad.s2.mb3:
+    // the names its producer's buffer has on the other rank.
+    auto index =
+        addBuffer(op, transfer.getResult(), activationId(transfer.getTag()),
+                  pl::BufferKind::Activation, false);
+    if (!index)
+      return index.error();
+    in.outputs = {bufferId(transfer.getResult())};
+    return Placed::New;
+  }
+
+  Result<Placed> translateCompute(dist::ComputeOp compute, Translation &t) {
+    Operation *op = t.op;
+    pl::Instruction &in = t.in;
+    in.op = pl::OpKind::Compute;
+    // zbv's split backward keeps its phase names (the dialect's):
+    // backward_input, then backward_weight (docs/plan-format.md).
+    switch (compute.getPhase()) {
+    case dist::Phase::Forward:
+      in.phase = "forward";
+      break;
+    case dist::Phase::Backward:
+      in.phase = "backward";
+      break;
+    default:
+      in.phase = dist::stringifyPhase(compute.getPhase()).str();
+      break;
+    }
+    in.label = in.phase + " " + compute.getModule().str();
+    in.unit = compute.getModule().str();
+    IntegerAttr mbAttr =
+        dist::DistDialect::MicrobatchAttrHelper(op->getContext()).getAttr(op);
+    if (auto stage = compute.getStageAttr())
+      in.label +=
+          " (stage " + std::to_string(stage.getInt()) + (mbAttr ? ", " : ")");
+    else if (mbAttr)
+      in.label += " (";
+    if (mbAttr) {
+      in.label += "microbatch " + std::to_string(mbAttr.getInt()) + ")";
+      in.microbatch = mbAttr.getInt();
+    }
+    if (auto f = compute.getFlopsAttr())
+      t.flops = f.getValueAsDouble();
+    in.inputs = t.inputs;
+    int64_t mb = 0;
+    if (auto attr = dist::DistDialect::MicrobatchAttrHelper(op->getContext())
+                        .getAttr(op))
+      mb = attr.getInt();
+    auto stageTag = [&](std::string_view what) {
+      return std::string(what) + ".s" +
+             std::to_string(compute.getStageAttr().getInt()) + ".mb" +
+             std::to_string(mb);
+    };
+    for (auto [i, grad] : llvm::enumerate(compute.getGrads())) {
+      // A stage's activations (rank-local, no layout): a forward's
+      // output for the next stage, a backward's gradient of the stage's
+      // input activation.
+      if (compute.getStageAttr() && !dist::getLayout(grad.getType())) {
+        bool forward = compute.getPhase() == dist::Phase::Forward;
+        auto index = addBuffer(op, grad, stageTag(forward ? "act" : "actgrad"),
+                               pl::BufferKind::Activation, false);
         if (!index)
           return index.error();
         in.outputs.push_back(bufferId(grad));
+        continue;
       }
-
-    } else if (auto adam = dyn_cast<dist::AdamWOp>(op)) {
-      in.op = pl::OpKind::OptimizerUpdate;
-      // In place: the results are the parameter and state buffers.
-      for (auto [result, operand] :
-           {std::pair{adam.getNewParam(), adam.getParam()},
-            std::pair{adam.getNewExpAvg(), adam.getExpAvg()},
-            std::pair{adam.getNewExpAvgSq(), adam.getExpAvgSq()}}) {
-        bufferOf[result] = bufferOf.lookup(operand);
-        rootOf[result] = rootOf.lookup(operand);
-      }
-      in.inputs = inputs;
-      in.outputs = {bufferId(adam.getParam()), bufferId(adam.getExpAvg()),
-                    bufferId(adam.getExpAvgSq())};
-      auto layout = layoutOf(op, adam.getParam());
-      if (!layout)
-        return layout.error();
-      auto type = cast<RankedTensorType>(adam.getParam().getType());
-      std::vector<int64_t> shape(type.getShape().begin(),
-                                 type.getShape().end());
-      // ~ 12 flops per element for AdamW (+ rounding); memory-bound anyway.
-      flops =
-          12.0 * static_cast<double>(product(paddedShapeOf(*layout, shape)));
-      pl::OptimizerConfig config;
-      config.lr = adam.getLr().convertToDouble();
-      config.beta1 = adam.getBeta1().convertToDouble();
-      config.beta2 = adam.getBeta2().convertToDouble();
-      config.eps = adam.getEps().convertToDouble();
-      config.weightDecay = adam.getWeightDecay().convertToDouble();
-      config.stochasticRounding = adam.getStochasticRounding();
-      config.seed = adam.getSeed();
-      if (out.optimizer && *out.optimizer != config)
-        return opError(op, "its hyperparameters differ from an earlier " +
-                               dist::AdamWOp::getOperationName().str() +
-                               "'s (a plan has one optimizer)");
-      out.optimizer = config;
-      std::string unit = unitOfGradient(adam.getGrad());
-      in.label = "adamw " + unit;
-      if (adam.getStochasticRounding())
-        in.label += " (bf16 stochastic rounding)";
-      // One fused multi-tensor update per FSDP unit (frees of consumed
-      // gradients may sit between its members; they only wait for it).
-      if (lastUpdateInstruction >= 0 && unit == lastUpdateUnit) {
-        return mergeInto(lastUpdateInstruction, op, distId, in, flops);
-      }
-      lastUpdateUnit = unit;
-      lastUpdateInstruction = static_cast<int>(out.program.size());
-    } else if (isa<dist::FreeOp>(op)) {
-      in.op = pl::OpKind::Free;
-      in.inputs = inputs;
-      in.label = "free " + inputs.front();
-      for (Value v : op->getOperands()) {
-        if (folded.count(v))
-          continue;
-        int index = bufferOf.lookup(v);
-        if (out.buffers[index].persistent)
-          return opError(op, "frees a persistent buffer");
-        freed.insert(index);
-      }
-    } else if (isa<arith::AddFOp>(op) &&
-               dist::DistDialect::AccumulateAttrHelper(op->getContext())
-                   .isAttrPresent(op)) {
-      // A microbatch's reduced gradient added into the accumulated one, in
-      // place (dist-schedule frees neither the sum nor its first operand).
-      Value result = op->getResult(0), acc = op->getOperand(0);
-      bufferOf[result] = bufferOf.lookup(acc);
-      rootOf[result] = rootOf.lookup(acc);
-      in.op = pl::OpKind::Accumulate;
-      in.inputs = inputs;
-      in.outputs = {inputs[0]};
-      in.label = "accumulate " + rootOf.lookup(acc);
-    } else if (auto sum = dyn_cast<dist::ReduceSumOp>(op)) {
-      // The local half of a sum over a split dim (a stacked gradient's TP
-      // rows); the all-reduce over the dim's axes follows.
-      std::string root = rootOf.lookup(sum.getInput());
-      rootOf[sum.getResult()] = root;
-      auto index =
-          addBuffer(op, sum.getResult(), root + ".summed",
-                    out.buffers[bufferOf.lookup(sum.getInput())].kind, false);
-      if (!index)
-        return index.error();
-      in.op = pl::OpKind::Sum;
-      in.inputs = inputs;
-      in.outputs = {bufferId(sum.getResult())};
-      in.dtype = planDType(
-          cast<RankedTensorType>(sum.getResult().getType()).getElementType());
-      in.label = "sum the rows of " + root;
-    } else if (auto amax = dyn_cast<dist::Fp8AmaxOp>(op)) {
-      in.op = pl::OpKind::Fp8Amax;
-      in.inputs = inputs;
-      in.dtype = pl::DType::Float32;
-      auto index = addBuffer(op, amax.getAmax(), "fp8.amax.local",
-                             pl::BufferKind::Scratch, false);
-      if (!index)
-        return index.error();
-      rootOf[amax.getAmax()] = "fp8.amax";
-      in.outputs.push_back(bufferId(amax.getAmax()));
-      in.label = "float8 amax of " + std::to_string(amax.getInputs().size()) +
-                 " weights";
-    } else if (op->getNumResults() == 1 &&
-               (isa<dist::Fp8CastOp, arith::TruncFOp, arith::ExtFOp,
-                    dist::AllGatherOp, dist::ReduceScatterOp, dist::AllReduceOp,
-                    dist::AllToAllOp, dist::PermuteOp, dist::BroadcastOp>(
-                   op))) {
-      Value result = op->getResult(0);
-      Value source = op->getOperand(0);
+      Value source = compute.getInputs()[i];
       std::string root = rootOf.lookup(source);
-      rootOf[result] = root;
-      auto [kind, role] = roleOf(op);
-      if (bufferOf.count(source) && out.buffers[bufferOf.lookup(source)].kind ==
-                                        pl::BufferKind::Gradient) {
-        kind = pl::BufferKind::Gradient;
-        // The reduced gradient widened for the optimizer: "<param>.float32".
-        if (isa<arith::TruncFOp, arith::ExtFOp>(op))
-          if (auto dtype =
-                  planDType(cast<RankedTensorType>(op->getResult(0).getType())
-                                .getElementType()))
-            role = std::string(pl::dtypeName(*dtype));
-      }
-      if (root == "fp8.amax")
-        kind = pl::BufferKind::Scratch;
-      auto index = addBuffer(op, result, root + "." + role, kind, false);
+      rootOf[grad] = root;
+      auto index =
+          addBuffer(op, grad, root + ".grad", pl::BufferKind::Gradient, false);
       if (!index)
         return index.error();
-      in.inputs = {inputs[0]};
-      in.outputs = {bufferId(result)};
-      auto elt = cast<RankedTensorType>(result.getType()).getElementType();
-      if (auto cast = dyn_cast<dist::Fp8CastOp>(op)) {
-        in.op = pl::OpKind::Fp8Cast;
-        in.dtype = planDType(elt);
-        in.inputs = inputs; // the shard and the amax
-        in.label = "float8 cast " + root;
-        out.buffers[*index].scale = pl::Fp8Scale{
-            bufferId(cast.getAmax()), static_cast<int64_t>(cast.getIndex()),
-            cast.getPowerOf_2()};
-        castSource[out.buffers[*index].id] = inputs[0];
-      } else if (isa<arith::TruncFOp, arith::ExtFOp>(op)) {
-        in.op = pl::OpKind::Cast;
-        in.dtype = planDType(elt);
-        in.label =
-            "cast " + root + " to " + std::string(pl::dtypeName(*in.dtype));
-      } else {
-        // A gathered float8 weight keeps the scale of the shards it gathers.
-        const pl::BufferTemplate &from = out.buffers[bufferOf.lookup(source)];
-        if (from.scale && from.dtype == out.buffers[*index].dtype)
-          out.buffers[*index].scale = from.scale;
-        if (auto ok = exportCollective(op, in); !ok)
-          return ok.error();
-        if (auto bucket = dist::DistDialect::BucketAttrHelper(op->getContext())
-                              .getAttr(op)) {
-          auto it = bucketInstruction.find(bucket.getInt());
-          if (it != bucketInstruction.end())
-            return mergeInto(it->second, op, distId, in, 0);
-          bucketInstruction[bucket.getInt()] =
-              static_cast<int>(out.program.size());
-        }
-      }
-    } else {
-      return opError(op, "has no plan instruction (export supports the "
-                         "ops of a scheduled dist.train_step)");
+      in.outputs.push_back(bufferId(grad));
     }
-    // Adjacent local instructions of one kind fuse into one (a unit's
-    // casts, the frees after one compute): fewer, larger instructions.
-    if (!out.program.empty() && fusable(out.program.back(), in))
-      return mergeInto(static_cast<int>(out.program.size()) - 1, op, distId, in,
-                       flops);
-    if (auto ok = addDeps(op, in); !ok)
+    return Placed::New;
+  }
+
+  Result<Placed> translateAdamW(dist::AdamWOp adam, Translation &t) {
+    Operation *op = t.op;
+    pl::Instruction &in = t.in;
+    in.op = pl::OpKind::OptimizerUpdate;
+    // In place: the results are the parameter and state buffers.
+    for (auto [result, operand] :
+         {std::pair{adam.getNewParam(), adam.getParam()},
+          std::pair{adam.getNewExpAvg(), adam.getExpAvg()},
+          std::pair{adam.getNewExpAvgSq(), adam.getExpAvgSq()}}) {
+      bufferOf[result] = bufferOf.lookup(operand);
+      rootOf[result] = rootOf.lookup(operand);
+    }
+    in.inputs = t.inputs;
+    in.outputs = {bufferId(adam.getParam()), bufferId(adam.getExpAvg()),
+                  bufferId(adam.getExpAvgSq())};
+    auto layout = layoutOf(op, adam.getParam());
+    if (!layout)
+      return layout.error();
+    auto type = cast<RankedTensorType>(adam.getParam().getType());
+    std::vector<int64_t> shape(type.getShape().begin(), type.getShape().end());
+    // ~ 12 flops per element for AdamW (+ rounding); memory-bound anyway.
+    t.flops =
+        12.0 * static_cast<double>(product(paddedShapeOf(*layout, shape)));
+    pl::OptimizerConfig config;
+    config.lr = adam.getLr().convertToDouble();
+    config.beta1 = adam.getBeta1().convertToDouble();
+    config.beta2 = adam.getBeta2().convertToDouble();
+    config.eps = adam.getEps().convertToDouble();
+    config.weightDecay = adam.getWeightDecay().convertToDouble();
+    config.stochasticRounding = adam.getStochasticRounding();
+    config.seed = adam.getSeed();
+    if (out.optimizer && *out.optimizer != config)
+      return opError(op, "its hyperparameters differ from an earlier " +
+                             dist::AdamWOp::getOperationName().str() +
+                             "'s (a plan has one optimizer)");
+    out.optimizer = config;
+    std::string unit = unitOfGradient(adam.getGrad());
+    in.label = "adamw " + unit;
+    if (adam.getStochasticRounding())
+      in.label += " (bf16 stochastic rounding)";
+    // One fused multi-tensor update per FSDP unit (frees of consumed
+    // gradients may sit between its members; they only wait for it).
+    if (lastUpdateInstruction >= 0 && unit == lastUpdateUnit)
+      return mergedInto(lastUpdateInstruction, t);
+    lastUpdateUnit = unit;
+    lastUpdateInstruction = static_cast<int>(out.program.size());
+    return Placed::New;
+  }
+
+  Result<Placed> translateFree(Translation &t) {
+    pl::Instruction &in = t.in;
+    in.op = pl::OpKind::Free;
+    in.inputs = t.inputs;
+    in.label = "free " + t.inputs.front();
+    for (Value v : t.op->getOperands()) {
+      if (folded.count(v))
+        continue;
+      int index = bufferOf.lookup(v);
+      if (out.buffers[index].persistent)
+        return opError(t.op, "frees a persistent buffer");
+      freed.insert(index);
+    }
+    return Placed::New;
+  }
+
+  /// The local half of a sum over a split dim (a stacked gradient's TP
+  /// rows); the all-reduce over the dim's axes follows.
+  Result<Placed> translateSum(dist::ReduceSumOp sum, Translation &t) {
+    pl::Instruction &in = t.in;
+    std::string root = rootOf.lookup(sum.getInput());
+    rootOf[sum.getResult()] = root;
+    auto index =
+        addBuffer(t.op, sum.getResult(), root + ".summed",
+                  out.buffers[bufferOf.lookup(sum.getInput())].kind, false);
+    if (!index)
+      return index.error();
+    in.op = pl::OpKind::Sum;
+    in.inputs = t.inputs;
+    in.outputs = {bufferId(sum.getResult())};
+    in.dtype = planDType(
+        cast<RankedTensorType>(sum.getResult().getType()).getElementType());
+    in.label = "sum the rows of " + root;
+    return Placed::New;
+  }
+
+  Result<Placed> translateAmax(dist::Fp8AmaxOp amax, Translation &t) {
+    pl::Instruction &in = t.in;
+    in.op = pl::OpKind::Fp8Amax;
+    in.inputs = t.inputs;
+    in.dtype = pl::DType::Float32;
+    auto index = addBuffer(t.op, amax.getAmax(), "fp8.amax.local",
+                           pl::BufferKind::Scratch, false);
+    if (!index)
+      return index.error();
+    rootOf[amax.getAmax()] = "fp8.amax";
+    in.outputs.push_back(bufferId(amax.getAmax()));
+    in.label = "float8 amax of " + std::to_string(amax.getInputs().size()) +
+               " weights";
+    return Placed::New;
+  }
+
+  /// A cast (float8 or not) or a collective: one result buffer named after
+  /// its source's parameter and its role.
+  Result<Placed> translateOneResult(Translation &t) {
+    Operation *op = t.op;
+    pl::Instruction &in = t.in;
+    Value result = op->getResult(0);
+    Value source = op->getOperand(0);
+    std::string root = rootOf.lookup(source);
+    rootOf[result] = root;
+    auto [kind, role] = roleOf(op);
+    if (bufferOf.count(source) &&
+        out.buffers[bufferOf.lookup(source)].kind == pl::BufferKind::Gradient) {
+      kind = pl::BufferKind::Gradient;
+      // The reduced gradient widened for the optimizer: "<param>.float32".
+      if (isa<arith::TruncFOp, arith::ExtFOp>(op))
+        if (auto dtype =
+                planDType(cast<RankedTensorType>(op->getResult(0).getType())
+                              .getElementType()))
+          role = std::string(pl::dtypeName(*dtype));
+    }
+    if (root == "fp8.amax")
+      kind = pl::BufferKind::Scratch;
+    auto index = addBuffer(op, result, root + "." + role, kind, false);
+    if (!index)
+      return index.error();
+    in.inputs = {t.inputs[0]};
+    in.outputs = {bufferId(result)};
+    auto elt = cast<RankedTensorType>(result.getType()).getElementType();
+    if (auto cast = dyn_cast<dist::Fp8CastOp>(op)) {
+      in.op = pl::OpKind::Fp8Cast;
+      in.dtype = planDType(elt);
+      in.inputs = t.inputs; // the shard and the amax
+      in.label = "float8 cast " + root;
+      out.buffers[*index].scale = pl::Fp8Scale{
+          bufferId(cast.getAmax()), static_cast<int64_t>(cast.getIndex()),
+          cast.getPowerOf_2()};
+      castSource[out.buffers[*index].id] = t.inputs[0];
+      return Placed::New;
+    }
+    if (isa<arith::TruncFOp, arith::ExtFOp>(op)) {
+      in.op = pl::OpKind::Cast;
+      in.dtype = planDType(elt);
+      in.label =
+          "cast " + root + " to " + std::string(pl::dtypeName(*in.dtype));
+      return Placed::New;
+    }
+    // A gathered float8 weight keeps the scale of the shards it gathers.
+    const pl::BufferTemplate &from = out.buffers[bufferOf.lookup(source)];
+    if (from.scale && from.dtype == out.buffers[*index].dtype)
+      out.buffers[*index].scale = from.scale;
+    if (auto ok = exportCollective(op, in); !ok)
       return ok.error();
-    instructionOfId[distId] = static_cast<int>(out.program.size());
-    instructionOfOp[op] = static_cast<int>(out.program.size());
-    out.program.push_back(std::move(in));
-    out.flops.push_back(flops);
-    return {};
+    if (auto bucket =
+            dist::DistDialect::BucketAttrHelper(op->getContext()).getAttr(op)) {
+      auto it = bucketInstruction.find(bucket.getInt());
+      if (it != bucketInstruction.end())
+        return mergedInto(it->second, t); // t.flops is 0: a collective
+      bucketInstruction[bucket.getInt()] = static_cast<int>(out.program.size());
+    }
+    return Placed::New;
+  }
+
+  /// mergeInto for a translation that joins an earlier instruction.
+  Result<Placed> mergedInto(int index, Translation &t) {
+    if (auto ok = mergeInto(index, t.op, t.distId, t.in, t.flops); !ok)
+      return ok.error();
+    return Placed::Merged;
   }
 
   /// fp8_cast result buffer -> the shard it casts.

@@ -280,14 +280,6 @@ Result<E> readEnumAs(Value v, const Path &path, std::string_view what,
   return static_cast<E>(*index);
 }
 
-#define MP_ASSIGN(lhs, expr)                                                   \
-  do {                                                                         \
-    auto mpRes_ = (expr);                                                      \
-    if (!mpRes_.ok())                                                          \
-      return mpRes_.error();                                                   \
-    lhs = std::move(mpRes_.value());                                           \
-  } while (0)
-
 //===----------------------------------------------------------------------===//
 // JSON -> Plan (types and shapes only; semantics in validatePlan)
 //
@@ -298,7 +290,7 @@ Result<E> readEnumAs(Value v, const Path &path, std::string_view what,
 
 Result<PlanMesh> readMesh(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kMeshRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kMeshRule));
   PlanMesh mesh;
   Value axes = f.at("axes");
   Path axesPath = path.child("axes");
@@ -308,21 +300,21 @@ Result<PlanMesh> readMesh(Value v, const Path &path) {
   for (Value a : axes.elements()) {
     Path p = axesPath.child(i++);
     Fields af;
-    MP_ASSIGN(af, checkObject(a, p, kMeshAxisRule));
+    MESHPLAN_ASSIGN(af, checkObject(a, p, kMeshAxisRule));
     MeshAxis axis;
     MESHPLAN_TRY(readStringInto(af.at("name"), p.child("name"), axis.name));
-    MP_ASSIGN(axis.size, readInt(af.at("size"), p.child("size"), 1));
+    MESHPLAN_ASSIGN(axis.size, readInt(af.at("size"), p.child("size"), 1));
     mesh.axes.push_back(std::move(axis));
   }
   if (std::optional<Value> order = f.get("device_order")) {
     std::vector<int64_t> ids;
-    MP_ASSIGN(ids, readIntArray(*order, path.child("device_order"), 0));
+    MESHPLAN_ASSIGN(ids, readIntArray(*order, path.child("device_order"), 0));
     mesh.deviceOrder = std::move(ids);
   }
   if (std::optional<Value> managed = f.get("managed")) {
     std::vector<std::string> names;
     Path p = path.child("managed");
-    MP_ASSIGN(names, readStringArray(*managed, p));
+    MESHPLAN_ASSIGN(names, readStringArray(*managed, p));
     for (size_t k = 0; k < names.size(); ++k) {
       auto it =
           std::find_if(mesh.axes.begin(), mesh.axes.end(),
@@ -355,7 +347,7 @@ Result<PlanMesh> readMesh(Value v, const Path &path) {
 
 Result<void> readCommunicator(Value v, const Path &path, Communicator &c) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kCommunicatorRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kCommunicatorRule));
   MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), c.id));
   // A listed group is bounded like every other (docs/limits.md).
   Value ranks = f.at("ranks");
@@ -366,8 +358,8 @@ Result<void> readCommunicator(Value v, const Path &path, Communicator &c) {
                        "have at most " +
                        kMaxGroupMembersText + " (docs/limits.md)");
   MESHPLAN_TRY(readIntArrayInto(ranks, path.child("ranks"), c.ranks, 0));
-  MP_ASSIGN(c.color, readInt(f.at("color"), path.child("color"), 0));
-  MP_ASSIGN(c.key, readInt(f.at("key"), path.child("key"), 0));
+  MESHPLAN_ASSIGN(c.color, readInt(f.at("color"), path.child("color"), 0));
+  MESHPLAN_ASSIGN(c.key, readInt(f.at("key"), path.child("key"), 0));
   if (std::optional<Value> axes = f.get("axes"))
     MESHPLAN_TRY(readStringArrayInto(*axes, path.child("axes"), c.axes));
   else
@@ -380,18 +372,21 @@ Result<void> readCommunicator(Value v, const Path &path, Communicator &c) {
     c.view.reset();
   c.faultTolerant = false;
   if (std::optional<Value> ft = f.get("fault_tolerant"))
-    MP_ASSIGN(c.faultTolerant, readBool(*ft, path.child("fault_tolerant")));
+    MESHPLAN_ASSIGN(c.faultTolerant,
+                    readBool(*ft, path.child("fault_tolerant")));
   return {};
 }
 
 Result<void> readBuffer(Value v, const Path &path, Buffer &b) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kBufferRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kBufferRule));
   MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), b.id));
-  MP_ASSIGN(b.kind, (readEnumAs<BufferKind>(f.at("kind"), path.child("kind"),
-                                            "buffer kind", kBufferKindNames)));
-  MP_ASSIGN(b.dtype, (readEnumAs<DType>(f.at("dtype"), path.child("dtype"),
-                                        "dtype", kDTypeNames)));
+  MESHPLAN_ASSIGN(b.kind,
+                  (readEnumAs<BufferKind>(f.at("kind"), path.child("kind"),
+                                          "buffer kind", kBufferKindNames)));
+  MESHPLAN_ASSIGN(b.dtype,
+                  (readEnumAs<DType>(f.at("dtype"), path.child("dtype"),
+                                     "dtype", kDTypeNames)));
   MESHPLAN_TRY(readIntArrayInto(f.at("global_shape"),
                                 path.child("global_shape"), b.globalShape, 0));
   MESHPLAN_TRY(readIntArrayInto(f.at("local_shape"), path.child("local_shape"),
@@ -404,15 +399,16 @@ Result<void> readBuffer(Value v, const Path &path, Buffer &b) {
     MESHPLAN_TRY(readStringInto(*t, path.child("tensor"), b.tensor));
   b.tensorId.reset();
   if (std::optional<Value> id = f.get("tensor_id"))
-    MP_ASSIGN(b.tensorId, readInt(*id, path.child("tensor_id"), 0));
+    MESHPLAN_ASSIGN(b.tensorId, readInt(*id, path.child("tensor_id"), 0));
   if (std::optional<Value> scale = f.get("scale")) {
     Path p = path.child("scale");
     Fields sf;
-    MP_ASSIGN(sf, checkObject(*scale, p, kScaleRule));
+    MESHPLAN_ASSIGN(sf, checkObject(*scale, p, kScaleRule));
     Fp8Scale &s = b.scale ? *b.scale : b.scale.emplace();
     MESHPLAN_TRY(readStringInto(sf.at("amax"), p.child("amax"), s.amax));
-    MP_ASSIGN(s.index, readInt(sf.at("index"), p.child("index"), 0));
-    MP_ASSIGN(s.powerOf2, readBool(sf.at("power_of_2"), p.child("power_of_2")));
+    MESHPLAN_ASSIGN(s.index, readInt(sf.at("index"), p.child("index"), 0));
+    MESHPLAN_ASSIGN(s.powerOf2,
+                    readBool(sf.at("power_of_2"), p.child("power_of_2")));
   } else {
     b.scale.reset();
   }
@@ -421,11 +417,11 @@ Result<void> readBuffer(Value v, const Path &path, Buffer &b) {
 
 Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kInstructionRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kInstructionRule));
   MESHPLAN_TRY(readStringInto(f.at("id"), path.child("id"), in.id));
   MESHPLAN_TRY(readStringInto(f.at("stream"), path.child("stream"), in.stream));
-  MP_ASSIGN(in.op,
-            (readEnumAs<OpKind>(f.at("op"), path.child("op"), "op", kOpNames)));
+  MESHPLAN_ASSIGN(in.op, (readEnumAs<OpKind>(f.at("op"), path.child("op"), "op",
+                                             kOpNames)));
   bool collective = isCollective(in.op);
   // For messages only: not built for a plan that is fine.
   auto opName = [&] { return std::string(opKindName(in.op)); };
@@ -440,15 +436,15 @@ Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
   }
   in.dtype.reset();
   if (std::optional<Value> dtype = f.get("dtype")) {
-    MP_ASSIGN(in.dtype, (readEnumAs<DType>(*dtype, path.child("dtype"), "dtype",
-                                           kDTypeNames)));
+    MESHPLAN_ASSIGN(in.dtype, (readEnumAs<DType>(*dtype, path.child("dtype"),
+                                                 "dtype", kDTypeNames)));
   } else if (collective) {
     return errorAt(path, opName() + " needs \"dtype\"");
   }
   in.count = 0;
   if (std::optional<Value> count = f.get("count"))
-    MP_ASSIGN(in.count,
-              readInt(*count, path.child("count"), 0, kMaxTensorElements));
+    MESHPLAN_ASSIGN(
+        in.count, readInt(*count, path.child("count"), 0, kMaxTensorElements));
   else if (collective)
     return errorAt(path, opName() + " needs \"count\"");
   in.reduce.reset();
@@ -470,7 +466,7 @@ Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
   if (std::optional<Value> root = f.get("root")) {
     if (in.op != OpKind::Broadcast)
       return errorAt(path.child("root"), "only broadcast takes a root");
-    MP_ASSIGN(in.root, readInt(*root, path.child("root"), 0));
+    MESHPLAN_ASSIGN(in.root, readInt(*root, path.child("root"), 0));
   } else if (in.op == OpKind::Broadcast) {
     return errorAt(path, "broadcast needs \"root\"");
   }
@@ -478,7 +474,7 @@ Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
   if (std::optional<Value> peer = f.get("peer")) {
     if (!isPointToPoint(in.op))
       return errorAt(path.child("peer"), "only send and recv take a peer");
-    MP_ASSIGN(in.peer, readInt(*peer, path.child("peer"), 0));
+    MESHPLAN_ASSIGN(in.peer, readInt(*peer, path.child("peer"), 0));
   } else if (isPointToPoint(in.op)) {
     return errorAt(path, opName() + " needs \"peer\"");
   }
@@ -522,41 +518,44 @@ Result<void> readInstruction(Value v, const Path &path, Instruction &in) {
   if (compute) {
     MESHPLAN_TRY(readStringInto(*phase, path.child("phase"), in.phase));
     MESHPLAN_TRY(readStringInto(*unit, path.child("unit"), in.unit));
-    MP_ASSIGN(in.microbatch, readInt(*microbatch, path.child("microbatch"), 0));
+    MESHPLAN_ASSIGN(in.microbatch,
+                    readInt(*microbatch, path.child("microbatch"), 0));
   }
   return {};
 }
 
 Result<OptimizerConfig> readOptimizer(Value v, const Path &path) {
   Fields f;
-  MP_ASSIGN(f, checkObject(v, path, kOptimizerRule));
+  MESHPLAN_ASSIGN(f, checkObject(v, path, kOptimizerRule));
   OptimizerConfig o;
   MESHPLAN_TRY(readStringInto(f.at("name"), path.child("name"), o.name));
-  MP_ASSIGN(o.lr, readNumber(f.at("lr"), path.child("lr")));
-  MP_ASSIGN(o.beta1, readNumber(f.at("beta1"), path.child("beta1")));
-  MP_ASSIGN(o.beta2, readNumber(f.at("beta2"), path.child("beta2")));
-  MP_ASSIGN(o.eps, readNumber(f.at("eps"), path.child("eps")));
-  MP_ASSIGN(o.weightDecay,
-            readNumber(f.at("weight_decay"), path.child("weight_decay")));
-  MP_ASSIGN(o.stochasticRounding, readBool(f.at("stochastic_rounding"),
-                                           path.child("stochastic_rounding")));
-  MP_ASSIGN(o.seed, readInt(f.at("seed"), path.child("seed"), 0));
+  MESHPLAN_ASSIGN(o.lr, readNumber(f.at("lr"), path.child("lr")));
+  MESHPLAN_ASSIGN(o.beta1, readNumber(f.at("beta1"), path.child("beta1")));
+  MESHPLAN_ASSIGN(o.beta2, readNumber(f.at("beta2"), path.child("beta2")));
+  MESHPLAN_ASSIGN(o.eps, readNumber(f.at("eps"), path.child("eps")));
+  MESHPLAN_ASSIGN(o.weightDecay,
+                  readNumber(f.at("weight_decay"), path.child("weight_decay")));
+  MESHPLAN_ASSIGN(
+      o.stochasticRounding,
+      readBool(f.at("stochastic_rounding"), path.child("stochastic_rounding")));
+  MESHPLAN_ASSIGN(o.seed, readInt(f.at("seed"), path.child("seed"), 0));
   if (std::optional<Value> sv = f.get("lr_schedule")) {
     Path sp = path.child("lr_schedule");
     Fields sf;
-    MP_ASSIGN(sf, checkObject(*sv, sp, kLrScheduleRule));
+    MESHPLAN_ASSIGN(sf, checkObject(*sv, sp, kLrScheduleRule));
     LrSchedule schedule;
-    MP_ASSIGN(schedule.warmupSteps,
-              readInt(sf.at("warmup_steps"), sp.child("warmup_steps"), 0));
-    MP_ASSIGN(schedule.totalSteps,
-              readInt(sf.at("total_steps"), sp.child("total_steps"), 1));
+    MESHPLAN_ASSIGN(schedule.warmupSteps, readInt(sf.at("warmup_steps"),
+                                                  sp.child("warmup_steps"), 0));
+    MESHPLAN_ASSIGN(schedule.totalSteps,
+                    readInt(sf.at("total_steps"), sp.child("total_steps"), 1));
     if (std::optional<Value> ratio = sf.get("decay_ratio")) {
       double r;
-      MP_ASSIGN(r, readNumber(*ratio, sp.child("decay_ratio")));
+      MESHPLAN_ASSIGN(r, readNumber(*ratio, sp.child("decay_ratio")));
       schedule.decayRatio = r;
     }
-    MP_ASSIGN(schedule.minLrFactor,
-              readNumber(sf.at("min_lr_factor"), sp.child("min_lr_factor")));
+    MESHPLAN_ASSIGN(
+        schedule.minLrFactor,
+        readNumber(sf.at("min_lr_factor"), sp.child("min_lr_factor")));
     std::string type;
     MESHPLAN_TRY(
         readStringInto(sf.at("decay_type"), sp.child("decay_type"), type));
@@ -570,7 +569,7 @@ Result<OptimizerConfig> readOptimizer(Value v, const Path &path) {
   }
   if (std::optional<Value> mv = f.get("max_norm")) {
     double m;
-    MP_ASSIGN(m, readNumber(*mv, path.child("max_norm")));
+    MESHPLAN_ASSIGN(m, readNumber(*mv, path.child("max_norm")));
     o.maxNorm = m;
   }
   if (std::optional<Value> nv = f.get("norm_type")) {
@@ -594,7 +593,7 @@ Result<std::map<std::string, int64_t>> readByteMap(Value v, const Path &path) {
   std::map<std::string, int64_t> out;
   for (Member m : v.members()) {
     int64_t n;
-    MP_ASSIGN(n, readInt(m.value, path.child(m.key), 0));
+    MESHPLAN_ASSIGN(n, readInt(m.value, path.child(m.key), 0));
     out.emplace(m.key, n); // keys are unique: the tokenizer refuses repeats
   }
   return out;
@@ -658,10 +657,10 @@ Result<void> parsePlanInto(std::string_view text, Plan &plan) {
                                               "; this meshplan reads version " +
                                               std::to_string(kPlanVersion));
   Fields f;
-  MP_ASSIGN(f, checkObject(doc, root, kRootRule));
+  MESHPLAN_ASSIGN(f, checkObject(doc, root, kRootRule));
   plan.version = kPlanVersion;
-  MP_ASSIGN(plan.mesh, readMesh(f.at("mesh"), root.child("mesh")));
-  MP_ASSIGN(plan.rank, readInt(f.at("rank"), root.child("rank"), 0));
+  MESHPLAN_ASSIGN(plan.mesh, readMesh(f.at("mesh"), root.child("mesh")));
+  MESHPLAN_ASSIGN(plan.rank, readInt(f.at("rank"), root.child("rank"), 0));
   MESHPLAN_TRY(readArrayInto(f.at("communicators"), root.child("communicators"),
                              "communicators", plan.communicators,
                              readCommunicator, kMaxPlanCommunicators,
@@ -680,19 +679,20 @@ Result<void> parsePlanInto(std::string_view text, Plan &plan) {
                              kMaxPlanInstructions, kMaxPlanInstructionsText));
   plan.optimizer.reset();
   if (std::optional<Value> opt = f.get("optimizer"))
-    MP_ASSIGN(plan.optimizer, readOptimizer(*opt, root.child("optimizer")));
+    MESHPLAN_ASSIGN(plan.optimizer,
+                    readOptimizer(*opt, root.child("optimizer")));
   plan.estimates.reset();
   if (std::optional<Value> est = f.get("estimates")) {
     Path p = root.child("estimates");
     Fields ef;
-    MP_ASSIGN(ef, checkObject(*est, p, kEstimatesRule));
+    MESHPLAN_ASSIGN(ef, checkObject(*est, p, kEstimatesRule));
     Estimates &e = plan.estimates.emplace();
     if (std::optional<Value> m = ef.get("peak_memory_bytes"))
-      MP_ASSIGN(e.peakMemoryBytes,
-                readByteMap(*m, p.child("peak_memory_bytes")));
+      MESHPLAN_ASSIGN(e.peakMemoryBytes,
+                      readByteMap(*m, p.child("peak_memory_bytes")));
     if (std::optional<Value> m = ef.get("bytes_per_step_per_comm"))
-      MP_ASSIGN(e.bytesPerStepPerComm,
-                readByteMap(*m, p.child("bytes_per_step_per_comm")));
+      MESHPLAN_ASSIGN(e.bytesPerStepPerComm,
+                      readByteMap(*m, p.child("bytes_per_step_per_comm")));
   }
   return validatePlan(plan);
 }

@@ -29,15 +29,6 @@ namespace meshplan::plan {
 
 using namespace meshplan::json;
 
-// As in Plan.cpp: assigns a Result's value or returns its error.
-#define MP_ASSIGN(lhs, expr)                                                   \
-  do {                                                                         \
-    auto mpRes_ = (expr);                                                      \
-    if (!mpRes_.ok())                                                          \
-      return mpRes_.error();                                                   \
-    lhs = std::move(mpRes_.value());                                           \
-  } while (0)
-
 static std::string ints(const std::vector<int64_t> &v) {
   return "[" + joinInts(v) + "]";
 }
@@ -95,9 +86,9 @@ Result<DerivedGroup> deriveGroup(const Mesh &mesh,
   }
   MESHPLAN_TRY(checkRefsCompatible(mesh, refs, "communicator axes"));
   DerivedGroup g;
-  MP_ASSIGN(g.ranks, groupOf(mesh, refs, rank, live));
+  MESHPLAN_ASSIGN(g.ranks, groupOf(mesh, refs, rank, live));
   SplitKey split;
-  MP_ASSIGN(split, splitKeyOf(mesh, refs, rank, live));
+  MESHPLAN_ASSIGN(split, splitKeyOf(mesh, refs, rank, live));
   g.color = split.color;
   g.key = split.key;
   return g;
@@ -453,21 +444,61 @@ static std::string rankRange(const Mesh &mesh) {
   return std::to_string(mesh.size()) + " ranks";
 }
 
-Result<void> validatePlan(const Plan &plan) {
+namespace {
+
+/// One validatePlan, section by section in the plan's order: each step
+/// checks one section and keeps what later ones look up (the mesh, the
+/// stream names, the communicator, buffer and instruction ids).
+class PlanValidator {
+public:
+  explicit PlanValidator(const Plan &plan) : plan(plan) {}
+
+  /// The version, the mesh and this plan's rank in it.
+  Result<void> checkHeader();
+  Result<void> checkStreams();
+  Result<void> checkCommunicators();
+  Result<void> checkBuffers();
+  /// Scales name an amax buffer: float32, with the element they index.
+  Result<void> checkScales() const;
+  Result<void> checkProgram();
+  Result<void> checkOptimizer() const;
+  Result<void> checkEstimates() const;
+
+private:
+  Result<void> checkCommunicator(size_t i, const Path &p) const;
+  Result<void> checkBuffer(size_t i, const Path &p, const View &root,
+                           AxisNamespace &names, LayoutCache &layouts,
+                           std::unordered_map<int64_t, size_t> &tensorIds);
+  /// An instruction's communicator, dtype, count, reduce op, root and peer
+  /// (or their absence, for a local one).
+  Result<void> checkCollectiveFields(const Instruction &in,
+                                     const Path &p) const;
+  Result<void> checkInstruction(size_t i, const Path &p) const;
+
+  const Plan &plan;
+  std::shared_ptr<const Mesh> mesh;
+  std::unordered_set<std::string_view> streams;
+  std::unordered_map<std::string_view, size_t> comms;
+  IdIndex buffers;
+  IdIndex ids;
+};
+
+Result<void> PlanValidator::checkHeader() {
   if (plan.version != kPlanVersion)
     return errorAt("/version",
                    "unsupported plan version " + std::to_string(plan.version));
   Result<Mesh> meshOr = Mesh::create(plan.mesh.axes, plan.mesh.deviceOrder);
   if (!meshOr)
     return errorAt("/mesh", meshOr.error().message);
-  const Mesh &mesh = *meshOr;
-  if (!mesh.contains(plan.rank))
+  mesh = std::make_shared<const Mesh>(std::move(meshOr).value());
+  if (!mesh->contains(plan.rank))
     return errorAt("/rank", "rank " + std::to_string(plan.rank) +
-                                " is not in the mesh (" + rankRange(mesh) +
+                                " is not in the mesh (" + rankRange(*mesh) +
                                 ")");
+  return {};
+}
 
-  // Streams.
-  std::unordered_set<std::string_view> streams;
+Result<void> PlanValidator::checkStreams() {
   for (size_t i = 0; i < plan.streams.size(); ++i) {
     const std::string &s = plan.streams[i];
     if (s.empty())
@@ -476,12 +507,13 @@ Result<void> validatePlan(const Plan &plan) {
       return errorAt(Path().child("streams").child(i),
                      "duplicate stream " + quote(s));
   }
+  return {};
+}
 
-  // Communicators.
+Result<void> PlanValidator::checkCommunicators() {
   // Pointers are Paths, built into strings only for an error.
   const Path top;
   const Path commsPath = top.child("communicators");
-  std::unordered_map<std::string_view, size_t> comms;
   for (size_t i = 0; i < plan.communicators.size(); ++i) {
     const Communicator &c = plan.communicators[i];
     Path p = commsPath.child(i);
@@ -492,117 +524,137 @@ Result<void> validatePlan(const Plan &plan) {
       return errorAt(childPointer(p, "id"),
                      "duplicate communicator id " + quote(c.id) + " (also " +
                          childPointer("/communicators", it->second) + ")");
-    if (c.ranks.empty())
-      return errorAt(childPointer(p, "ranks"), "communicator has no ranks");
-    std::unordered_set<int64_t> seen;
-    std::optional<size_t> self;
-    for (size_t k = 0; k < c.ranks.size(); ++k) {
-      int64_t r = c.ranks[k];
-      if (!mesh.contains(r))
-        return errorAt(childPointer(childPointer(p, "ranks"), k),
-                       "rank " + std::to_string(r) + " is not in the mesh (" +
-                           rankRange(mesh) + ")");
-      if (!seen.insert(r).second)
-        return errorAt(childPointer(childPointer(p, "ranks"), k),
-                       "rank " + std::to_string(r) + " is listed twice");
-      if (r == plan.rank)
-        self = k;
-    }
-    if (!self)
-      return errorAt(childPointer(p, "ranks"),
-                     "this plan's rank " + std::to_string(plan.rank) +
-                         " is not a member of communicator " + quote(c.id));
-    if (c.key != static_cast<int64_t>(*self))
-      return errorAt(childPointer(p, "key"),
-                     "key " + std::to_string(c.key) + " but rank " +
-                         std::to_string(plan.rank) + " is at index " +
-                         std::to_string(*self) + " of ranks");
-    if (!c.axes.empty()) {
-      Result<DerivedGroup> g = deriveGroup(mesh, c.axes, plan.rank);
-      if (!g)
-        return errorAt(childPointer(p, "axes"), g.error().message);
-      if (g->ranks != c.ranks)
-        return errorAt(
-            childPointer(p, "ranks"),
-            rankListText(c.ranks) + " but axes [" +
-                [&] {
-                  std::string s;
-                  for (const std::string &a : c.axes)
-                    s += (s.empty() ? "" : ",") + a;
-                  return s;
-                }() +
-                "] give rank " + std::to_string(plan.rank) + " the group " +
-                rankListText(g->ranks));
-      if (g->color != c.color)
-        return errorAt(childPointer(p, "color"),
-                       "color " + std::to_string(c.color) +
-                           " but the axes give color " +
-                           std::to_string(g->color));
-    }
+    MESHPLAN_TRY(checkCommunicator(i, p));
   }
+  return {};
+}
 
-  // Buffers.
-  auto sharedMesh = std::make_shared<const Mesh>(mesh);
-  View root = View::root(sharedMesh);
-  AxisNamespace names(sharedMesh);
+/// Its ranks are distinct mesh ranks including this one at `key`, and the
+/// group its axes (if any) give this rank.
+Result<void> PlanValidator::checkCommunicator(size_t i, const Path &p) const {
+  const Communicator &c = plan.communicators[i];
+  if (c.ranks.empty())
+    return errorAt(childPointer(p, "ranks"), "communicator has no ranks");
+  std::unordered_set<int64_t> seen;
+  std::optional<size_t> self;
+  for (size_t k = 0; k < c.ranks.size(); ++k) {
+    int64_t r = c.ranks[k];
+    if (!mesh->contains(r))
+      return errorAt(childPointer(childPointer(p, "ranks"), k),
+                     "rank " + std::to_string(r) + " is not in the mesh (" +
+                         rankRange(*mesh) + ")");
+    if (!seen.insert(r).second)
+      return errorAt(childPointer(childPointer(p, "ranks"), k),
+                     "rank " + std::to_string(r) + " is listed twice");
+    if (r == plan.rank)
+      self = k;
+  }
+  if (!self)
+    return errorAt(childPointer(p, "ranks"),
+                   "this plan's rank " + std::to_string(plan.rank) +
+                       " is not a member of communicator " + quote(c.id));
+  if (c.key != static_cast<int64_t>(*self))
+    return errorAt(childPointer(p, "key"),
+                   "key " + std::to_string(c.key) + " but rank " +
+                       std::to_string(plan.rank) + " is at index " +
+                       std::to_string(*self) + " of ranks");
+  if (c.axes.empty())
+    return {};
+  Result<DerivedGroup> g = deriveGroup(*mesh, c.axes, plan.rank);
+  if (!g)
+    return errorAt(childPointer(p, "axes"), g.error().message);
+  if (g->ranks != c.ranks)
+    return errorAt(
+        childPointer(p, "ranks"), rankListText(c.ranks) + " but axes [" +
+                                      [&] {
+                                        std::string s;
+                                        for (const std::string &a : c.axes)
+                                          s += (s.empty() ? "" : ",") + a;
+                                        return s;
+                                      }() +
+                                      "] give rank " +
+                                      std::to_string(plan.rank) +
+                                      " the group " + rankListText(g->ranks));
+  if (g->color != c.color)
+    return errorAt(childPointer(p, "color"),
+                   "color " + std::to_string(c.color) +
+                       " but the axes give color " + std::to_string(g->color));
+  return {};
+}
+
+Result<void> PlanValidator::checkBuffers() {
+  View root = View::root(mesh);
+  AxisNamespace names(mesh);
+  const Path top;
   const Path buffersPath = top.child("buffers");
-  IdIndex buffers;
   buffers.reserve(plan.buffers.size());
   std::unordered_map<int64_t, size_t> tensorIds;
   LayoutCache layouts;
-  for (size_t i = 0; i < plan.buffers.size(); ++i) {
-    const Buffer &b = plan.buffers[i];
-    Path p = buffersPath.child(i);
-    if (b.id.empty())
-      return errorAt(childPointer(p, "id"), "buffer id is empty");
-    auto [it, fresh] = buffers.emplace(b.id, i);
-    if (!fresh)
-      return errorAt(childPointer(p, "id"),
-                     "duplicate buffer id " + quote(b.id) + " (also " +
-                         childPointer("/buffers", it->second) + ")");
-    if (Result<void> ok = checkShape(b.globalShape); !ok)
-      return errorAt(childPointer(p, "global_shape"), ok.error().message);
-    size_t rank = b.globalShape.size();
-    if (b.localShape.size() != rank)
+  for (size_t i = 0; i < plan.buffers.size(); ++i)
+    MESHPLAN_TRY(
+        checkBuffer(i, buffersPath.child(i), root, names, layouts, tensorIds));
+  return {};
+}
+
+/// Its id, shapes, box and layout, tensor id and scale.
+Result<void>
+PlanValidator::checkBuffer(size_t i, const Path &p, const View &root,
+                           AxisNamespace &names, LayoutCache &layouts,
+                           std::unordered_map<int64_t, size_t> &tensorIds) {
+  const Buffer &b = plan.buffers[i];
+  if (b.id.empty())
+    return errorAt(childPointer(p, "id"), "buffer id is empty");
+  auto [it, fresh] = buffers.emplace(b.id, i);
+  if (!fresh)
+    return errorAt(childPointer(p, "id"),
+                   "duplicate buffer id " + quote(b.id) + " (also " +
+                       childPointer("/buffers", it->second) + ")");
+  if (Result<void> ok = checkShape(b.globalShape); !ok)
+    return errorAt(childPointer(p, "global_shape"), ok.error().message);
+  size_t rank = b.globalShape.size();
+  if (b.localShape.size() != rank)
+    return errorAt(childPointer(p, "local_shape"),
+                   "has " + std::to_string(b.localShape.size()) +
+                       " dims but global_shape has " + std::to_string(rank));
+  if (b.offset.size() != rank)
+    return errorAt(childPointer(p, "offset"),
+                   "has " + std::to_string(b.offset.size()) +
+                       " dims but global_shape has " + std::to_string(rank));
+  for (size_t d = 0; d < rank; ++d)
+    if (b.localShape[d] < 0 || b.offset[d] < 0 ||
+        b.localShape[d] > b.globalShape[d] ||
+        b.offset[d] > b.globalShape[d] - b.localShape[d])
       return errorAt(childPointer(p, "local_shape"),
-                     "has " + std::to_string(b.localShape.size()) +
-                         " dims but global_shape has " + std::to_string(rank));
-    if (b.offset.size() != rank)
-      return errorAt(childPointer(p, "offset"),
-                     "has " + std::to_string(b.offset.size()) +
-                         " dims but global_shape has " + std::to_string(rank));
-    for (size_t d = 0; d < rank; ++d)
-      if (b.localShape[d] < 0 || b.offset[d] < 0 ||
-          b.localShape[d] > b.globalShape[d] ||
-          b.offset[d] > b.globalShape[d] - b.localShape[d])
-        return errorAt(childPointer(p, "local_shape"),
-                       "dim " + std::to_string(d) + ": [" +
-                           std::to_string(b.offset[d]) + ", +" +
-                           std::to_string(b.localShape[d]) +
-                           ") does not fit in the global size " +
-                           std::to_string(b.globalShape[d]));
-    MESHPLAN_TRY(checkBufferLayout(root, names, layouts, plan.rank, b, p));
-    if (b.kind == BufferKind::ParamShard) {
-      if (!b.tensorId)
-        return errorAt(p, "a param_shard needs \"tensor_id\"");
-      auto [other, fresh] = tensorIds.emplace(*b.tensorId, i);
-      if (!fresh)
-        return errorAt(childPointer(p, "tensor_id"),
-                       "tensor_id " + std::to_string(*b.tensorId) +
-                           " is also " +
-                           childPointer("/buffers", other->second));
-    } else if (b.tensorId) {
+                     "dim " + std::to_string(d) + ": [" +
+                         std::to_string(b.offset[d]) + ", +" +
+                         std::to_string(b.localShape[d]) +
+                         ") does not fit in the global size " +
+                         std::to_string(b.globalShape[d]));
+  MESHPLAN_TRY(checkBufferLayout(root, names, layouts, plan.rank, b, p));
+  if (b.kind == BufferKind::ParamShard) {
+    if (!b.tensorId)
+      return errorAt(p, "a param_shard needs \"tensor_id\"");
+    auto [other, fresh] = tensorIds.emplace(*b.tensorId, i);
+    if (!fresh)
       return errorAt(childPointer(p, "tensor_id"),
-                     "only a param_shard has a tensor_id");
-    }
-    bool float8 = b.dtype == DType::Float8E4M3 || b.dtype == DType::Float8E5M2;
-    if (float8 && !b.scale)
-      return errorAt(p, "a float8 buffer needs \"scale\"");
-    if (!float8 && b.scale)
-      return errorAt(childPointer(p, "scale"),
-                     "only a float8 buffer has a scale");
+                     "tensor_id " + std::to_string(*b.tensorId) + " is also " +
+                         childPointer("/buffers", other->second));
+  } else if (b.tensorId) {
+    return errorAt(childPointer(p, "tensor_id"),
+                   "only a param_shard has a tensor_id");
   }
-  // Scales name an amax buffer: float32, with the element they index.
+  bool float8 = b.dtype == DType::Float8E4M3 || b.dtype == DType::Float8E5M2;
+  if (float8 && !b.scale)
+    return errorAt(p, "a float8 buffer needs \"scale\"");
+  if (!float8 && b.scale)
+    return errorAt(childPointer(p, "scale"),
+                   "only a float8 buffer has a scale");
+  return {};
+}
+
+Result<void> PlanValidator::checkScales() const {
+  const Path top;
+  const Path buffersPath = top.child("buffers");
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const Buffer &b = plan.buffers[i];
     if (!b.scale)
@@ -626,10 +678,13 @@ Result<void> validatePlan(const Plan &plan) {
                          quote(amax.id) + " has " + std::to_string(n) +
                          " elements");
   }
+  return {};
+}
 
-  // Program.
+Result<void> PlanValidator::checkProgram() {
+  const Path top;
   const Path programPath = top.child("program");
-  IdIndex ids;
+  // Ids first: deps may point forward.
   ids.reserve(plan.program.size());
   for (size_t i = 0; i < plan.program.size(); ++i) {
     const std::string &id = plan.program[i].id;
@@ -642,144 +697,172 @@ Result<void> validatePlan(const Plan &plan) {
                      "duplicate instruction id " + quote(id) + " (also " +
                          childPointer("/program", it->second) + ")");
   }
-  for (size_t i = 0; i < plan.program.size(); ++i) {
-    const Instruction &in = plan.program[i];
-    Path p = programPath.child(i);
-    if (!streams.count(in.stream)) {
-      std::string all;
-      for (const std::string &s : plan.streams)
-        all += (all.empty() ? "" : ", ") + s;
-      return errorAt(childPointer(p, "stream"), "unknown stream " +
-                                                    quote(in.stream) +
-                                                    " (streams: " + all + ")");
-    }
-    std::string opName(opKindName(in.op));
-    if (isCollective(in.op)) {
-      auto c = comms.find(in.comm);
-      if (c == comms.end())
-        return errorAt(childPointer(p, "comm"),
-                       "unknown communicator " + quote(in.comm));
-      if (!in.dtype)
-        return errorAt(p, opName + " needs a dtype");
-      if (in.count < 0 || in.count > kMaxTensorElements)
-        return errorAt(childPointer(p, "count"), "count " +
-                                                     std::to_string(in.count) +
-                                                     " is out of range");
-      if (isReduction(in.op) != in.reduce.has_value())
-        return errorAt(childPointer(p, "reduce"),
-                       in.reduce ? opName + " takes no reduce op"
-                                 : opName + " needs a reduce op");
-      int64_t size =
-          static_cast<int64_t>(plan.communicators[c->second].ranks.size());
-      if (in.op == OpKind::Broadcast && (in.root < 0 || in.root >= size))
-        return errorAt(childPointer(p, "root"),
-                       "root " + std::to_string(in.root) +
-                           " is not a key of communicator " + quote(in.comm) +
-                           " (size " + std::to_string(size) + ")");
-      if (isPointToPoint(in.op)) {
-        // Pairs only: then the k-th operation on the communicator is one
-        // transfer for both members, which is what the verifier matches.
-        const Communicator &comm = plan.communicators[c->second];
-        if (size != 2)
-          return errorAt(childPointer(p, "comm"),
-                         opName +
-                             " needs a communicator of two members (a "
-                             "pair), " +
-                             quote(in.comm) + " has " + std::to_string(size));
-        if (in.peer != 1 - comm.key)
-          return errorAt(childPointer(p, "peer"),
-                         "peer " + std::to_string(in.peer) +
-                             " is not the other member of " + quote(in.comm) +
-                             " (this rank is key " + std::to_string(comm.key) +
-                             ", so the peer is key " +
-                             std::to_string(1 - comm.key) + ")");
-      }
-    } else {
-      if (!in.comm.empty())
-        return errorAt(childPointer(p, "comm"),
-                       opName + " is not a collective and takes no comm");
-      if (in.reduce)
-        return errorAt(childPointer(p, "reduce"),
-                       opName + " takes no reduce op");
-    }
-    auto checkBuffers = [&](const std::vector<std::string> &list,
-                            std::string_view key) -> Result<void> {
-      for (size_t k = 0; k < list.size(); ++k)
-        if (!buffers.count(list[k]))
-          return errorAt(childPointer(childPointer(p, key), k),
-                         "unknown buffer " + quote(list[k]));
-      return {};
-    };
-    MESHPLAN_TRY(checkBuffers(in.inputs, "inputs"));
-    MESHPLAN_TRY(checkBuffers(in.outputs, "outputs"));
-    // Before the operands: without an optimizer, the parameter dtype rule
-    // (stochastic rounding or not) has nothing to go by.
-    if (in.op == OpKind::OptimizerUpdate && !plan.optimizer)
-      return errorAt(p, "optimizer_update, but the plan has no \"optimizer\"");
-    MESHPLAN_TRY(checkOperands(plan, in, p, buffers));
-    for (size_t k = 0; k < in.deps.size(); ++k) {
-      auto d = ids.find(in.deps[k]);
-      if (d == ids.end())
-        return errorAt(childPointer(childPointer(p, "deps"), k),
-                       "unknown instruction " + quote(in.deps[k]));
-      if (d->second == i)
-        return errorAt(childPointer(childPointer(p, "deps"), k),
-                       "instruction " + quote(in.id) + " depends on itself");
-    }
-  }
+  for (size_t i = 0; i < plan.program.size(); ++i)
+    MESHPLAN_TRY(checkInstruction(i, programPath.child(i)));
+  return {};
+}
 
-  if (plan.optimizer) {
-    const OptimizerConfig &o = *plan.optimizer;
-    if (o.name != "adamw")
-      return errorAt("/optimizer/name", "unknown optimizer " + quote(o.name) +
-                                            " (this runtime has adamw)");
-    auto bad = [](double x, double lo, double hi) {
-      return !(x >= lo && x <= hi);
-    };
-    if (bad(o.lr, 0, 1e6))
-      return errorAt("/optimizer/lr", "lr must be in [0, 1e6]");
-    if (bad(o.beta1, 0, 1) || o.beta1 == 1)
-      return errorAt("/optimizer/beta1", "beta1 must be in [0, 1)");
-    if (bad(o.beta2, 0, 1) || o.beta2 == 1)
-      return errorAt("/optimizer/beta2", "beta2 must be in [0, 1)");
-    if (bad(o.eps, 0, 1e6) || o.eps == 0)
-      return errorAt("/optimizer/eps", "eps must be in (0, 1e6]");
-    if (bad(o.weightDecay, 0, 1e6))
-      return errorAt("/optimizer/weight_decay",
-                     "weight_decay must be in [0, 1e6]");
-    if (o.schedule)
-      if (auto ok = checkLrSchedule(*o.schedule); !ok)
-        return ok.error().within("/optimizer/lr_schedule");
-    if (o.maxNorm && (!(*o.maxNorm > 0) || !std::isfinite(*o.maxNorm)))
-      return errorAt("/optimizer/max_norm", "max_norm must be finite and > 0");
-    // The names of this plan's parameters: every no_decay entry is one.
-    std::set<std::string_view> params;
-    for (const Buffer &b : plan.buffers)
-      if (b.kind == BufferKind::ParamShard)
-        params.insert(b.tensor);
-    for (size_t k = 0; k < o.noDecay.size(); ++k) {
-      std::string p = childPointer("/optimizer/no_decay", k);
-      if (k && !(o.noDecay[k - 1] < o.noDecay[k]))
-        return errorAt(p, "no_decay must be sorted and unique");
-      if (!plan.buffers.empty() && !params.count(o.noDecay[k]))
-        return errorAt(p, quote(o.noDecay[k]) +
-                              " is not a parameter of this plan");
-    }
+Result<void> PlanValidator::checkCollectiveFields(const Instruction &in,
+                                                  const Path &p) const {
+  std::string opName(opKindName(in.op));
+  if (!isCollective(in.op)) {
+    if (!in.comm.empty())
+      return errorAt(childPointer(p, "comm"),
+                     opName + " is not a collective and takes no comm");
+    if (in.reduce)
+      return errorAt(childPointer(p, "reduce"), opName + " takes no reduce op");
+    return {};
   }
+  auto c = comms.find(in.comm);
+  if (c == comms.end())
+    return errorAt(childPointer(p, "comm"),
+                   "unknown communicator " + quote(in.comm));
+  if (!in.dtype)
+    return errorAt(p, opName + " needs a dtype");
+  if (in.count < 0 || in.count > kMaxTensorElements)
+    return errorAt(childPointer(p, "count"),
+                   "count " + std::to_string(in.count) + " is out of range");
+  if (isReduction(in.op) != in.reduce.has_value())
+    return errorAt(childPointer(p, "reduce"),
+                   in.reduce ? opName + " takes no reduce op"
+                             : opName + " needs a reduce op");
+  int64_t size =
+      static_cast<int64_t>(plan.communicators[c->second].ranks.size());
+  if (in.op == OpKind::Broadcast && (in.root < 0 || in.root >= size))
+    return errorAt(childPointer(p, "root"),
+                   "root " + std::to_string(in.root) +
+                       " is not a key of communicator " + quote(in.comm) +
+                       " (size " + std::to_string(size) + ")");
+  if (isPointToPoint(in.op)) {
+    // Pairs only: then the k-th operation on the communicator is one
+    // transfer for both members, which is what the verifier matches.
+    const Communicator &comm = plan.communicators[c->second];
+    if (size != 2)
+      return errorAt(childPointer(p, "comm"),
+                     opName +
+                         " needs a communicator of two members (a "
+                         "pair), " +
+                         quote(in.comm) + " has " + std::to_string(size));
+    if (in.peer != 1 - comm.key)
+      return errorAt(childPointer(p, "peer"),
+                     "peer " + std::to_string(in.peer) +
+                         " is not the other member of " + quote(in.comm) +
+                         " (this rank is key " + std::to_string(comm.key) +
+                         ", so the peer is key " +
+                         std::to_string(1 - comm.key) + ")");
+  }
+  return {};
+}
 
-  if (plan.estimates) {
-    for (const auto &[key, n] : plan.estimates->peakMemoryBytes)
-      if (n < 0)
-        return errorAt(childPointer("/estimates/peak_memory_bytes", key),
-                       "negative byte count");
-    for (const auto &[key, n] : plan.estimates->bytesPerStepPerComm) {
-      std::string p = childPointer("/estimates/bytes_per_step_per_comm", key);
-      if (!comms.count(key))
-        return errorAt(p, "unknown communicator " + quote(key));
-      if (n < 0)
-        return errorAt(p, "negative byte count");
-    }
+Result<void> PlanValidator::checkInstruction(size_t i, const Path &p) const {
+  const Instruction &in = plan.program[i];
+  if (!streams.count(in.stream)) {
+    std::string all;
+    for (const std::string &s : plan.streams)
+      all += (all.empty() ? "" : ", ") + s;
+    return errorAt(childPointer(p, "stream"), "unknown stream " +
+                                                  quote(in.stream) +
+                                                  " (streams: " + all + ")");
   }
+  MESHPLAN_TRY(checkCollectiveFields(in, p));
+  auto checkBuffers = [&](const std::vector<std::string> &list,
+                          std::string_view key) -> Result<void> {
+    for (size_t k = 0; k < list.size(); ++k)
+      if (!buffers.count(list[k]))
+        return errorAt(childPointer(childPointer(p, key), k),
+                       "unknown buffer " + quote(list[k]));
+    return {};
+  };
+  MESHPLAN_TRY(checkBuffers(in.inputs, "inputs"));
+  MESHPLAN_TRY(checkBuffers(in.outputs, "outputs"));
+  // Before the operands: without an optimizer, the parameter dtype rule
+  // (stochastic rounding or not) has nothing to go by.
+  if (in.op == OpKind::OptimizerUpdate && !plan.optimizer)
+    return errorAt(p, "optimizer_update, but the plan has no \"optimizer\"");
+  MESHPLAN_TRY(checkOperands(plan, in, p, buffers));
+  for (size_t k = 0; k < in.deps.size(); ++k) {
+    auto d = ids.find(in.deps[k]);
+    if (d == ids.end())
+      return errorAt(childPointer(childPointer(p, "deps"), k),
+                     "unknown instruction " + quote(in.deps[k]));
+    if (d->second == i)
+      return errorAt(childPointer(childPointer(p, "deps"), k),
+                     "instruction " + quote(in.id) + " depends on itself");
+  }
+  return {};
+}
+
+Result<void> PlanValidator::checkOptimizer() const {
+  if (!plan.optimizer)
+    return {};
+  const OptimizerConfig &o = *plan.optimizer;
+  if (o.name != "adamw")
+    return errorAt("/optimizer/name", "unknown optimizer " + quote(o.name) +
+                                          " (this runtime has adamw)");
+  auto bad = [](double x, double lo, double hi) {
+    return !(x >= lo && x <= hi);
+  };
+  if (bad(o.lr, 0, 1e6))
+    return errorAt("/optimizer/lr", "lr must be in [0, 1e6]");
+  if (bad(o.beta1, 0, 1) || o.beta1 == 1)
+    return errorAt("/optimizer/beta1", "beta1 must be in [0, 1)");
+  if (bad(o.beta2, 0, 1) || o.beta2 == 1)
+    return errorAt("/optimizer/beta2", "beta2 must be in [0, 1)");
+  if (bad(o.eps, 0, 1e6) || o.eps == 0)
+    return errorAt("/optimizer/eps", "eps must be in (0, 1e6]");
+  if (bad(o.weightDecay, 0, 1e6))
+    return errorAt("/optimizer/weight_decay",
+                   "weight_decay must be in [0, 1e6]");
+  if (o.schedule)
+    if (auto ok = checkLrSchedule(*o.schedule); !ok)
+      return ok.error().within("/optimizer/lr_schedule");
+  if (o.maxNorm && (!(*o.maxNorm > 0) || !std::isfinite(*o.maxNorm)))
+    return errorAt("/optimizer/max_norm", "max_norm must be finite and > 0");
+  // The names of this plan's parameters: every no_decay entry is one.
+  std::set<std::string_view> params;
+  for (const Buffer &b : plan.buffers)
+    if (b.kind == BufferKind::ParamShard)
+      params.insert(b.tensor);
+  for (size_t k = 0; k < o.noDecay.size(); ++k) {
+    std::string p = childPointer("/optimizer/no_decay", k);
+    if (k && !(o.noDecay[k - 1] < o.noDecay[k]))
+      return errorAt(p, "no_decay must be sorted and unique");
+    if (!plan.buffers.empty() && !params.count(o.noDecay[k]))
+      return errorAt(p,
+                     quote(o.noDecay[k]) + " is not a parameter of this plan");
+  }
+  return {};
+}
+
+Result<void> PlanValidator::checkEstimates() const {
+  if (!plan.estimates)
+    return {};
+  for (const auto &[key, n] : plan.estimates->peakMemoryBytes)
+    if (n < 0)
+      return errorAt(childPointer("/estimates/peak_memory_bytes", key),
+                     "negative byte count");
+  for (const auto &[key, n] : plan.estimates->bytesPerStepPerComm) {
+    std::string p = childPointer("/estimates/bytes_per_step_per_comm", key);
+    if (!comms.count(key))
+      return errorAt(p, "unknown communicator " + quote(key));
+    if (n < 0)
+      return errorAt(p, "negative byte count");
+  }
+  return {};
+}
+
+} // namespace
+
+Result<void> validatePlan(const Plan &plan) {
+  PlanValidator v(plan);
+  MESHPLAN_TRY(v.checkHeader());
+  MESHPLAN_TRY(v.checkStreams());
+  MESHPLAN_TRY(v.checkCommunicators());
+  MESHPLAN_TRY(v.checkBuffers());
+  MESHPLAN_TRY(v.checkScales());
+  MESHPLAN_TRY(v.checkProgram());
+  MESHPLAN_TRY(v.checkOptimizer());
+  MESHPLAN_TRY(v.checkEstimates());
   return {};
 }
 

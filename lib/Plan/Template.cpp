@@ -74,20 +74,54 @@ Result<void> checkLayoutRefs(const Mesh &mesh, const Layout &layout) {
 
 } // namespace
 
-Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
-  PreparedTemplate p;
-  p.tmpl = std::move(t);
-  const ProgramTemplate &tm = p.tmpl;
+/// PreparedTemplate::prepare in steps, in the template's order: each checks
+/// one section, fills the PreparedTemplate's tables for it, and keeps the
+/// name indexes later sections look up.
+class TemplatePreparer {
+public:
+  explicit TemplatePreparer(PreparedTemplate &p) : p(p), tm(p.tmpl) {}
 
+  Result<void> prepareMesh();
+  Result<void> checkStreams();
+  Result<void> prepareComms();
+  /// grad_norm_axes and the pipeline axis.
+  Result<void> prepareAxes();
+  Result<void> prepareBuffers();
+  /// Every instruction's fields and references, and the buffers' liveness.
+  Result<void> prepareProgram();
+  Result<void> prepareFlops();
+  /// The estimates that do not depend on the rank: buffer kinds present,
+  /// activation events, bytes per communicator.
+  Result<void> prepareEstimates();
+
+private:
+  Result<void> prepareComm(size_t i);
+  Result<void> checkInstructionFields(const Instruction &in,
+                                      const std::string &name) const;
+  /// Resolves the instruction's buffers and deps, and records the births
+  /// and deaths it causes.
+  Result<void> trackLiveness(size_t i, const std::string &name,
+                             std::vector<char> &live);
+  Result<void> prepareActivations();
+
+  PreparedTemplate &p;
+  const ProgramTemplate &tm;
+  const Mesh *mesh = nullptr;
+  std::unordered_map<std::string_view, size_t> streams, comms, buffers, ids;
+  std::vector<int64_t> groupSize;
+};
+
+Result<void> TemplatePreparer::prepareMesh() {
   Result<Mesh> meshOr = Mesh::create(tm.mesh.axes, tm.mesh.deviceOrder);
   if (!meshOr)
     return meshOr.error().within("mesh");
   p.meshPtr = std::make_shared<const Mesh>(std::move(meshOr).value());
   p.root = View::root(p.meshPtr);
-  const Mesh &mesh = *p.meshPtr;
+  mesh = p.meshPtr.get();
+  return {};
+}
 
-  // Streams.
-  std::unordered_map<std::string_view, size_t> streams;
+Result<void> TemplatePreparer::checkStreams() {
   for (size_t i = 0; i < tm.streams.size(); ++i) {
     const std::string &s = tm.streams[i];
     if (s.empty())
@@ -95,73 +129,81 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     if (!streams.emplace(s, i).second)
       return makeError("stream " + quote(s) + ": listed twice");
   }
+  return {};
+}
 
-  // Communicators.
-  std::unordered_map<std::string_view, size_t> comms;
-  std::vector<int64_t> groupSize;
-  for (size_t i = 0; i < tm.comms.size(); ++i) {
-    const CommTemplate &c = tm.comms[i];
-    std::string name = itemName("communicator", c.id, i);
-    if (c.id.empty())
-      return makeError(name + ": id is empty");
-    if (auto [it, fresh] = comms.emplace(c.id, i); !fresh)
-      return makeError(name + ": duplicate id (also communicator #" +
-                       std::to_string(it->second) + ")");
-    if (c.pair) {
-      if (!c.axes.empty())
-        return makeError(name + ": a pair has no axes");
-      std::optional<int> axis = mesh.findAxis(c.pair->axis);
-      if (!axis)
-        return makeError(name + ": pair axis " + quote(c.pair->axis) +
-                         " is not in the mesh (axes: " + mesh.axisNameList() +
-                         ")");
-      int64_t size = mesh.axis(*axis).size;
-      const int64_t *k = c.pair->coords;
-      if (k[0] == k[1] || k[0] < 0 || k[1] < 0 || k[0] >= size || k[1] >= size)
-        return makeError(name + ": pair coordinates " + std::to_string(k[0]) +
-                         ", " + std::to_string(k[1]) +
-                         " are not two distinct coordinates of axis " +
-                         quote(c.pair->axis) + " (size " +
-                         std::to_string(size) + ")");
-      groupSize.push_back(2);
-      p.commRefs.emplace_back();
-      p.pairAxis.push_back(*axis);
-      continue;
-    }
-    if (c.axes.empty())
-      return makeError(name + ": no axes (a template communicator is the "
-                              "group of each rank along root-mesh axes)");
-    p.pairAxis.push_back(-1);
-    AxisRefList refs;
-    for (const std::string &text : c.axes) {
-      Result<AxisRef> ref = parseAxisRefText(mesh, text);
-      if (!ref)
-        return ref.error().within(name);
-      refs.push_back(*ref);
-    }
-    if (Result<void> ok = checkRefsCompatible(mesh, refs, "communicator axes");
-        !ok)
-      return ok.error().within(name);
-    groupSize.push_back(groupSizeOf(mesh, refs));
-    p.commRefs.push_back(std::move(refs));
+Result<void> TemplatePreparer::prepareComms() {
+  for (size_t i = 0; i < tm.comms.size(); ++i)
+    MESHPLAN_TRY(prepareComm(i));
+  return {};
+}
+
+/// A pair's axis and coordinates, or the parsed axes of a group.
+Result<void> TemplatePreparer::prepareComm(size_t i) {
+  const CommTemplate &c = tm.comms[i];
+  std::string name = itemName("communicator", c.id, i);
+  if (c.id.empty())
+    return makeError(name + ": id is empty");
+  if (auto [it, fresh] = comms.emplace(c.id, i); !fresh)
+    return makeError(name + ": duplicate id (also communicator #" +
+                     std::to_string(it->second) + ")");
+  if (c.pair) {
+    if (!c.axes.empty())
+      return makeError(name + ": a pair has no axes");
+    std::optional<int> axis = mesh->findAxis(c.pair->axis);
+    if (!axis)
+      return makeError(name + ": pair axis " + quote(c.pair->axis) +
+                       " is not in the mesh (axes: " + mesh->axisNameList() +
+                       ")");
+    int64_t size = mesh->axis(*axis).size;
+    const int64_t *k = c.pair->coords;
+    if (k[0] == k[1] || k[0] < 0 || k[1] < 0 || k[0] >= size || k[1] >= size)
+      return makeError(
+          name + ": pair coordinates " + std::to_string(k[0]) + ", " +
+          std::to_string(k[1]) + " are not two distinct coordinates of axis " +
+          quote(c.pair->axis) + " (size " + std::to_string(size) + ")");
+    groupSize.push_back(2);
+    p.commRefs.emplace_back();
+    p.pairAxis.push_back(*axis);
+    return {};
   }
+  if (c.axes.empty())
+    return makeError(name + ": no axes (a template communicator is the "
+                            "group of each rank along root-mesh axes)");
+  p.pairAxis.push_back(-1);
+  AxisRefList refs;
+  for (const std::string &text : c.axes) {
+    Result<AxisRef> ref = parseAxisRefText(*mesh, text);
+    if (!ref)
+      return ref.error().within(name);
+    refs.push_back(*ref);
+  }
+  if (Result<void> ok = checkRefsCompatible(*mesh, refs, "communicator axes");
+      !ok)
+    return ok.error().within(name);
+  groupSize.push_back(groupSizeOf(*mesh, refs));
+  p.commRefs.push_back(std::move(refs));
+  return {};
+}
 
+Result<void> TemplatePreparer::prepareAxes() {
   for (const std::string &text : tm.gradNormAxes) {
-    Result<AxisRef> ref = parseAxisRefText(mesh, text);
+    Result<AxisRef> ref = parseAxisRefText(*mesh, text);
     if (!ref)
       return ref.error().within("grad_norm_axes");
     p.gradNormRefs.push_back(*ref);
   }
   if (tm.mesh.pipelineAxis) {
-    p.pipelineAxis = mesh.findAxis(*tm.mesh.pipelineAxis);
+    p.pipelineAxis = mesh->findAxis(*tm.mesh.pipelineAxis);
     if (!p.pipelineAxis)
       return makeError("mesh: pipeline axis " + quote(*tm.mesh.pipelineAxis) +
-                       " is not in the mesh (axes: " + mesh.axisNameList() +
+                       " is not in the mesh (axes: " + mesh->axisNameList() +
                        ")");
   }
+  return {};
+}
 
-  // Buffers.
-  std::unordered_map<std::string_view, size_t> buffers;
+Result<void> TemplatePreparer::prepareBuffers() {
   for (size_t i = 0; i < tm.buffers.size(); ++i) {
     const BufferTemplate &b = tm.buffers[i];
     std::string name = itemName("buffer", b.id, i);
@@ -176,16 +218,18 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
       return makeError(
           name + ": the layout has " + std::to_string(b.layout.rank()) +
           " dims but global_shape has " + std::to_string(b.globalShape.size()));
-    if (Result<void> ok = checkLayoutRefs(mesh, b.layout); !ok)
+    if (Result<void> ok = checkLayoutRefs(*mesh, b.layout); !ok)
       return ok.error().within(name + ": layout");
     if (Result<void> ok = verifyLayout(*p.root, b.layout); !ok)
       return ok.error().within(name + ": layout");
-    p.layoutTexts.push_back(formatLayout(mesh, b.layout));
+    p.layoutTexts.push_back(formatLayout(*mesh, b.layout));
     p.bufferIndex.emplace(b.id, i);
   }
+  return {};
+}
 
-  // Instructions: ids first (deps may point forward).
-  std::unordered_map<std::string_view, size_t> ids;
+Result<void> TemplatePreparer::prepareProgram() {
+  // Ids first (deps may point forward).
   ids.reserve(tm.program.size());
   for (size_t i = 0; i < tm.program.size(); ++i) {
     const Instruction &in = tm.program[i];
@@ -204,105 +248,121 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
   for (size_t i = 0; i < tm.program.size(); ++i) {
     const Instruction &in = tm.program[i];
     std::string name = itemName("instruction", in.id, i);
-    std::string opName(opKindName(in.op));
-    if (!streams.count(in.stream))
-      return makeError(name + ": unknown stream " + quote(in.stream) +
-                       " (streams: " + joinStrings(tm.streams) + ")");
-    if (isPointToPoint(in.op)) {
-      // Only on a pair: every rank that shares the template sits at the
-      // same pair coordinate, so the peer's key is the same for all.
-      auto c = comms.find(in.comm);
-      if (c == comms.end() || !tm.comms[c->second].pair)
-        return makeError(name + ": " + opName +
-                         " needs a pair communicator, not " + quote(in.comm));
-      if (!in.dtype)
-        return makeError(name + ": " + opName + " needs a dtype");
-      if (in.count < 0 || in.count > kMaxTensorElements)
-        return makeError(name + ": count " + std::to_string(in.count) +
-                         " is out of range");
-      if (in.peer != 0 && in.peer != 1)
-        return makeError(name + ": peer " + std::to_string(in.peer) +
-                         " is not a key of a pair (0 or 1)");
-      if (in.tag.empty())
-        return makeError(name + ": " + opName + " needs a tag");
-    } else if (isCollective(in.op)) {
-      auto c = comms.find(in.comm);
-      if (c == comms.end())
-        return makeError(name + ": unknown communicator " + quote(in.comm));
-      if (!in.dtype)
-        return makeError(name + ": " + opName + " needs a dtype");
-      if (in.count < 0 || in.count > kMaxTensorElements)
-        return makeError(name + ": count " + std::to_string(in.count) +
-                         " is out of range");
-      if (isReduction(in.op) != in.reduce.has_value())
-        return makeError(
-            name + ": " + opName +
-            (in.reduce ? " takes no reduce op" : " needs a reduce op"));
-      if (in.op == OpKind::Broadcast &&
-          (in.root < 0 || in.root >= groupSize[c->second]))
-        return makeError(name + ": root " + std::to_string(in.root) +
-                         " is not a key of communicator " + quote(in.comm) +
-                         " (size " + std::to_string(groupSize[c->second]) +
-                         ")");
-    } else {
-      if (!in.comm.empty())
-        return makeError(name + ": " + opName +
-                         " is not a collective and takes no comm");
-      if (in.reduce)
-        return makeError(name + ": " + opName + " takes no reduce op");
-    }
-    auto resolve = [&](const std::vector<std::string> &list,
-                       std::string_view key,
-                       std::vector<size_t> &out) -> Result<void> {
-      for (const std::string &id : list) {
-        auto b = buffers.find(id);
-        if (b == buffers.end())
-          return makeError(name + ": " + std::string(key) +
-                           ": unknown buffer " + quote(id));
-        out.push_back(b->second);
-      }
-      return {};
-    };
-    std::vector<size_t> inputs, outputs;
-    MESHPLAN_TRY(resolve(in.inputs, "inputs", inputs));
-    MESHPLAN_TRY(resolve(in.outputs, "outputs", outputs));
-    for (const std::string &d : in.deps) {
-      auto it = ids.find(d);
-      if (it == ids.end())
-        return makeError(name + ": deps: unknown instruction " + quote(d));
-      if (it->second == i)
-        return makeError(name + ": deps: depends on itself");
-    }
+    MESHPLAN_TRY(checkInstructionFields(in, name));
+    MESHPLAN_TRY(trackLiveness(i, name, live));
+  }
+  return {};
+}
 
-    // Liveness: births (first mention, or mention after a free), then the
-    // deaths of a free's live inputs.
-    auto born = [&](size_t b) {
-      if (tm.buffers[b].persistent || live[b])
-        return;
-      live[b] = 1;
-      p.events.push_back({int32_t(i), int32_t(b), true});
-    };
-    if (in.op == OpKind::Free) {
-      for (size_t b : inputs)
-        if (tm.buffers[b].persistent)
-          return makeError(name + ": frees " + quote(tm.buffers[b].id) +
-                           ", a persistent buffer (live for the whole step)");
-      for (size_t b : outputs)
-        born(b);
-      for (size_t b : inputs)
-        if (live[b]) {
-          live[b] = 0;
-          p.events.push_back({int32_t(i), int32_t(b), false});
-        }
-    } else {
-      for (size_t b : inputs)
-        born(b);
-      for (size_t b : outputs)
-        born(b);
+/// Its stream, and the communicator, dtype, count, peer, tag, reduce op and
+/// root its op needs (or their absence, for a local op).
+Result<void>
+TemplatePreparer::checkInstructionFields(const Instruction &in,
+                                         const std::string &name) const {
+  std::string opName(opKindName(in.op));
+  if (!streams.count(in.stream))
+    return makeError(name + ": unknown stream " + quote(in.stream) +
+                     " (streams: " + joinStrings(tm.streams) + ")");
+  if (isPointToPoint(in.op)) {
+    // Only on a pair: every rank that shares the template sits at the
+    // same pair coordinate, so the peer's key is the same for all.
+    auto c = comms.find(in.comm);
+    if (c == comms.end() || !tm.comms[c->second].pair)
+      return makeError(name + ": " + opName +
+                       " needs a pair communicator, not " + quote(in.comm));
+    if (!in.dtype)
+      return makeError(name + ": " + opName + " needs a dtype");
+    if (in.count < 0 || in.count > kMaxTensorElements)
+      return makeError(name + ": count " + std::to_string(in.count) +
+                       " is out of range");
+    if (in.peer != 0 && in.peer != 1)
+      return makeError(name + ": peer " + std::to_string(in.peer) +
+                       " is not a key of a pair (0 or 1)");
+    if (in.tag.empty())
+      return makeError(name + ": " + opName + " needs a tag");
+  } else if (isCollective(in.op)) {
+    auto c = comms.find(in.comm);
+    if (c == comms.end())
+      return makeError(name + ": unknown communicator " + quote(in.comm));
+    if (!in.dtype)
+      return makeError(name + ": " + opName + " needs a dtype");
+    if (in.count < 0 || in.count > kMaxTensorElements)
+      return makeError(name + ": count " + std::to_string(in.count) +
+                       " is out of range");
+    if (isReduction(in.op) != in.reduce.has_value())
+      return makeError(
+          name + ": " + opName +
+          (in.reduce ? " takes no reduce op" : " needs a reduce op"));
+    if (in.op == OpKind::Broadcast &&
+        (in.root < 0 || in.root >= groupSize[c->second]))
+      return makeError(name + ": root " + std::to_string(in.root) +
+                       " is not a key of communicator " + quote(in.comm) +
+                       " (size " + std::to_string(groupSize[c->second]) + ")");
+  } else {
+    if (!in.comm.empty())
+      return makeError(name + ": " + opName +
+                       " is not a collective and takes no comm");
+    if (in.reduce)
+      return makeError(name + ": " + opName + " takes no reduce op");
+  }
+  return {};
+}
+
+Result<void> TemplatePreparer::trackLiveness(size_t i, const std::string &name,
+                                             std::vector<char> &live) {
+  const Instruction &in = tm.program[i];
+  auto resolve = [&](const std::vector<std::string> &list, std::string_view key,
+                     std::vector<size_t> &out) -> Result<void> {
+    for (const std::string &id : list) {
+      auto b = buffers.find(id);
+      if (b == buffers.end())
+        return makeError(name + ": " + std::string(key) + ": unknown buffer " +
+                         quote(id));
+      out.push_back(b->second);
     }
+    return {};
+  };
+  std::vector<size_t> inputs, outputs;
+  MESHPLAN_TRY(resolve(in.inputs, "inputs", inputs));
+  MESHPLAN_TRY(resolve(in.outputs, "outputs", outputs));
+  for (const std::string &d : in.deps) {
+    auto it = ids.find(d);
+    if (it == ids.end())
+      return makeError(name + ": deps: unknown instruction " + quote(d));
+    if (it->second == i)
+      return makeError(name + ": deps: depends on itself");
   }
 
-  // FLOPs.
+  // Liveness: births (first mention, or mention after a free), then the
+  // deaths of a free's live inputs.
+  auto born = [&](size_t b) {
+    if (tm.buffers[b].persistent || live[b])
+      return;
+    live[b] = 1;
+    p.events.push_back({int32_t(i), int32_t(b), true});
+  };
+  if (in.op == OpKind::Free) {
+    for (size_t b : inputs)
+      if (tm.buffers[b].persistent)
+        return makeError(name + ": frees " + quote(tm.buffers[b].id) +
+                         ", a persistent buffer (live for the whole step)");
+    for (size_t b : outputs)
+      born(b);
+    for (size_t b : inputs)
+      if (live[b]) {
+        live[b] = 0;
+        p.events.push_back({int32_t(i), int32_t(b), false});
+      }
+  } else {
+    for (size_t b : inputs)
+      born(b);
+    for (size_t b : outputs)
+      born(b);
+  }
+  return {};
+}
+
+Result<void> TemplatePreparer::prepareFlops() {
   if (!tm.flops.empty() && tm.flops.size() != tm.program.size())
     return makeError("flops has " + std::to_string(tm.flops.size()) +
                      " entries but the program has " +
@@ -314,8 +374,10 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
                        " is not a finite number >= 0");
   p.flopsOrZero =
       tm.flops.empty() ? std::vector<double>(tm.program.size(), 0) : tm.flops;
+  return {};
+}
 
-  // Rank-independent estimates.
+Result<void> TemplatePreparer::prepareEstimates() {
   std::array<bool, kNumBufferKinds> present{};
   for (const BufferTemplate &b : tm.buffers)
     present[size_t(b.kind)] = true;
@@ -324,51 +386,7 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
       p.kindsPresent.push_back(static_cast<BufferKind>(k));
   for (const CommTemplate &c : tm.comms)
     p.commBytes[c.id] = 0;
-
-  // Activations: a forward adds its unit's saved bytes for that microbatch,
-  // the matching backward releases them (only what a forward added, so a
-  // backward without its forward releases nothing). A zero-bubble split
-  // backward holds them until its weight part: backward_input takes the
-  // backward's transient bytes and releases nothing, backward_weight
-  // releases what the forward saved (the weight gradients need the layers'
-  // saved inputs), as ZB-H1's memory analysis has it.
-  for (const auto &[unit, a] : tm.activations)
-    if (a.saved < 0 || a.forwardTransient < 0 || a.backwardTransient < 0)
-      return makeError("activations of unit " + quote(unit) +
-                       ": bytes must be >= 0");
-  p.hasActivations = !tm.activations.empty();
-  if (p.hasActivations) {
-    std::map<std::pair<std::string_view, int64_t>, int64_t> pending;
-    for (size_t i = 0; i < tm.program.size(); ++i) {
-      const Instruction &in = tm.program[i];
-      if (in.op != OpKind::Compute)
-        continue;
-      auto a = tm.activations.find(in.unit);
-      if (a == tm.activations.end())
-        continue;
-      const UnitActivation &u = a->second;
-      if (in.phase == "forward") {
-        int64_t &kept = pending[{in.unit, in.microbatch}];
-        kept = saturatingAdd(kept, u.saved);
-        p.activationEvents.push_back(
-            {int32_t(i), saturatingAdd(u.saved, u.forwardTransient),
-             u.forwardTransient});
-      } else if (in.phase == "backward_input") {
-        p.activationEvents.push_back(
-            {int32_t(i), u.backwardTransient, u.backwardTransient});
-      } else if (in.phase == "backward" || in.phase == "backward_weight") {
-        int64_t released = 0;
-        if (auto it = pending.find({in.unit, in.microbatch});
-            it != pending.end()) {
-          released = it->second;
-          pending.erase(it);
-        }
-        int64_t transient = in.phase == "backward" ? u.backwardTransient : 0;
-        p.activationEvents.push_back(
-            {int32_t(i), transient, saturatingAdd(transient, released)});
-      }
-    }
-  }
+  MESHPLAN_TRY(prepareActivations());
   for (const Instruction &in : tm.program) {
     if (!isCollective(in.op))
       continue;
@@ -376,6 +394,69 @@ Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
     sum = saturatingAdd(sum, bytesSent(in.op, *in.dtype, in.count,
                                        groupSize[comms.at(in.comm)]));
   }
+  return {};
+}
+
+// Activations: a forward adds its unit's saved bytes for that microbatch, the
+// matching backward releases them (only what a forward added, so a backward
+// without its forward releases nothing). A zero-bubble split backward holds
+// them until its weight part: backward_input takes the backward's transient
+// bytes and releases nothing, backward_weight releases what the forward saved
+// (the weight gradients need the layers' saved inputs), as ZB-H1's memory
+// analysis has it.
+Result<void> TemplatePreparer::prepareActivations() {
+  for (const auto &[unit, a] : tm.activations)
+    if (a.saved < 0 || a.forwardTransient < 0 || a.backwardTransient < 0)
+      return makeError("activations of unit " + quote(unit) +
+                       ": bytes must be >= 0");
+  p.hasActivations = !tm.activations.empty();
+  if (!p.hasActivations)
+    return {};
+  std::map<std::pair<std::string_view, int64_t>, int64_t> pending;
+  for (size_t i = 0; i < tm.program.size(); ++i) {
+    const Instruction &in = tm.program[i];
+    if (in.op != OpKind::Compute)
+      continue;
+    auto a = tm.activations.find(in.unit);
+    if (a == tm.activations.end())
+      continue;
+    const UnitActivation &u = a->second;
+    if (in.phase == "forward") {
+      int64_t &kept = pending[{in.unit, in.microbatch}];
+      kept = saturatingAdd(kept, u.saved);
+      p.activationEvents.push_back({int32_t(i),
+                                    saturatingAdd(u.saved, u.forwardTransient),
+                                    u.forwardTransient});
+    } else if (in.phase == "backward_input") {
+      p.activationEvents.push_back(
+          {int32_t(i), u.backwardTransient, u.backwardTransient});
+    } else if (in.phase == "backward" || in.phase == "backward_weight") {
+      int64_t released = 0;
+      if (auto it = pending.find({in.unit, in.microbatch});
+          it != pending.end()) {
+        released = it->second;
+        pending.erase(it);
+      }
+      int64_t transient = in.phase == "backward" ? u.backwardTransient : 0;
+      p.activationEvents.push_back(
+          {int32_t(i), transient, saturatingAdd(transient, released)});
+    }
+  }
+  return {};
+}
+
+Result<PreparedTemplate> PreparedTemplate::prepare(ProgramTemplate t) {
+  PreparedTemplate p;
+  p.tmpl = std::move(t);
+  TemplatePreparer steps(p);
+  MESHPLAN_TRY(steps.prepareMesh());
+  MESHPLAN_TRY(steps.checkStreams());
+  MESHPLAN_TRY(steps.prepareComms());
+  MESHPLAN_TRY(steps.prepareAxes());
+  MESHPLAN_TRY(steps.prepareBuffers());
+  MESHPLAN_TRY(steps.prepareProgram());
+  MESHPLAN_TRY(steps.prepareFlops());
+  MESHPLAN_TRY(steps.prepareEstimates());
   return p;
 }
 

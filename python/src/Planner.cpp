@@ -470,6 +470,8 @@ nb::list tuneCandidates(const std::string &model, int64_t world,
 
 } // namespace
 
+// Long because: the binding table of the planner API, one nanobind def per
+// function or type with its docstring; the work is in the helpers above.
 void meshplan::python::bindPlanner(nb::module_ &m) {
   nb::class_<SpecObject>(m, "Spec",
                          "A parallelism spec checked against its model "

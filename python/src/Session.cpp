@@ -444,6 +444,8 @@ nb::dict profileDict(const runtime::StepProfile &p) {
 
 } // namespace
 
+// Long because: the binding table of the session API, one nanobind def per
+// method or property with its docstring; the work is in the helpers above.
 void meshplan::python::bindSession(nb::module_ &m) {
   nb::class_<TensorObject>(
       m, "Tensor",

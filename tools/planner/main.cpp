@@ -87,9 +87,9 @@ static void addCostFlags(CLI::App *cmd, CostFlags &flags) {
       ->type_name("AXIS");
 }
 
-// Over 200 lines on purpose: main is the command line's table, one
-// add_option per flag with its help text, in the order `meshplan --help`
-// shows them; the commands themselves live in *Commands.cpp.
+// Long because: main is the command line's table, one add_option per flag
+// with its help text, in the order `meshplan --help` shows them; the
+// commands themselves live in *Commands.cpp.
 int main(int argc, char **argv) {
   CLI::App app{"meshplan: declarative parallelism planner (mesh and layout "
                "algebra)"};

@@ -92,4 +92,15 @@ inline Error makeError(std::string message) {
       return mpTryResult_.error();                                             \
   } while (0)
 
+/// Assigns the value of a Result-returning expression to `lhs` (an lvalue
+/// declared before), or propagates its error out of the current function,
+/// which must itself return some Result.
+#define MESHPLAN_ASSIGN(lhs, expr)                                             \
+  do {                                                                         \
+    auto mpAssignResult_ = (expr);                                             \
+    if (!mpAssignResult_.ok())                                                 \
+      return mpAssignResult_.error();                                          \
+    lhs = std::move(mpAssignResult_.value());                                  \
+  } while (0)
+
 #endif // MESHPLAN_CORE_RESULT_H

@@ -164,6 +164,8 @@ public:
 
 private:
   PreparedTemplate() = default;
+  /// prepare()'s steps (Template.cpp).
+  friend class TemplatePreparer;
 
   struct BufferEvent {
     int32_t position; ///< instruction index

@@ -3,8 +3,10 @@
 // What tells two documents apart where no adversary is involved: a
 // checkpoint's spec fingerprint ("fnv1a64:<hex>", meshplan/Checkpoint) and
 // its metadata checksum (over a canonical text, fed piece by piece), an
-// executed-step trace's plan digest (meshplan/Plan/ExecutedTrace.h). Not a
-// defence against forgery.
+// executed-step trace's plan digest (meshplan/Plan/ExecutedTrace.h), the
+// Gloo slot of a tagged transfer (runtime), the trainer's per-tensor seed
+// (examples/trainer, from an older basis it keeps). Not a defence against
+// forgery.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_SUPPORT_HASH_H
@@ -21,7 +23,8 @@ inline constexpr uint64_t kFnv1a64Basis = 0xcbf29ce484222325ull;
 
 /// FNV-1a over the bytes, 64 bits. `h` is the state after the preceding
 /// bytes, so fnv1a64(b, fnv1a64(a)) == fnv1a64(a + b): a long text can be
-/// hashed in pieces without being built whole.
+/// hashed in pieces without being built whole. (The trainer's per-tensor
+/// seed passes an older, one-digit-short basis it must keep.)
 inline uint64_t fnv1a64(std::string_view bytes, uint64_t h = kFnv1a64Basis) {
   for (unsigned char c : bytes) {
     h ^= c;

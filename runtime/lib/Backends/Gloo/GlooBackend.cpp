@@ -14,6 +14,7 @@
 #include "TorchTcpStore.h"
 
 #include "meshplan/Runtime/Kernels.h"
+#include "meshplan/Support/Hash.h"
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -1061,9 +1062,7 @@ private:
   /// of a communicator at a time, so no lock).
   std::unordered_map<uint64_t, std::string> tagOfSlot;
   static uint64_t transferSlot(std::string_view tag) {
-    uint64_t h = 14695981039346656037ull;
-    for (unsigned char c : tag)
-      h = (h ^ c) * 1099511628211ull;
+    uint64_t h = fnv1a64(tag);
     return (uint64_t(0xF7) << 56) | (h & ((uint64_t(1) << 56) - 1));
   }
   Result<void> transfer(void *data, int64_t peer, int64_t count, DType dtype,
