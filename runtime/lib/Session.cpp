@@ -635,6 +635,8 @@ Session::Impl::runPass(StepState &state,
             out.failure = ok.error().within(whereOf(b));
             if (b.comm >= 0)
               diagnosePeers(state, b.comm, *out.failure);
+            else if (int t = trainerCommFailed.load(); t >= 0)
+              diagnosePeers(state, t, *out.failure, /*inCallback=*/true);
             reportFailure(b.comm >= 0, *out.failure);
           }
           lock.unlock();
@@ -783,9 +785,10 @@ Result<Communicator *> Session::trainerCommunicator(const std::string &id) {
   auto comm = impl->backend->createCommunicator(g);
   if (!comm)
     return comm.error();
-  Communicator *raw = comm->get();
-  impl->trainerComms[id] = std::move(*comm);
-  return raw;
+  int index = int(c - impl->plan.communicators.data());
+  impl->trainerComms[id] =
+      impl->watchTrainerCommunicator(std::move(*comm), index);
+  return impl->trainerComms[id].get();
 }
 
 Result<Communicator *> Session::planCommunicator(const std::string &id) {

@@ -24,6 +24,7 @@
 #include "meshplan/Plan/Verify.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -81,7 +82,83 @@ std::string rankName(int64_t rank) {
   return s;
 }
 
+/// A trainer communicator (Session::trainerCommunicator) that notes its
+/// failures: the trainer's collectives run inside compute callbacks, whose
+/// error alone cannot tell a peer that never came from the callback's own
+/// fault. `failed` gets the plan communicator's index.
+class WatchedCommunicator final : public Communicator {
+public:
+  WatchedCommunicator(std::unique_ptr<Communicator> inner,
+                      std::atomic<int> &failed, int index)
+      : inner(std::move(inner)), failed(failed), index(index) {}
+
+  const GroupSpec &group() const override { return inner->group(); }
+  MemoryKind memoryKind() const override { return inner->memoryKind(); }
+  Result<void> setStream(DeviceStream s) override {
+    return inner->setStream(s);
+  }
+  Result<void> synchronize() override { return note(inner->synchronize()); }
+  Result<void> allGather(const void *in, void *out, int64_t count,
+                         DType dtype) override {
+    return note(inner->allGather(in, out, count, dtype));
+  }
+  Result<void> reduceScatter(const void *in, void *out, int64_t count,
+                             DType dtype, ReduceOp op) override {
+    return note(inner->reduceScatter(in, out, count, dtype, op));
+  }
+  Result<void> allReduce(void *data, int64_t count, DType dtype,
+                         ReduceOp op) override {
+    return note(inner->allReduce(data, count, dtype, op));
+  }
+  Result<void>
+  allReduceShares(const std::vector<const void *> &mine, void *out,
+                  int64_t count, DType dtype, ReduceOp op,
+                  const std::vector<std::vector<int64_t>> &layout) override {
+    return note(inner->allReduceShares(mine, out, count, dtype, op, layout));
+  }
+  Result<void> broadcast(void *data, int64_t count, DType dtype,
+                         int64_t root) override {
+    return note(inner->broadcast(data, count, dtype, root));
+  }
+  Result<void> allToAll(const void *in, void *out, int64_t count,
+                        DType dtype) override {
+    return note(inner->allToAll(in, out, count, dtype));
+  }
+  Result<void> sendRecv(const void *send, int64_t sendTo, void *recv,
+                        int64_t recvFrom, int64_t count, DType dtype) override {
+    return note(inner->sendRecv(send, sendTo, recv, recvFrom, count, dtype));
+  }
+  Result<void> barrier() override { return note(inner->barrier()); }
+  void abort(const std::string &why) override { inner->abort(why); }
+  bool canAbort() const override { return inner->canAbort(); }
+  Result<void> send(const void *data, int64_t to, int64_t count, DType dtype,
+                    std::string_view tag) override {
+    return note(inner->send(data, to, count, dtype, tag));
+  }
+  Result<void> recv(void *data, int64_t from, int64_t count, DType dtype,
+                    std::string_view tag) override {
+    return note(inner->recv(data, from, count, dtype, tag));
+  }
+
+private:
+  Result<void> note(Result<void> r) {
+    if (!r)
+      failed.store(index);
+    return r;
+  }
+  std::unique_ptr<Communicator> inner;
+  std::atomic<int> &failed;
+  int index;
+};
+
 } // namespace
+
+std::unique_ptr<Communicator>
+Session::Impl::watchTrainerCommunicator(std::unique_ptr<Communicator> comm,
+                                        int index) {
+  return std::make_unique<WatchedCommunicator>(std::move(comm),
+                                               trainerCommFailed, index);
+}
 
 Result<void> Session::Impl::checkCollectiveSequence(int index,
                                                     Communicator &c) {
@@ -165,11 +242,16 @@ static std::string positionOf(const Session::Impl &m, const StepState &state) {
     text += m.plan.communicators[c].id + "\t" + std::to_string(turn + 1) +
             "\t" + (running ? "running" : "waiting") + "\n";
   }
+  // What else runs: a compute callback may be inside the trainer's own
+  // collective.
+  for (size_t i = 0; i < state.running.size(); ++i)
+    if (state.running[i] && m.program[i].comm < 0)
+      text += "\t\t" + m.describe(m.program[i]) + "\n";
   return text;
 }
 
 void Session::Impl::diagnosePeers(const StepState &state, int comm,
-                                  Error &error) {
+                                  Error &error, bool inCallback) {
   if (ft || comm < 0)
     return;
   // A peer's own failure (a callback's error) is already the cause.
@@ -214,7 +296,7 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
     }
     // The member's line for this communicator.
     std::istringstream lines(*seen[k]);
-    std::string line, state2 = "done";
+    std::string line, state2 = "done", busy;
     int64_t at = -1;
     while (std::getline(lines, line)) {
       std::istringstream fields(line);
@@ -222,12 +304,14 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
       std::getline(fields, id, '\t');
       std::getline(fields, num, '\t');
       std::getline(fields, st, '\t');
+      if (id.empty() && num.empty())
+        busy += (busy.empty() ? "" : ", ") + st;
       if (id == pc.id) {
         at = std::strtoll(num.c_str(), nullptr, 10);
         state2 = st;
       }
     }
-    if (at == number && state2 == "running") {
+    if (inCallback || (at == number && state2 == "running")) {
       inIt.push_back(pc.ranks[k]);
       continue;
     }
@@ -237,13 +321,17 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
             ? "has not started it (its deps or an earlier collective "
               "hold it)"
             : "is at collective #" + std::to_string(at) + " (" + state2 + ")";
+    if (!busy.empty())
+      where += "; it runs " + busy;
     elsewhere.push_back(rankName(pc.ranks[k]) + " " + where);
   }
   if (silent.empty() && elsewhere.empty())
     return;
-  std::string text = "members of \"" + pc.id + "\" at its collective #" +
-                     std::to_string(number) + " of step " +
-                     std::to_string(step) + ": ";
+  std::string text =
+      inCallback ? "members of \"trainer/" + pc.id + "\" (used by the callback) in step " + std::to_string(step) + ": "
+                 : "members of \"" + pc.id + "\" at its collective #" +
+                       std::to_string(number) + " of step " +
+                       std::to_string(step) + ": ";
   std::string parts;
   if (!silent.empty()) {
     std::string names;
@@ -258,8 +346,10 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
     parts += (parts.empty() ? "" : "; ") + e;
   if (!inIt.empty())
     parts += std::string("; rank") + (inIt.size() == 1 ? " " : "s ") +
-             rankList(inIt) + (inIt.size() == 1 ? " waits" : " wait") +
-             " in it too";
+             rankList(inIt) +
+             (inCallback ? " reported"
+                         : inIt.size() == 1 ? " waits in it too"
+                                            : " wait in it too");
   error = Error{error.message + " [" + text + parts + "]"};
 }
 

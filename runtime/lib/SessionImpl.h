@@ -354,7 +354,15 @@ struct Session::Impl {
   /// this rank's position, reads the other members' (waiting briefly for
   /// them) and appends to `error` who has not arrived and where the others
   /// stand. Not in fault-tolerant sessions.
-  void diagnosePeers(const StepState &state, int comm, Error &error);
+  /// `inCallback`: the failure was the trainer's collective on the
+  /// communicator's trainer twin, inside a compute callback.
+  void diagnosePeers(const StepState &state, int comm, Error &error,
+                     bool inCallback = false);
+  /// Index of the plan communicator whose trainer twin last failed (-1:
+  /// none): a compute callback's error then comes from a peer.
+  std::atomic<int> trainerCommFailed{-1};
+  std::unique_ptr<Communicator>
+  watchTrainerCommunicator(std::unique_ptr<Communicator> comm, int index);
   /// Set by reportFailure: a communicator whose rendezvous is still waiting
   /// (it holds commMutex, so abort cannot reach it) gives up through its
   /// GroupSpec::cancelled.
