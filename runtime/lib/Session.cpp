@@ -608,7 +608,7 @@ Session::Impl::runPass(StepState &state,
                    : "its deps " + waiting));
           // Where the members of the communicator that holds this rank up
           // stand: b's own, or that of the first collective still to come.
-          diagnosePeers(state, pendingComm(state, b), *out.failure);
+          diagnosePeers(&state, pendingComm(state, b), *out.failure);
           lock.unlock();
           wakeAll();
           return;
@@ -634,9 +634,7 @@ Session::Impl::runPass(StepState &state,
           if (!out.failure) {
             out.failure = ok.error().within(whereOf(b));
             if (b.comm >= 0)
-              diagnosePeers(state, b.comm, *out.failure);
-            else if (int t = trainerCommFailed.load(); t >= 0)
-              diagnosePeers(state, t, *out.failure, /*inCallback=*/true);
+              diagnosePeers(&state, b.comm, *out.failure);
             reportFailure(b.comm >= 0, *out.failure);
           }
           lock.unlock();

@@ -82,15 +82,16 @@ std::string rankName(int64_t rank) {
   return s;
 }
 
-/// A trainer communicator (Session::trainerCommunicator) that notes its
-/// failures: the trainer's collectives run inside compute callbacks, whose
-/// error alone cannot tell a peer that never came from the callback's own
-/// fault. `failed` gets the plan communicator's index.
+/// A trainer communicator (Session::trainerCommunicator) whose failures are
+/// diagnosed like the plan's collectives': the trainer's collectives run
+/// inside compute callbacks and between steps (the loss's all-reduce), where
+/// an error alone cannot tell a peer that never came from a fault of one's
+/// own.
 class WatchedCommunicator final : public Communicator {
 public:
   WatchedCommunicator(std::unique_ptr<Communicator> inner,
-                      std::atomic<int> &failed, int index)
-      : inner(std::move(inner)), failed(failed), index(index) {}
+                      Session::Impl &session, int index)
+      : inner(std::move(inner)), session(session), index(index) {}
 
   const GroupSpec &group() const override { return inner->group(); }
   MemoryKind memoryKind() const override { return inner->memoryKind(); }
@@ -142,12 +143,14 @@ public:
 
 private:
   Result<void> note(Result<void> r) {
-    if (!r)
-      failed.store(index);
-    return r;
+    if (r)
+      return r;
+    Error e = r.error();
+    session.diagnosePeers(nullptr, index, e);
+    return e;
   }
   std::unique_ptr<Communicator> inner;
-  std::atomic<int> &failed;
+  Session::Impl &session;
   int index;
 };
 
@@ -156,8 +159,7 @@ private:
 std::unique_ptr<Communicator>
 Session::Impl::watchTrainerCommunicator(std::unique_ptr<Communicator> comm,
                                         int index) {
-  return std::make_unique<WatchedCommunicator>(std::move(comm),
-                                               trainerCommFailed, index);
+  return std::make_unique<WatchedCommunicator>(std::move(comm), *this, index);
 }
 
 Result<void> Session::Impl::checkCollectiveSequence(int index,
@@ -178,8 +180,8 @@ Result<void> Session::Impl::checkCollectiveSequence(int index,
   for (size_t k = 0; k < mine.size(); ++k)
     encode(*program[size_t(mine[k])].in, &send[k * kFields]);
   std::vector<int64_t> all(size_t(n * longest * kFields));
-  MESHPLAN_TRY(c.allGather(send.data(), all.data(), longest * kFields,
-                           DType::Int64));
+  MESHPLAN_TRY(
+      c.allGather(send.data(), all.data(), longest * kFields, DType::Int64));
   std::string head = "the plans of communicator \"" + pc.id + "\" (ranks [" +
                      rankList(pc.ranks) + "]) disagree";
   std::string tail = "; `meshplan verify` rejects such a plan set";
@@ -206,9 +208,10 @@ Result<void> Session::Impl::checkCollectiveSequence(int index,
       if (ours == theirs)
         continue;
       std::string issues =
-          ours ? "this rank issues " + std::to_string(count) + " collectives "
-                     "on it and " + other + " only " +
-                     std::to_string(counts[size_t(m)])
+          ours ? "this rank issues " + std::to_string(count) +
+                     " collectives "
+                     "on it and " +
+                     other + " only " + std::to_string(counts[size_t(m)])
                : other + " issues " + std::to_string(counts[size_t(m)]) +
                      " collectives on it and this rank only " +
                      std::to_string(count);
@@ -216,8 +219,8 @@ Result<void> Session::Impl::checkCollectiveSequence(int index,
           ours ? "this rank's " + number + " is " +
                      describe(program[size_t(mine[size_t(pos)])])
                : other + "'s " + number + " is " +
-                     plan::describeCollective(decode(
-                         &all[size_t((m * longest + pos) * kFields)]));
+                     plan::describeCollective(
+                         decode(&all[size_t((m * longest + pos) * kFields)]));
       return makeError(head + ": " + issues + " (" + first + ")" + tail);
     }
   return {};
@@ -250,19 +253,48 @@ static std::string positionOf(const Session::Impl &m, const StepState &state) {
   return text;
 }
 
-void Session::Impl::diagnosePeers(const StepState &state, int comm,
-                                  Error &error, bool inCallback) {
-  if (ft || comm < 0)
+std::string Session::Impl::holdUp(const std::string &commId, int64_t member,
+                                  int64_t step) {
+  const plan::Communicator *c = plan.findCommunicator(commId);
+  if (!c || c->axes.empty() || !mesh)
+    return "";
+  auto group = plan::deriveGroup(*mesh, c->axes, member);
+  if (!group)
+    return "";
+  std::string silent;
+  for (int64_t r : group->ranks) {
+    if (r == member || r == plan.rank)
+      continue;
+    auto got = backend->storePeek(progressKey(step, r));
+    if (!(got && *got))
+      silent += (silent.empty() ? "" : ", ") + rankName(r);
+  }
+  std::string text =
+      " (its group there: ranks [" + rankList(group->ranks) + "]";
+  if (!silent.empty())
+    text += ", where " + silent + " reported nothing: stopped, hung or dead";
+  return text + ")";
+}
+
+void Session::Impl::diagnosePeers(const StepState *state, int comm,
+                                  Error &error) {
+  bool inCallback = state == nullptr;
+  // Once per session: the first failure is the one to explain (a session
+  // is broken after it; later errors are its consequences, the aborts).
+  if (ft || comm < 0 || diagnosed.exchange(true))
     return;
   // A peer's own failure (a callback's error) is already the cause.
   if (auto peer = backend->storePeek("step-failure"); peer && *peer)
     return;
   int64_t step = steps + 1;
-  std::string mine = positionOf(*this, state);
+  // A trainer's collective: where the plan stands is not known here.
+  std::string mine =
+      state ? positionOf(*this, *state)
+            : "@" + plan.communicators[size_t(comm)].id + "\t\trunning\n";
   (void)backend->storeSet(progressKey(step, plan.rank),
                           std::vector<char>(mine.begin(), mine.end()));
   const plan::Communicator &pc = plan.communicators[size_t(comm)];
-  size_t turn = size_t(state.turn[size_t(comm)]);
+  size_t turn = state ? size_t(state->turn[size_t(comm)]) : 0;
   int64_t number = int64_t(turn) + 1;
   // Members that wrote where they stand; the others get a short window,
   // long enough for peers that hit the same timeout a moment later.
@@ -297,6 +329,7 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
     // The member's line for this communicator.
     std::istringstream lines(*seen[k]);
     std::string line, state2 = "done", busy;
+    std::vector<std::string> runningOn; // other communicators it is inside
     int64_t at = -1;
     while (std::getline(lines, line)) {
       std::istringstream fields(line);
@@ -306,6 +339,14 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
       std::getline(fields, st, '\t');
       if (id.empty() && num.empty())
         busy += (busy.empty() ? "" : ", ") + st;
+      if (!id.empty() && id[0] == '@') {
+        busy +=
+            (busy.empty() ? "" : ", ") +
+            ("the trainer's collective on \"trainer/" + id.substr(1) + "\"");
+        runningOn.push_back(id.substr(1));
+      } else if (!id.empty() && id != pc.id && st == "running") {
+        runningOn.push_back(id);
+      }
       if (id == pc.id) {
         at = std::strtoll(num.c_str(), nullptr, 10);
         state2 = st;
@@ -323,15 +364,21 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
             : "is at collective #" + std::to_string(at) + " (" + state2 + ")";
     if (!busy.empty())
       where += "; it runs " + busy;
+    // One step further: the members of the group the member is stuck in
+    // (core derives any rank's group from the mesh) that reported nothing.
+    for (const std::string &d : runningOn)
+      where += holdUp(d, pc.ranks[k], step);
     elsewhere.push_back(rankName(pc.ranks[k]) + " " + where);
   }
-  if (silent.empty() && elsewhere.empty())
+  if (silent.empty() && elsewhere.empty() && inIt.empty())
     return;
-  std::string text =
-      inCallback ? "members of \"trainer/" + pc.id + "\" (used by the callback) in step " + std::to_string(step) + ": "
-                 : "members of \"" + pc.id + "\" at its collective #" +
-                       std::to_string(number) + " of step " +
-                       std::to_string(step) + ": ";
+  std::string text = inCallback
+                         ? "members of \"trainer/" + pc.id +
+                               "\" (the trainer's own collectives) in step " +
+                               std::to_string(step) + ": "
+                         : "members of \"" + pc.id + "\" at its collective #" +
+                               std::to_string(number) + " of step " +
+                               std::to_string(step) + ": ";
   std::string parts;
   if (!silent.empty()) {
     std::string names;
@@ -344,12 +391,15 @@ void Session::Impl::diagnosePeers(const StepState &state, int comm,
   }
   for (const std::string &e : elsewhere)
     parts += (parts.empty() ? "" : "; ") + e;
+  if (silent.empty() && elsewhere.empty())
+    parts += "every member reported, so what holds it up is outside this "
+             "communicator";
   if (!inIt.empty())
     parts += std::string("; rank") + (inIt.size() == 1 ? " " : "s ") +
              rankList(inIt) +
-             (inCallback ? " reported"
-                         : inIt.size() == 1 ? " waits in it too"
-                                            : " wait in it too");
+             (inCallback         ? " reported"
+              : inIt.size() == 1 ? " waits in it too"
+                                 : " wait in it too");
   error = Error{error.message + " [" + text + parts + "]"};
 }
 

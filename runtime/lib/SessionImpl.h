@@ -353,14 +353,14 @@ struct Session::Impl {
   /// After a collective of `comm` failed, or a wait timed out there: writes
   /// this rank's position, reads the other members' (waiting briefly for
   /// them) and appends to `error` who has not arrived and where the others
-  /// stand. Not in fault-tolerant sessions.
-  /// `inCallback`: the failure was the trainer's collective on the
-  /// communicator's trainer twin, inside a compute callback.
-  void diagnosePeers(const StepState &state, int comm, Error &error,
-                     bool inCallback = false);
-  /// Index of the plan communicator whose trainer twin last failed (-1:
-  /// none): a compute callback's error then comes from a peer.
-  std::atomic<int> trainerCommFailed{-1};
+  /// stand. A null `state`: the trainer's collective on the communicator's
+  /// trainer twin failed (in a callback or between steps). Not in
+  /// fault-tolerant sessions.
+  void diagnosePeers(const StepState *state, int comm, Error &error);
+  std::atomic<bool> diagnosed{false};
+  /// diagnosePeers: " (its group there: ranks [...], where rank R reported
+  /// nothing ...)" for `member`'s group of communicator `commId`.
+  std::string holdUp(const std::string &commId, int64_t member, int64_t step);
   std::unique_ptr<Communicator>
   watchTrainerCommunicator(std::unique_ptr<Communicator> comm, int index);
   /// Set by reportFailure: a communicator whose rendezvous is still waiting
