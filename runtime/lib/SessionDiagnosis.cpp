@@ -269,11 +269,11 @@ std::string Session::Impl::holdUp(const std::string &commId, int64_t member,
     if (!(got && *got))
       silent += (silent.empty() ? "" : ", ") + rankName(r);
   }
-  std::string text =
-      " (its group there: ranks [" + rankList(group->ranks) + "]";
+  std::string text = "; it is inside \"" + commId + "\" with ranks [" +
+                     rankList(group->ranks) + "]";
   if (!silent.empty())
-    text += ", where " + silent + " reported nothing: stopped, hung or dead";
-  return text + ")";
+    text += ", where " + silent + " reported nothing (stopped, hung or dead)";
+  return text;
 }
 
 void Session::Impl::diagnosePeers(const StepState *state, int comm,

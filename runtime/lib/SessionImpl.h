@@ -358,8 +358,8 @@ struct Session::Impl {
   /// fault-tolerant sessions.
   void diagnosePeers(const StepState *state, int comm, Error &error);
   std::atomic<bool> diagnosed{false};
-  /// diagnosePeers: " (its group there: ranks [...], where rank R reported
-  /// nothing ...)" for `member`'s group of communicator `commId`.
+  /// diagnosePeers: "; it is inside "ID" with ranks [...], where rank R
+  /// reported nothing ..." for `member`'s group of communicator `commId`.
   std::string holdUp(const std::string &commId, int64_t member, int64_t step);
   std::unique_ptr<Communicator>
   watchTrainerCommunicator(std::unique_ptr<Communicator> comm, int index);
