@@ -81,47 +81,6 @@ inline std::string where(const Plan &p, int64_t index) {
   return "/program/" + std::to_string(index) + " " + quote(p.program[index].id);
 }
 
-inline std::string describeCollective(const Instruction &in) {
-  std::string s(opKindName(in.op));
-  if (in.dtype)
-    s += " " + std::string(dtypeName(*in.dtype));
-  s += " count=" + std::to_string(in.count);
-  if (in.reduce)
-    s += " reduce=" + std::string(reduceOpName(*in.reduce));
-  if (in.op == OpKind::Broadcast)
-    s += " root=" + std::to_string(in.root);
-  if (isPointToPoint(in.op))
-    s += " tag=" + quote(in.tag);
-  return s;
-}
-
-/// The first field in which two collectives differ, as "count 1024" for `a`
-/// and "count 2048" for `b`; empty when equal.
-inline std::pair<std::string, std::string>
-firstDifference(const Instruction &a, const Instruction &b) {
-  if (a.op != b.op)
-    return {"op " + std::string(opKindName(a.op)),
-            "op " + std::string(opKindName(b.op))};
-  if (a.dtype != b.dtype)
-    return {"dtype " + std::string(dtypeName(*a.dtype)),
-            "dtype " + std::string(dtypeName(*b.dtype))};
-  if (a.count != b.count)
-    return {"count " + std::to_string(a.count),
-            "count " + std::to_string(b.count)};
-  if (a.reduce != b.reduce)
-    return {"reduce " + std::string(reduceOpName(*a.reduce)),
-            "reduce " + std::string(reduceOpName(*b.reduce))};
-  if (a.op == OpKind::Broadcast && a.root != b.root)
-    return {"root " + std::to_string(a.root), "root " + std::to_string(b.root)};
-  return {};
-}
-
-inline bool sameCollective(const Instruction &a, const Instruction &b) {
-  return a.op == b.op && a.dtype == b.dtype && a.count == b.count &&
-         a.reduce == b.reduce &&
-         (a.op != OpKind::Broadcast || a.root == b.root);
-}
-
 inline std::string ordinal(int64_t k) { return "#" + std::to_string(k + 1); }
 
 class Verifier {

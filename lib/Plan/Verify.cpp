@@ -40,6 +40,50 @@ std::string_view failureKindName(FailureKind kind) {
   return "failure";
 }
 
+bool sameCollective(const Instruction &a, const Instruction &b) {
+  return a.op == b.op && a.dtype == b.dtype && a.count == b.count &&
+         a.reduce == b.reduce &&
+         (a.op != OpKind::Broadcast || a.root == b.root);
+}
+
+std::string describeCollective(const Instruction &in) {
+  std::string s(opKindName(in.op));
+  if (in.dtype)
+    s += " " + std::string(dtypeName(*in.dtype));
+  s += " count=" + std::to_string(in.count);
+  if (in.reduce)
+    s += " reduce=" + std::string(reduceOpName(*in.reduce));
+  if (in.op == OpKind::Broadcast)
+    s += " root=" + std::to_string(in.root);
+  if (isPointToPoint(in.op))
+    s += " tag=\"" + in.tag + "\"";
+  return s;
+}
+
+std::pair<std::string, std::string>
+firstCollectiveDifference(const Instruction &a, const Instruction &b) {
+  auto dtype = [](const std::optional<DType> &d) {
+    return "dtype " + (d ? std::string(dtypeName(*d)) : std::string("none"));
+  };
+  auto reduce = [](const std::optional<ReduceOp> &r) {
+    return "reduce " +
+           (r ? std::string(reduceOpName(*r)) : std::string("none"));
+  };
+  if (a.op != b.op)
+    return {"op " + std::string(opKindName(a.op)),
+            "op " + std::string(opKindName(b.op))};
+  if (a.dtype != b.dtype)
+    return {dtype(a.dtype), dtype(b.dtype)};
+  if (a.count != b.count)
+    return {"count " + std::to_string(a.count),
+            "count " + std::to_string(b.count)};
+  if (a.reduce != b.reduce)
+    return {reduce(a.reduce), reduce(b.reduce)};
+  if (a.op == OpKind::Broadcast && a.root != b.root)
+    return {"root " + std::to_string(a.root), "root " + std::to_string(b.root)};
+  return {};
+}
+
 namespace verifier {
 
 Result<void> Verifier::indexRanks() {

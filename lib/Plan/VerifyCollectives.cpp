@@ -209,7 +209,7 @@ std::optional<VerifyFailure> Verifier::checkSequences() {
       }
       std::string otherText = "rank " + std::to_string(op.rank);
       if (bi && oi) {
-        auto [mine, theirs] = firstDifference(*bi, *oi);
+        auto [mine, theirs] = firstCollectiveDifference(*bi, *oi);
         f.message = head + " has " + mine + ", but " + otherText + " has " +
                     theirs + " (" + otherText + " " +
                     where(op, seqOf(other)[pos]) + ": " +

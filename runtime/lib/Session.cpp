@@ -112,6 +112,13 @@ Result<Communicator *> Session::Impl::communicator(int index) {
     auto comm = backend->createCommunicator(groupSpecOf(index));
     if (!comm)
       return comm.error();
+    // Plans that disagree on this communicator's collectives fail here,
+    // on every member, instead of hanging or aborting inside Gloo
+    // (SessionDiagnosis.cpp). Host communicators only: the exchange uses
+    // host buffers; fault-tolerant groups keep their own protocol.
+    if (!ft && (*comm)->memoryKind() == MemoryKind::Host && (*comm)->size() > 1)
+      if (auto same = checkCollectiveSequence(index, **comm); !same)
+        return same.error();
     comms[index] = std::move(*comm);
     // On a device, a host backend's collectives go through host memory.
     if (onDevice() && comms[index]->memoryKind() == MemoryKind::Host)
@@ -539,6 +546,22 @@ Session::Impl::runPass(StepState &state,
     return "rank " + std::to_string(plan.rank) + ": " + where;
   };
 
+  // The communicator a stuck wait of `b` depends on: b's own, or the one
+  // whose next collective comes first in program order.
+  auto pendingComm = [&](const StepState &st, const Bound &b) {
+    if (b.comm >= 0)
+      return b.comm;
+    int best = -1, first = INT32_MAX;
+    for (size_t c = 0; c < commSequence.size(); ++c) {
+      size_t turn = size_t(st.turn[c]);
+      if (turn < commSequence[c].size() && commSequence[c][turn] < first) {
+        first = commSequence[c][turn];
+        best = int(c);
+      }
+    }
+    return best;
+  };
+
   auto worker = [&](size_t self) {
     for (int index : order[self]) {
       Bound &b = program[size_t(index)];
@@ -583,6 +606,9 @@ Session::Impl::runPass(StepState &state,
               (waiting.empty()
                    ? "its turn on communicator \"" + b.in->comm + "\""
                    : "its deps " + waiting));
+          // Where the members of the communicator that holds this rank up
+          // stand: b's own, or that of the first collective still to come.
+          diagnosePeers(&state, pendingComm(state, b), *out.failure);
           lock.unlock();
           wakeAll();
           return;
@@ -607,6 +633,8 @@ Session::Impl::runPass(StepState &state,
         } else {
           if (!out.failure) {
             out.failure = ok.error().within(whereOf(b));
+            if (b.comm >= 0)
+              diagnosePeers(&state, b.comm, *out.failure);
             reportFailure(b.comm >= 0, *out.failure);
           }
           lock.unlock();
@@ -755,9 +783,10 @@ Result<Communicator *> Session::trainerCommunicator(const std::string &id) {
   auto comm = impl->backend->createCommunicator(g);
   if (!comm)
     return comm.error();
-  Communicator *raw = comm->get();
-  impl->trainerComms[id] = std::move(*comm);
-  return raw;
+  int index = int(c - impl->plan.communicators.data());
+  impl->trainerComms[id] =
+      impl->watchTrainerCommunicator(std::move(*comm), index);
+  return impl->trainerComms[id].get();
 }
 
 Result<Communicator *> Session::planCommunicator(const std::string &id) {

@@ -343,6 +343,26 @@ struct Session::Impl {
   /// instruction). Either way the communicators are aborted, so that
   /// peers waiting on this rank fail now instead of at their timeout.
   void reportFailure(bool onCommunicator, Error &error);
+  /// SessionDiagnosis.cpp: at a communicator's creation, its members
+  /// compare the collectives each will issue on it; an error names the
+  /// first that differs.
+  Result<void> checkCollectiveSequence(int comm, Communicator &c);
+  /// The store key where `rank` writes where it stands in `step` when its
+  /// step fails on a peer.
+  std::string progressKey(int64_t step, int64_t rank) const;
+  /// After a collective of `comm` failed, or a wait timed out there: writes
+  /// this rank's position, reads the other members' (waiting briefly for
+  /// them) and appends to `error` who has not arrived and where the others
+  /// stand. A null `state`: the trainer's collective on the communicator's
+  /// trainer twin failed (in a callback or between steps). Not in
+  /// fault-tolerant sessions.
+  void diagnosePeers(const StepState *state, int comm, Error &error);
+  std::atomic<bool> diagnosed{false};
+  /// diagnosePeers: "; it is inside "ID" with ranks [...], where rank R
+  /// reported nothing ..." for `member`'s group of communicator `commId`.
+  std::string holdUp(const std::string &commId, int64_t member, int64_t step);
+  std::unique_ptr<Communicator>
+  watchTrainerCommunicator(std::unique_ptr<Communicator> comm, int index);
   /// Set by reportFailure: a communicator whose rendezvous is still waiting
   /// (it holds commMutex, so abort cannot reach it) gives up through its
   /// GroupSpec::cancelled.

@@ -12,7 +12,8 @@
 #     0, no MESHPLAN_STORE), where PYTHON has torch.
 #  2. Node 1 killed mid-run (every process in its namespace, SIGKILL): node
 #     0's launcher stops the job, exit 1, with a line naming the rank that
-#     failed and the peer (node 1's address) it lost.
+#     failed, the peer (node 1's address) it lost, and a dead rank with its
+#     node ("rank 5 (node 1) ... reported nothing").
 #
 # Needs root (CAP_NET_ADMIN) for `ip netns` and redis-server: skipped (exit
 # 77) with one line where either is missing. Creates and removes everything
@@ -172,6 +173,14 @@ fi
 # and the launcher's verdict.
 grep -m 1 -E "rank [0-3].*$node1" "$work/kill0.log" || {
   echo "FAIL: no line names node 1 ($node1):" >&2
+  tail -n 20 "$work/kill0.log" >&2
+  exit 1
+}
+# ... and the dead ranks themselves with their node (issue 34): a survivor's
+# diagnosis names the members that reported nothing (docs/runtime.md, "Which
+# rank did not arrive").
+grep -m 1 -oE "rank [4-7] \(node 1\)[^;]*reported nothing[^;]*" "$work/kill0.log" || {
+  echo "FAIL: no line names a rank of node 1 as the one that did not arrive:" >&2
   tail -n 20 "$work/kill0.log" >&2
   exit 1
 }

@@ -5,6 +5,7 @@
 #     communicator, the instruction and the collective number.
 #  2. The same under `meshplan run`: the launcher names the dead rank.
 #  3. Refused plans and settings: one line on stderr, a non-zero exit, fast.
+#  4. Plans verify rejects: a clear error on every rank, never an abort.
 #
 #   failures.sh BIN_DIR SPEC(3 ranks, fsdp axis)
 set -uo pipefail
@@ -35,6 +36,8 @@ for r in 0 2; do
   grep -q 'on communicator "comm_mesh_fsdp"' "$work/err$r" || fail "rank $r (exit $rc): error does not name the communicator: $(cat "$work/err$r")"
   grep -q 'collective #[0-9]* of step 2' "$work/err$r" || fail "rank $r: error does not number the collective: $(cat "$work/err$r")"
   grep -q 'instruction "i[0-9]*" (' "$work/err$r" || fail "rank $r: error does not name the instruction: $(cat "$work/err$r")"
+  # ... and the dead rank itself, not only the peer's address (issue 34).
+  grep -q 'rank 1 has not arrived and reported nothing' "$work/err$r" || fail "rank $r: error does not name the dead rank 1: $(cat "$work/err$r")"
   echo "survivor rank $r: $(cat "$work/err$r")"
 done
 (( elapsed <= 30 )) || fail "the survivors took ${elapsed}s (timeout 10s)"
@@ -73,6 +76,45 @@ refuse "/version: unsupported plan version 1" RANK=0 WORLD_SIZE=3 "$store" -- --
 sed '0,/"count":\([0-9]*\)/s//"count":7/' "$work/plans/rank0.json" >"$work/count.json"
 refuse "count 7, but its buffers pack to" RANK=0 WORLD_SIZE=3 "$store" -- --plans "$work/count.json"
 refuse "No such file" RANK=0 WORLD_SIZE=3 "$store" -- --plans "$work/nope.json"
+
+# 4. Plans `meshplan verify` rejects, given to the runtime: every member
+# fails at once when the communicator is created, naming it, the collective
+# and the field (before: an all-gather of another size ended in
+# gloo::EnforceNotMet on Gloo's thread, std::terminate, SIGABRT); a
+# communicator naming a rank outside the world is refused at open with the
+# plan file and field.
+edit() { # NAME PYTHON-BODY(p: rank 0's plan)
+  cp -r "$work/plans" "$work/$1"
+  python3 -c "import json,sys
+p=json.load(open(sys.argv[1]))
+prog=p['program']
+def at(i): return [k for k,x in enumerate(prog) if x['id']==i][0]
+$2
+json.dump(p,open(sys.argv[1],'w'))" "$work/$1/rank0.json"
+}
+edit swap "a,b=at('i4'),at('i15'); prog[a],prog[b]=prog[b],prog[a]"
+edit dtype "prog[at('i4')]['dtype']='float32'"
+edit ranks "p['communicators'][0]['ranks']=[0,1,5]"
+run_edit() { # NAME EXPECTED...
+  local name=$1; shift
+  local t0=$(date +%s)
+  timeout 60 "$bin/meshplan" run -n 3 --timeout 10 -- "$check" --plans "$work/$name" --steps 2 \
+    >"$work/$name.out" 2>"$work/$name.err"
+  local rc=$? took=$(( $(date +%s) - t0 ))
+  [[ $rc == 1 ]] || fail "[$name] exit $rc (expected 1: a rank's error)"
+  ! grep -q 'signal 6\|SIGABRT\|terminate called' "$work/$name.err" || fail "[$name] a rank aborted: $(cat "$work/$name.err")"
+  (( took < 10 )) || fail "[$name] took ${took}s (the timeout is 10 s: it must fail fast)"
+  for want in "$@"; do
+    grep -qF -- "$want" "$work/$name.err" || fail "[$name] \"$want\" not in: $(cat "$work/$name.err")"
+  done
+  echo "edited plan $name: exit $rc in ${took}s: $(grep -m1 'runtime-step-check' "$work/$name.err" | cut -c1-400)"
+}
+# Whichever rank reports first speaks: rank 0 (the edited plan) or another.
+run_edit swap 'the plans of communicator "comm_mesh_fsdp" (ranks [0,1,2]) disagree' \
+  "collective #2 on it, instruction" 'bfloat16 count=44' 'bfloat16 count=5504'
+run_edit dtype 'the plans of communicator "comm_mesh_fsdp" (ranks [0,1,2]) disagree' \
+  "collective #2 on it, instruction" 'all_gather bfloat16 count=5504' 'all_gather float32 count=5504'
+run_edit ranks 'rank0.json: /communicators/0/ranks/2: rank 5 is not in the mesh (ranks 0..2)'
 
 if (( failed )); then echo "runtime.failures: FAILED"; exit 1; fi
 echo "runtime.failures: all checks passed (survivors reported in ${elapsed}s)"

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -235,6 +236,131 @@ public:
 };
 
 //===----------------------------------------------------------------------===//
+// The guardian
+//===----------------------------------------------------------------------===//
+
+/// A small process that outlives a launcher killed by SIGKILL, which runs no
+/// code of its own: it then kills what the ranks left running (each rank has
+/// the launcher's death as its parent-death signal, but the processes a rank
+/// started do not) and removes the store directory. The launcher tells it
+/// each rank's process group and the directory through a pipe, and "exit"
+/// when it ends normally; end of file without "exit" means the launcher
+/// died. It ignores the terminal's signals (its own session) and holds no
+/// descriptor but the pipe's read end.
+class Guardian {
+public:
+  Guardian() = default;
+  Guardian(const Guardian &) = delete;
+  Guardian &operator=(const Guardian &) = delete;
+  ~Guardian() { finish(); }
+
+  /// Forks the guardian; on failure the job runs without one.
+  void start() {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0)
+      return;
+    pid_t child = ::fork();
+    if (child < 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      return;
+    }
+    if (child == 0) {
+      ::close(fds[1]);
+      run(fds[0]); // never returns
+    }
+    ::close(fds[0]);
+    pid = child;
+    fd = fds[1];
+  }
+  pid_t process() const { return pid; }
+  void watchGroup(pid_t group) { send("P " + std::to_string(group)); }
+  /// `whole`: the launcher made the directory; else only its contents.
+  void watchDirectory(const std::string &dir, bool whole) {
+    send(std::string(whole ? "D " : "C ") + dir);
+  }
+  /// The launcher ends normally: the guardian exits and is reaped.
+  void finish() {
+    if (fd < 0)
+      return;
+    send("exit");
+    ::close(fd);
+    fd = -1;
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+private:
+  void send(const std::string &line) {
+    if (fd < 0)
+      return;
+    std::string text = line + "\n";
+    const char *p = text.data();
+    size_t left = text.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, p, left);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        return;
+      p += n;
+      left -= size_t(n);
+    }
+  }
+
+  [[noreturn]] static void run(int in) {
+    ::setsid();
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE})
+      ::signal(sig, SIG_IGN);
+    // Nothing of the launcher's but the pipe: a rank's output pipe held
+    // here would keep the launcher's reader waiting.
+    for (int fd = 3; fd < 1024; ++fd)
+      if (fd != in)
+        ::close(fd);
+    std::vector<pid_t> groups;
+    std::string dir, buffer;
+    bool whole = false, done = false;
+    char chunk[4096];
+    while (!done) {
+      ssize_t n = ::read(in, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      buffer.append(chunk, size_t(n));
+      size_t nl;
+      while ((nl = buffer.find('\n')) != std::string::npos) {
+        std::string line = buffer.substr(0, nl);
+        buffer.erase(0, nl + 1);
+        if (line == "exit")
+          done = true;
+        else if (line.rfind("P ", 0) == 0)
+          groups.push_back(pid_t(std::strtol(line.c_str() + 2, nullptr, 10)));
+        else if (line.size() > 2)
+          dir = line.substr(2), whole = line[0] == 'D';
+      }
+    }
+    if (!done) {
+      for (pid_t g : groups)
+        if (g > 1)
+          ::killpg(g, SIGKILL);
+      std::error_code ec;
+      if (whole)
+        fs::remove_all(dir, ec);
+      else if (!dir.empty())
+        for (auto it = fs::directory_iterator(dir, ec);
+             !ec && it != fs::directory_iterator(); it.increment(ec))
+          fs::remove_all(it->path(), ec);
+    }
+    ::_exit(0);
+  }
+
+  pid_t pid = -1;
+  int fd = -1;
+};
+
+//===----------------------------------------------------------------------===//
 // Output
 //===----------------------------------------------------------------------===//
 
@@ -324,10 +450,13 @@ void emitLines(Rank &rank, int s, bool flushPartial) {
   writeAll(s == 0 ? STDOUT_FILENO : STDERR_FILENO, out.data(), out.size());
 }
 
-/// Reads what is available (the pipes are non-blocking); closes at EOF.
-void drainStream(Rank &rank, int s) {
+/// Reads what is available (the pipes are non-blocking), at most `rounds`
+/// chunks; closes at EOF. The poll loop passes a bound, so that a rank that
+/// writes as fast as the launcher reads cannot keep it from the other
+/// ranks' pipes and from its signals (their writers would block).
+void drainStream(Rank &rank, int s, int rounds = INT32_MAX) {
   char chunk[65536];
-  while (rank.fds[s] >= 0) {
+  while (rank.fds[s] >= 0 && rounds-- > 0) {
     ssize_t n = ::read(rank.fds[s], chunk, sizeof chunk);
     if (n > 0) {
       rank.pending[s].append(chunk, static_cast<size_t>(n));
@@ -425,6 +554,8 @@ public:
   struct {
     std::optional<std::string> addr, port;
   } master;
+  /// Told each rank's process group (null: no guardian).
+  Guardian *guardian = nullptr;
 
   // RankControl
   bool running(int64_t rank) const override {
@@ -515,6 +646,8 @@ bool Job::spawn(Rank &rank, const std::vector<std::string> &env) {
   }
   rank.pid = pid;
   byPid[pid] = &rank;
+  if (guardian)
+    guardian->watchGroup(pid); // the rank's session and group leader
   rank.fds[0] = out[0];
   rank.fds[1] = err[0];
   for (int fd : rank.fds)
@@ -571,6 +704,10 @@ void Job::reap() {
       continue;
     if (pid <= 0)
       return;
+    if (guardian && pid == guardian->process()) {
+      guardian = nullptr; // it died: the job goes on without one
+      continue;
+    }
     auto it = byPid.find(pid);
     if (it != byPid.end() && !it->second->reaped)
       onExit(*it->second, status);
@@ -589,11 +726,37 @@ void Job::signalLive(int sig) {
       ::killpg(rank.pid, sig);
 }
 
+/// A rank the kernel holds stopped (SIGSTOP, SIGTSTP, a debugger): it runs
+/// nothing and answers no peer, so the job's failure is likely its doing.
+bool isStopped(pid_t pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  FILE *f = std::fopen(path.c_str(), "r");
+  if (!f)
+    return false;
+  char buf[512] = {0};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  // "PID (COMM) STATE ...": COMM may hold ')' and spaces; the state follows
+  // the last ')'.
+  const char *close = std::strrchr(buf, ')');
+  return n > 0 && close && close[1] == ' ' &&
+         (close[2] == 'T' || close[2] == 't');
+}
+
 void Job::stop(int sig) {
   if (stoppingAll)
     return;
   stoppingAll = true;
+  for (Rank &rank : ranks)
+    if (rank.pid > 0 && !rank.reaped && isStopped(rank.pid))
+      message("rank " + std::to_string(rank.rank) +
+              " is stopped (SIGSTOP or a debugger: process state T): it "
+              "cannot take part in the job's collectives");
   signalLive(sig);
+  // A stopped process keeps the signal pending until it runs again; wake
+  // it, so that it ends now rather than at the grace period's SIGKILL.
+  if (sig != SIGKILL)
+    signalLive(SIGCONT);
   killAt = Clock::now() + graceDuration();
 }
 
@@ -806,7 +969,7 @@ int Job::run(const std::string &storeAddress,
     }
     for (size_t i = 1; i < pfds.size(); ++i)
       if (pfds[i].revents)
-        drainStream(*owners[i].first, owners[i].second);
+        drainStream(*owners[i].first, owners[i].second, 16);
     if (pfds[0].revents)
       handleSignals();
   }
@@ -973,9 +1136,18 @@ int meshplan::cli::runLaunchCommand(const RunOptions &options) {
   if (!storeDir.path.empty())
     store.address = "file:" + storeDir.path;
 
+  // Declared after storeDir: it finishes (exits without acting) before
+  // storeDir cleans up.
+  Guardian guardian;
+  guardian.start();
+  if (!storeDir.path.empty())
+    guardian.watchDirectory(storeDir.path, storeDir.created);
+
   Job job(nprocs, nodeRank, nnodes, grace, options.program);
   job.master.addr = options.masterAddr;
   job.master.port = options.masterPort;
+  if (guardian.process() > 0)
+    job.guardian = &guardian;
   int code = job.run(store.address, options.timeout, files,
                      ftConfig ? &*ftConfig : nullptr, &ftStore);
   ftStore.stop();

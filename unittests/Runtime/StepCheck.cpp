@@ -61,6 +61,8 @@ struct Args {
   /// Failure injection: this rank kills itself (SIGKILL) in the first
   /// backward of this step.
   int64_t killRank = -1, killStep = -1;
+  /// --stop: SIGSTOP instead of SIGKILL (a stalled rank, runtime.stall).
+  bool stop = false;
   std::string device; ///< "", "host" or "cuda"
   /// Only check that the device can be had (exit 0, or 77 for none).
   bool probe = false;
@@ -180,6 +182,8 @@ int main(int argc, char **argv) {
       args.killRank = std::stoll(next());
     else if (a == "--kill-step")
       args.killStep = std::stoll(next());
+    else if (a == "--stop")
+      args.stop = true;
     else if (a == "--device")
       args.device = next();
     else if (a == "--probe")
@@ -190,7 +194,9 @@ int main(int argc, char **argv) {
   auto options = sessionOptionsFromEnv();
   if (!options)
     fail(options.error().message);
-  options->timeout = std::chrono::milliseconds(30000);
+  // 30 s unless the job sets its own (meshplan run --timeout).
+  if (!std::getenv("MESHPLAN_TIMEOUT"))
+    options->timeout = std::chrono::milliseconds(30000);
   if (args.device == "host") {
     options->device = createHostDevice();
   } else if (args.device == "cuda") {
@@ -339,7 +345,7 @@ int main(int argc, char **argv) {
     }
     if (call.phase == "backward" && call.step == args.killStep &&
         p.rank == args.killRank)
-      std::raise(SIGKILL);
+      std::raise(args.stop ? SIGSTOP : SIGKILL);
     // What the callback reads must be the reference's whole tensor, cast as
     // the plan casts it, bit for bit.
     std::map<std::string, const TensorView *> seen;

@@ -95,6 +95,19 @@ struct VerifyResult {
   bool ok() const { return !failure; }
 };
 
+/// What the members of a communicator must agree on for each collective they
+/// issue on it (check (a)): op, dtype, count, reduce op and a broadcast's
+/// root. The runtime compares the same fields across a communicator's
+/// members when it creates the communicator (docs/runtime.md, "Plans the
+/// verifier would reject"), so that the two never disagree on what matches.
+bool sameCollective(const Instruction &a, const Instruction &b);
+/// "all_gather bf16 count=4096" (and reduce=, root=, tag= where they apply).
+std::string describeCollective(const Instruction &in);
+/// The first field in which two collectives differ, as "count 1024" for `a`
+/// and "count 2048" for `b`; empty when sameCollective.
+std::pair<std::string, std::string>
+firstCollectiveDifference(const Instruction &a, const Instruction &b);
+
 /// Verifies a plan set. An Error means the set itself is unusable (empty,
 /// two plans for one rank, a mesh rank without a plan); a verification
 /// failure is reported in the result. Plans must each pass validatePlan and
