@@ -57,6 +57,7 @@ struct RankInfo {
   /// Resolved deps (CSR).
   std::vector<int32_t> depStart, deps;
   std::vector<int32_t> streamPrev; ///< previous instruction on the stream
+  std::vector<int32_t> stream;     ///< the stream's index in plan.streams
   /// send / recv: the previous send or recv on the same communicator, which
   /// must complete first (the runtime runs a communicator's operations one
   /// at a time, in program order); -1 otherwise.
@@ -68,6 +69,15 @@ struct RankInfo {
   /// send / recv: the global index of the instruction it pairs with.
   std::vector<int64_t> partner;
   std::unordered_map<std::string_view, int32_t> commIds; ///< id -> local
+};
+
+/// One rank's "runs before" graph as successor lists (CSR): instruction
+/// i's successors are out[outStart[i] .. outStart[i+1]) (the next
+/// instruction on its stream, then the instructions that dep on it), and
+/// indeg[i] counts its predecessors. Buffers are reused across calls.
+struct Successors {
+  std::vector<int32_t> outStart, out, indeg, fill;
+  void build(const RankInfo &ri, int32_t n);
 };
 
 struct GlobalComm {
@@ -150,6 +160,13 @@ private:
   std::optional<VerifyFailure> checkComputeOrder();
   std::optional<VerifyFailure> checkOwnership();
   std::optional<VerifyFailure> checkLifetimes();
+  std::optional<VerifyFailure> checkLayoutFit();
+  std::optional<VerifyFailure> checkAccumulation();
+  /// Why a collective's output b is not what its op makes of input a over
+  /// `axes` (core's applyStep); empty when it is.
+  std::string layoutFit(OpKind op, std::optional<ReduceOp> reduce,
+                        const AxisRefList &axes, const BufferFacts &a,
+                        const BufferFacts &b);
 
   // Facts of plan p (a plan index).
   const PlanFacts &factsOf(int32_t p) const { return facts.plans[p]; }
@@ -185,6 +202,8 @@ private:
   std::vector<RankInfo> info;          ///< per plan index
   std::vector<GlobalComm> comms;
   int64_t totalInstructions = 0, totalCollectives = 0;
+  /// The step's microbatch count (checkMicrobatches; 0: no compute).
+  int64_t stepMicrobatches = 0;
 };
 
 } // namespace meshplan::plan::verifier

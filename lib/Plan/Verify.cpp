@@ -36,11 +36,40 @@ std::string_view failureKindName(FailureKind kind) {
     return "ownership";
   case FailureKind::Lifetime:
     return "buffer lifetime";
+  case FailureKind::LayoutFit:
+    return "layout fit";
+  case FailureKind::Accumulation:
+    return "gradient accumulation";
   }
   return "failure";
 }
 
 namespace verifier {
+
+void Successors::build(const RankInfo &ri, int32_t n) {
+  outStart.assign(n + 1, 0);
+  indeg.assign(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    if (ri.streamPrev[i] >= 0)
+      ++outStart[ri.streamPrev[i] + 1];
+    for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+      ++outStart[ri.deps[e] + 1];
+  }
+  for (int32_t i = 0; i < n; ++i)
+    outStart[i + 1] += outStart[i];
+  out.resize(outStart[n]);
+  fill.assign(outStart.begin(), outStart.end() - 1);
+  for (int32_t i = 0; i < n; ++i) {
+    if (ri.streamPrev[i] >= 0) {
+      out[fill[ri.streamPrev[i]]++] = i;
+      ++indeg[i];
+    }
+    for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
+      out[fill[ri.deps[e]]++] = i;
+      ++indeg[i];
+    }
+  }
+}
 
 Result<void> Verifier::indexRanks() {
   if (plans.empty())
@@ -82,13 +111,17 @@ std::optional<VerifyFailure> Verifier::checkFacts() {
     return f;
   if (auto f = checkReductions())
     return f;
+  if (auto f = checkLayoutFit())
+    return f;
   if (auto f = checkMicrobatches())
     return f;
   if (auto f = checkComputeOrder())
     return f;
   if (auto f = checkOwnership())
     return f;
-  return checkLifetimes();
+  if (auto f = checkLifetimes())
+    return f;
+  return checkAccumulation();
 }
 
 Result<VerifyResult> Verifier::run() {
@@ -149,6 +182,7 @@ Result<VerifyResult> Verifier::run() {
     std::vector<int32_t> lastOnStream(plan.streams.size(), -1);
     ri.depStart.assign(n + 1, 0);
     ri.streamPrev.assign(n, -1);
+    ri.stream.assign(n, 0);
     ri.transferPrev.assign(n, -1);
     std::vector<int32_t> lastTransfer(plan.communicators.size(), -1);
     ri.localComm.assign(n, -1);
@@ -168,6 +202,7 @@ Result<VerifyResult> Verifier::run() {
       if (s == streamIds.end())
         return makeError("rank " + std::to_string(plan.rank) + ": /program/" +
                          std::to_string(i) + ": unknown stream");
+      ri.stream[i] = s->second;
       ri.streamPrev[i] = lastOnStream[s->second];
       lastOnStream[s->second] = static_cast<int32_t>(i);
       if (isCollective(in.op)) {

@@ -322,35 +322,15 @@ std::optional<VerifyFailure> Verifier::matchPointToPoint() {
 }
 
 std::optional<VerifyFailure> Verifier::checkStreamCycles() {
-  std::vector<int32_t> indeg, queue;
-  std::vector<std::vector<int32_t>> unused;
+  std::vector<int32_t> queue;
+  Successors g;
   for (int32_t p : order) {
     const Plan &plan = plans[p];
     const RankInfo &ri = info[p];
     int32_t n = static_cast<int32_t>(plan.program.size());
-    // Successor lists: stream next + reverse deps (CSR).
-    std::vector<int32_t> outStart(n + 1, 0), out;
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0)
-        ++outStart[ri.streamPrev[i] + 1];
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
-        ++outStart[ri.deps[e] + 1];
-    }
-    for (int32_t i = 0; i < n; ++i)
-      outStart[i + 1] += outStart[i];
-    out.resize(outStart[n]);
-    std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
-    indeg.assign(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0) {
-        out[fill[ri.streamPrev[i]]++] = i;
-        ++indeg[i];
-      }
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
-        out[fill[ri.deps[e]]++] = i;
-        ++indeg[i];
-      }
-    }
+    g.build(ri, n);
+    std::vector<int32_t> &indeg = g.indeg;
+    const std::vector<int32_t> &outStart = g.outStart, &out = g.out;
     queue.clear();
     for (int32_t i = 0; i < n; ++i)
       if (indeg[i] == 0)

@@ -670,6 +670,7 @@ std::optional<VerifyFailure> Verifier::checkMicrobatches() {
       microbatches = m;
       widest = n.second;
     }
+  stepMicrobatches = microbatches;
   for (int32_t p : order) {
     const PlanFacts &pf = factsOf(p);
     for (size_t i = 0; i < pf.phase.size(); ++i) {
@@ -962,8 +963,8 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
   // by vector clocks over the rank's streams).
   enum : uint8_t { Unwritten, Written, Freed };
   std::vector<uint8_t> state;
-  std::vector<int32_t> freedAt, lastWrite, streamOf, posOf, clock, indeg, queue,
-      outStart, out;
+  std::vector<int32_t> freedAt, lastWrite, posOf, clock, queue, count;
+  Successors graph;
   // Per buffer and stream: the last read since the buffer's last write
   // (earlier reads on the stream run before it).
   std::vector<int32_t> reads;
@@ -973,45 +974,16 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
     const PlanFacts &pf = factsOf(p);
     int32_t n = static_cast<int32_t>(plan.program.size());
     size_t S = std::max<size_t>(plan.streams.size(), 1);
-    // Stream index and position of each instruction.
-    streamOf.assign(n, 0);
+    // Position of each instruction on its stream.
+    const std::vector<int32_t> &streamOf = ri.stream;
     posOf.assign(n, 0);
-    {
-      std::unordered_map<std::string_view, int32_t> streamIds;
-      for (size_t k = 0; k < plan.streams.size(); ++k)
-        streamIds.emplace(plan.streams[k], static_cast<int32_t>(k));
-      std::vector<int32_t> count(S, 0);
-      for (int32_t i = 0; i < n; ++i) {
-        auto it = streamIds.find(plan.program[i].stream);
-        streamOf[i] = it == streamIds.end() ? 0 : it->second;
-        posOf[i] = count[streamOf[i]]++;
-      }
-    }
-    // Vector clocks in a topological order (the set has no cycle by now).
-    outStart.assign(n + 1, 0);
-    indeg.assign(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0)
-        ++outStart[ri.streamPrev[i] + 1];
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
-        ++outStart[ri.deps[e] + 1];
-    }
+    count.assign(S, 0);
     for (int32_t i = 0; i < n; ++i)
-      outStart[i + 1] += outStart[i];
-    out.assign(outStart[n], 0);
-    {
-      std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
-      for (int32_t i = 0; i < n; ++i) {
-        if (ri.streamPrev[i] >= 0) {
-          out[fill[ri.streamPrev[i]]++] = i;
-          ++indeg[i];
-        }
-        for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
-          out[fill[ri.deps[e]]++] = i;
-          ++indeg[i];
-        }
-      }
-    }
+      posOf[i] = count[streamOf[i]]++;
+    // Vector clocks in a topological order (the set has no cycle by now).
+    graph.build(ri, n);
+    std::vector<int32_t> &indeg = graph.indeg;
+    const std::vector<int32_t> &outStart = graph.outStart, &out = graph.out;
     clock.assign(static_cast<size_t>(n) * S, -1);
     queue.clear();
     for (int32_t i = 0; i < n; ++i)
