@@ -149,12 +149,41 @@ private:
   std::optional<VerifyFailure> matchPointToPoint();
   std::optional<VerifyFailure> checkStreamCycles();
   std::optional<VerifyFailure> simulate();
+  /// The simulation's state over every rank's instructions (global index:
+  /// RankInfo::base + i): predecessors not yet done, 0 waiting / 1 issued /
+  /// 2 done, successor lists (CSR), and each instruction's plan.
+  struct RunGraph {
+    std::vector<int32_t> pending, planOf;
+    std::vector<uint8_t> state;
+    std::vector<int64_t> outStart, out;
+  };
+  void buildRunGraph(RunGraph &g) const;
+  /// Runs every instruction that can run; returns how many completed.
+  int64_t runSimulation(RunGraph &g) const;
+  /// The wait cycle among the instructions that could not run.
+  VerifyFailure deadlockReport(const RunGraph &g) const;
   // (d): what the step computes (docs/plan-format.md).
   std::optional<VerifyFailure> checkFacts();
   std::optional<VerifyFailure> checkOperands();
   std::optional<VerifyFailure> checkTransferOperands();
   std::optional<VerifyFailure> checkBuffers();
   std::optional<VerifyFailure> checkParameters();
+  std::optional<VerifyFailure> checkParameterPieces();
+  std::optional<VerifyFailure> checkParameterUpdates();
+  /// checkParameterUpdates' state across ranks: per tensor (string index +
+  /// 1) the first (plan, optimizer_update) that updates a piece of it; per
+  /// buffer of the current plan, the update that updates it (-1: none).
+  struct UpdateState {
+    std::vector<std::pair<int32_t, int64_t>> recordOf;
+    std::vector<int32_t> updatedBy;
+  };
+  std::optional<VerifyFailure> checkUpdateGroup(int32_t p, int64_t i, int32_t k,
+                                                UpdateState &state);
+  std::optional<VerifyFailure> compareUpdateRoles(int32_t p, int64_t i,
+                                                  int32_t k, int32_t q,
+                                                  int64_t qi) const;
+  VerifyFailure optimizerDifference(int32_t p, int64_t i, int32_t tensor,
+                                    int32_t q, int64_t qi) const;
   std::optional<VerifyFailure> checkReductions();
   std::optional<VerifyFailure> checkMicrobatches();
   std::optional<VerifyFailure> checkComputeOrder();

@@ -381,12 +381,25 @@ std::optional<VerifyFailure> Verifier::checkStreamCycles() {
 }
 
 std::optional<VerifyFailure> Verifier::simulate() {
+  RunGraph graph;
+  buildRunGraph(graph);
+  if (runSimulation(graph) == totalInstructions)
+    return std::nullopt;
+  return deadlockReport(graph);
+}
+
+void Verifier::buildRunGraph(RunGraph &graph) const {
+  // Global instruction g = info[p].base + i. Edges: stream order, transfer
+  // order on a communicator, deps; a collective also waits for the previous
+  // one on its communicator to be issued (counted in pending, released in
+  // runSimulation).
   int64_t total = totalInstructions;
-  std::vector<int32_t> pending(total, 0);
-  std::vector<uint8_t> state(total, 0); // 0 waiting, 1 issued, 2 done
-  std::vector<int64_t> outStart(total + 1, 0);
-  std::vector<int64_t> out;
-  std::vector<int32_t> planOf(total);
+  std::vector<int32_t> &pending = graph.pending, &planOf = graph.planOf;
+  std::vector<int64_t> &outStart = graph.outStart, &out = graph.out;
+  pending.assign(total, 0);
+  graph.state.assign(total, 0);
+  outStart.assign(total + 1, 0);
+  planOf.assign(total, 0);
   for (int32_t p : order) {
     const RankInfo &ri = info[p];
     int64_t n = static_cast<int64_t>(plans[p].program.size());
@@ -427,6 +440,14 @@ std::optional<VerifyFailure> Verifier::simulate() {
       }
     }
   }
+}
+
+int64_t Verifier::runSimulation(RunGraph &graph) const {
+  int64_t total = totalInstructions;
+  std::vector<int32_t> &pending = graph.pending;
+  std::vector<uint8_t> &state = graph.state;
+  const std::vector<int32_t> &planOf = graph.planOf;
+  const std::vector<int64_t> &outStart = graph.outStart, &out = graph.out;
   std::vector<std::vector<int32_t>> arrived(comms.size());
   for (size_t c = 0; c < comms.size(); ++c) {
     const GlobalComm &gc = comms[c];
@@ -483,9 +504,12 @@ std::optional<VerifyFailure> Verifier::simulate() {
         complete(mi.base + mi.seqs[gc.memberLocal[m]][k]);
       }
   }
-  if (done == total)
-    return std::nullopt;
+  return done;
+}
 
+VerifyFailure Verifier::deadlockReport(const RunGraph &graph) const {
+  const std::vector<uint8_t> &state = graph.state;
+  const std::vector<int32_t> &planOf = graph.planOf;
   // Deadlock: follow "waits for" from the first stuck instruction of the
   // lowest stuck rank until an instruction repeats.
   struct Step {
