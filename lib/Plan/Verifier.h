@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -134,6 +136,33 @@ inline bool sameCollective(const Instruction &a, const Instruction &b) {
 
 inline std::string ordinal(int64_t k) { return "#" + std::to_string(k + 1); }
 
+/// Hands out the positions of `order` to the threads of Verifier::perRank
+/// and keeps the failure found at each.
+class RankQueue {
+public:
+  explicit RankQueue(size_t n) : found(n) {}
+  /// The next position to check; false when none is left, or none before
+  /// the first failure found so far.
+  bool next(size_t &k) {
+    k = counter.fetch_add(1);
+    return k < found.size() && k < firstBad.load();
+  }
+  void fail(size_t k, VerifyFailure f) {
+    found[k] = std::move(f);
+    size_t seen = firstBad.load();
+    while (k < seen && !firstBad.compare_exchange_weak(seen, k)) {
+    }
+  }
+  std::optional<VerifyFailure> first() {
+    size_t k = firstBad.load();
+    return k < found.size() ? std::move(found[k]) : std::nullopt;
+  }
+
+private:
+  std::vector<std::optional<VerifyFailure>> found;
+  std::atomic<size_t> counter{0}, firstBad{SIZE_MAX};
+};
+
 class Verifier {
 public:
   Verifier(const std::vector<Plan> &plans, const PlanSetFacts &facts)
@@ -190,6 +219,12 @@ private:
   std::optional<VerifyFailure> checkOwnership();
   std::optional<VerifyFailure> checkLifetimes();
   std::optional<VerifyFailure> checkLayoutFit();
+  /// Runs `body` on several threads when the set is large (each thread's
+  /// call has its own scratch; checks of one rank are independent of the
+  /// others'): it takes positions of `order` from the queue and reports a
+  /// rank's failure to it. Returns the failure of the first rank in order.
+  std::optional<VerifyFailure>
+  perRank(const std::function<void(RankQueue &)> &body) const;
   std::optional<VerifyFailure> checkAccumulation();
   /// Why a collective's output b is not what its op makes of input a over
   /// `axes` (core's applyStep); empty when it is.

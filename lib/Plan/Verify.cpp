@@ -8,6 +8,10 @@
 
 #include "Verifier.h"
 
+#include "Parallel.h"
+
+#include <thread>
+
 namespace meshplan::plan {
 
 std::string_view failureKindName(FailureKind kind) {
@@ -69,6 +73,18 @@ void Successors::build(const RankInfo &ri, int32_t n) {
       ++indeg[i];
     }
   }
+}
+
+std::optional<VerifyFailure>
+Verifier::perRank(const std::function<void(RankQueue &)> &body) const {
+  RankQueue queue(order.size());
+  // Threads pay off from a few dozen ranks on (a thread per 32 ranks, at
+  // most 8 and the cores there are).
+  unsigned threads = static_cast<unsigned>(
+      std::min<size_t>({order.size() / 32 + 1, 8,
+                        std::max(1u, std::thread::hardware_concurrency())}));
+  runOnThreads(threads, [&] { body(queue); });
+  return queue.first();
 }
 
 Result<void> Verifier::indexRanks() {

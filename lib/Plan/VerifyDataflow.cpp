@@ -209,214 +209,227 @@ std::optional<VerifyFailure> Verifier::checkAccumulation() {
   // it is added, one missing where the optimizer reads.
   if (stepMicrobatches <= 0)
     return std::nullopt;
-  struct Part {
-    int64_t microbatch;
-    int32_t by; ///< the backward that computed it
-  };
-  std::vector<std::vector<Part>> holds;
-  std::vector<uint8_t> known;
-  std::vector<int32_t> carried; // by tensor string: the input carried in
-  std::vector<Part> scratch;
-  auto gradientText = [&](int32_t p, int32_t b) {
-    return describeBuffer(bufferOf(p, b));
-  };
-  for (int32_t p : order) {
-    const Plan &plan = plans[p];
-    const PlanFacts &pf = factsOf(p);
-    size_t nb = pf.buffers.size();
-    holds.resize(std::max(holds.size(), nb));
-    for (size_t b = 0; b < nb; ++b)
-      holds[b].clear();
-    known.assign(nb, 0);
-    auto fail = [&](int64_t i, int32_t b, std::string message) {
-      VerifyFailure f = failureAt(FailureKind::Accumulation, p, i);
-      const BufferFacts &x = bufferOf(p, b);
-      f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
-      f.message = "rank " + std::to_string(plan.rank) + " " +
-                  whereLabeled(p, i) + ": " + std::move(message);
-      return f;
+  return perRank([&](RankQueue &ranks) {
+    struct Part {
+      int64_t microbatch;
+      int32_t by; ///< the backward that computed it
     };
-    // Adds `parts` into buffer `to` at instruction i (from buffer `from`,
-    // or computed there when from < 0).
-    auto add =
-        [&](int64_t i, int32_t to, int32_t from,
-            const std::vector<Part> &parts) -> std::optional<VerifyFailure> {
-      for (const Part &x : parts)
-        for (const Part &y : holds[to])
-          if (x.microbatch == y.microbatch)
-            return fail(
-                i, to,
-                (from < 0 ? "adds its gradient of microbatch " +
-                                std::to_string(x.microbatch) + " into "
-                          : "adds microbatch " + std::to_string(x.microbatch) +
-                                " of " + quote(text(bufferOf(p, from).id)) +
-                                " (from " + whereLabeled(p, x.by) + ") into ") +
-                    gradientText(p, to) + ", which already holds microbatch " +
-                    std::to_string(y.microbatch) + " (from " +
-                    whereLabeled(p, y.by) +
-                    "): each microbatch's gradient is accumulated once");
-      holds[to].insert(holds[to].end(), parts.begin(), parts.end());
-      known[to] = 1;
-      return std::nullopt;
+    std::vector<std::vector<Part>> holds;
+    std::vector<uint8_t> known;
+    std::vector<int32_t> carried; // by tensor string: the input carried in
+    std::vector<Part> scratch;
+    auto gradientText = [&](int32_t p, int32_t b) {
+      return describeBuffer(bufferOf(p, b));
     };
-    auto sameLayout = [&](int64_t i, int32_t into, int32_t from,
-                          const char *how) -> std::optional<VerifyFailure> {
-      const BufferFacts &a = bufferOf(p, into), &b = bufferOf(p, from);
-      if (a.layout == b.layout)
-        return std::nullopt;
-      return fail(i, into,
-                  std::string(how) + " " + describeBuffer(b) + " into " +
-                      describeBuffer(a) +
-                      ": their layouts differ, so the sum would mix values "
-                      "reduced over different axes");
-    };
-    for (size_t ii = 0; ii < plan.program.size(); ++ii) {
-      int64_t i = static_cast<int64_t>(ii);
-      OpKind op = plan.program[ii].op;
-      int32_t start = pf.operandStart[ii], nin = pf.inputCount[ii];
-      int32_t nout = pf.operandStart[ii + 1] - start - nin;
-      const int32_t *ins = pf.operands.data() + start;
-      const int32_t *outs = ins + nin;
-      switch (op) {
-      case OpKind::Compute: {
-        Phase ph = pf.phase[ii];
-        if (ph != Phase::Backward && ph != Phase::BackwardWeight)
-          break;
-        // The runtime carries the last gradient input of a tensor into the
-        // output of that tensor.
-        carried.resize(std::max(carried.size(), facts.strings.size()), -1);
-        for (int32_t k = 0; k < nin; ++k)
-          if (ins[k] >= 0 && bufferOf(p, ins[k]).kind == BufferKind::Gradient &&
-              bufferOf(p, ins[k]).tensor >= 0)
-            carried[bufferOf(p, ins[k]).tensor] = ins[k];
-        for (int32_t k = 0; k < nout; ++k) {
-          int32_t o = outs[k];
-          if (o < 0)
-            continue;
-          const BufferFacts &x = bufferOf(p, o);
-          if (x.kind != BufferKind::Gradient || x.tensor < 0)
-            continue;
-          int32_t from = carried[x.tensor];
-          if (from >= 0 && from != o) {
-            if (auto f = sameLayout(i, o, from, "carries"))
-              return f;
-            holds[o] = holds[from];
-            known[o] = known[from];
-          } else if (from < 0) {
-            holds[o].clear();
-          }
-          scratch.assign(1, Part{pf.microbatch[ii], static_cast<int32_t>(i)});
-          if (auto f = add(i, o, -1, scratch))
-            return f;
-        }
-        for (int32_t k = 0; k < nin; ++k)
-          if (ins[k] >= 0 && bufferOf(p, ins[k]).tensor >= 0)
-            carried[bufferOf(p, ins[k]).tensor] = -1;
-        break;
-      }
-      case OpKind::Accumulate:
-        for (int32_t k = 0; k < nout && 2 * k + 1 < nin; ++k) {
-          int32_t acc = ins[2 * k], addend = ins[2 * k + 1];
-          if (acc < 0 || addend < 0 || !known[addend])
-            continue;
-          if (auto f = sameLayout(i, acc, addend, "adds"))
-            return f;
-          scratch = holds[addend];
-          if (auto f = add(i, acc, addend, scratch))
-            return f;
-        }
-        break;
-      case OpKind::Cast:
-      case OpKind::Sum:
-      case OpKind::AllGather:
-      case OpKind::ReduceScatter:
-      case OpKind::AllReduce:
-      case OpKind::AllToAll:
-      case OpKind::Permute:
-      case OpKind::Broadcast:
-        for (int32_t k = 0; k < nout && k < nin; ++k)
-          if (ins[k] >= 0 && outs[k] >= 0 && ins[k] != outs[k]) {
-            holds[outs[k]] = holds[ins[k]];
-            known[outs[k]] = known[ins[k]];
-          }
-        break;
-      case OpKind::Free:
-        for (int32_t k = 0; k < nin; ++k)
-          if (ins[k] >= 0) {
-            holds[ins[k]].clear();
-            known[ins[k]] = 0;
-          }
-        break;
-      case OpKind::OptimizerUpdate:
-        for (int32_t k = 0; k + 3 < nin; k += 4) {
-          int32_t grad = ins[k + 1];
-          if (grad < 0 || !known[grad])
-            continue; // no backward wrote it: not judged here
-          const std::vector<Part> &h = holds[grad];
-          if (static_cast<int64_t>(h.size()) == stepMicrobatches)
-            continue; // distinct (add refused repeats), each < the count
-          int64_t missing = 0;
-          while (std::any_of(h.begin(), h.end(), [&](const Part &x) {
-            return x.microbatch == missing;
-          }))
-            ++missing;
-          std::string held;
-          for (const Part &x : h)
-            held += (held.empty() ? "" : ",") + std::to_string(x.microbatch);
-          // Where the missing microbatch's gradient was computed, and a
-          // later backward that starts the tensor's gradient from zero.
-          int32_t tensor = bufferOf(p, grad).tensor;
-          auto gradientOf = [&](size_t j, bool outputs) {
-            int32_t from =
-                pf.operandStart[j] + (outputs ? pf.inputCount[j] : 0);
-            int32_t to = outputs ? pf.operandStart[j + 1]
-                                 : pf.operandStart[j] + pf.inputCount[j];
-            for (int32_t o = from; o < to; ++o)
-              if (pf.operands[o] >= 0 &&
-                  bufferOf(p, pf.operands[o]).tensor == tensor &&
-                  bufferOf(p, pf.operands[o]).kind == BufferKind::Gradient)
-                return pf.operands[o];
-            return -1;
-          };
-          std::string lost;
-          bool computed = false, restarted = false;
-          for (size_t j = 0; j < ii; ++j) {
-            if (pf.phase[j] != Phase::Backward &&
-                pf.phase[j] != Phase::BackwardWeight)
-              continue;
-            int32_t out = gradientOf(j, true);
-            if (out < 0)
-              continue;
-            int64_t jj = static_cast<int64_t>(j);
-            if (!computed && pf.microbatch[j] == missing) {
-              computed = true;
-              lost += "; " + whereLabeled(p, jj) + " computes it into " +
-                      quote(text(bufferOf(p, out).id));
-            } else if (computed && !restarted && gradientOf(j, false) < 0) {
-              restarted = true;
-              lost += ", but " + whereLabeled(p, jj) + " starts " +
-                      quote(text(bufferOf(p, out).id)) +
-                      " from zero: it reads no gradient of " +
-                      quote(text(tensor)) + " to carry in";
+    for (size_t k; ranks.next(k);) {
+      int32_t p = order[k];
+      auto f = [&]() -> std::optional<VerifyFailure> {
+        const Plan &plan = plans[p];
+        const PlanFacts &pf = factsOf(p);
+        size_t nb = pf.buffers.size();
+        holds.resize(std::max(holds.size(), nb));
+        for (size_t b = 0; b < nb; ++b)
+          holds[b].clear();
+        known.assign(nb, 0);
+        auto fail = [&](int64_t i, int32_t b, std::string message) {
+          VerifyFailure f = failureAt(FailureKind::Accumulation, p, i);
+          const BufferFacts &x = bufferOf(p, b);
+          f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+          f.message = "rank " + std::to_string(plan.rank) + " " +
+                      whereLabeled(p, i) + ": " + std::move(message);
+          return f;
+        };
+        // Adds `parts` into buffer `to` at instruction i (from buffer `from`,
+        // or computed there when from < 0).
+        auto add = [&](int64_t i, int32_t to, int32_t from,
+                       const std::vector<Part> &parts)
+            -> std::optional<VerifyFailure> {
+          for (const Part &x : parts)
+            for (const Part &y : holds[to])
+              if (x.microbatch == y.microbatch)
+                return fail(
+                    i, to,
+                    (from < 0
+                         ? "adds its gradient of microbatch " +
+                               std::to_string(x.microbatch) + " into "
+                         : "adds microbatch " + std::to_string(x.microbatch) +
+                               " of " + quote(text(bufferOf(p, from).id)) +
+                               " (from " + whereLabeled(p, x.by) + ") into ") +
+                        gradientText(p, to) +
+                        ", which already holds microbatch " +
+                        std::to_string(y.microbatch) + " (from " +
+                        whereLabeled(p, y.by) +
+                        "): each microbatch's gradient is accumulated once");
+          holds[to].insert(holds[to].end(), parts.begin(), parts.end());
+          known[to] = 1;
+          return std::nullopt;
+        };
+        auto sameLayout = [&](int64_t i, int32_t into, int32_t from,
+                              const char *how) -> std::optional<VerifyFailure> {
+          const BufferFacts &a = bufferOf(p, into), &b = bufferOf(p, from);
+          if (a.layout == b.layout)
+            return std::nullopt;
+          return fail(i, into,
+                      std::string(how) + " " + describeBuffer(b) + " into " +
+                          describeBuffer(a) +
+                          ": their layouts differ, so the sum would mix values "
+                          "reduced over different axes");
+        };
+        for (size_t ii = 0; ii < plan.program.size(); ++ii) {
+          int64_t i = static_cast<int64_t>(ii);
+          OpKind op = plan.program[ii].op;
+          int32_t start = pf.operandStart[ii], nin = pf.inputCount[ii];
+          int32_t nout = pf.operandStart[ii + 1] - start - nin;
+          const int32_t *ins = pf.operands.data() + start;
+          const int32_t *outs = ins + nin;
+          switch (op) {
+          case OpKind::Compute: {
+            Phase ph = pf.phase[ii];
+            if (ph != Phase::Backward && ph != Phase::BackwardWeight)
+              break;
+            // The runtime carries the last gradient input of a tensor into the
+            // output of that tensor.
+            carried.resize(std::max(carried.size(), facts.strings.size()), -1);
+            for (int32_t k = 0; k < nin; ++k)
+              if (ins[k] >= 0 &&
+                  bufferOf(p, ins[k]).kind == BufferKind::Gradient &&
+                  bufferOf(p, ins[k]).tensor >= 0)
+                carried[bufferOf(p, ins[k]).tensor] = ins[k];
+            for (int32_t k = 0; k < nout; ++k) {
+              int32_t o = outs[k];
+              if (o < 0)
+                continue;
+              const BufferFacts &x = bufferOf(p, o);
+              if (x.kind != BufferKind::Gradient || x.tensor < 0)
+                continue;
+              int32_t from = carried[x.tensor];
+              if (from >= 0 && from != o) {
+                if (auto f = sameLayout(i, o, from, "carries"))
+                  return f;
+                holds[o] = holds[from];
+                known[o] = known[from];
+              } else if (from < 0) {
+                holds[o].clear();
+              }
+              scratch.assign(1,
+                             Part{pf.microbatch[ii], static_cast<int32_t>(i)});
+              if (auto f = add(i, o, -1, scratch))
+                return f;
             }
+            for (int32_t k = 0; k < nin; ++k)
+              if (ins[k] >= 0 && bufferOf(p, ins[k]).tensor >= 0)
+                carried[bufferOf(p, ins[k]).tensor] = -1;
+            break;
           }
-          return fail(
-              i, grad,
-              "updates " +
-                  quote(text(bufferOf(p, ins[k] < 0 ? grad : ins[k]).tensor)) +
-                  " from gradient " + gradientText(p, grad) +
-                  ", which holds microbatches {" + held + "}, not microbatch " +
-                  std::to_string(missing) + " (the step has " +
-                  std::to_string(stepMicrobatches) +
-                  "): its gradient is never accumulated into it" + lost);
+          case OpKind::Accumulate:
+            for (int32_t k = 0; k < nout && 2 * k + 1 < nin; ++k) {
+              int32_t acc = ins[2 * k], addend = ins[2 * k + 1];
+              if (acc < 0 || addend < 0 || !known[addend])
+                continue;
+              if (auto f = sameLayout(i, acc, addend, "adds"))
+                return f;
+              scratch = holds[addend];
+              if (auto f = add(i, acc, addend, scratch))
+                return f;
+            }
+            break;
+          case OpKind::Cast:
+          case OpKind::Sum:
+          case OpKind::AllGather:
+          case OpKind::ReduceScatter:
+          case OpKind::AllReduce:
+          case OpKind::AllToAll:
+          case OpKind::Permute:
+          case OpKind::Broadcast:
+            for (int32_t k = 0; k < nout && k < nin; ++k)
+              if (ins[k] >= 0 && outs[k] >= 0 && ins[k] != outs[k]) {
+                holds[outs[k]] = holds[ins[k]];
+                known[outs[k]] = known[ins[k]];
+              }
+            break;
+          case OpKind::Free:
+            for (int32_t k = 0; k < nin; ++k)
+              if (ins[k] >= 0) {
+                holds[ins[k]].clear();
+                known[ins[k]] = 0;
+              }
+            break;
+          case OpKind::OptimizerUpdate:
+            for (int32_t k = 0; k + 3 < nin; k += 4) {
+              int32_t grad = ins[k + 1];
+              if (grad < 0 || !known[grad])
+                continue; // no backward wrote it: not judged here
+              const std::vector<Part> &h = holds[grad];
+              if (static_cast<int64_t>(h.size()) == stepMicrobatches)
+                continue; // distinct (add refused repeats), each < the count
+              int64_t missing = 0;
+              while (std::any_of(h.begin(), h.end(), [&](const Part &x) {
+                return x.microbatch == missing;
+              }))
+                ++missing;
+              std::string held;
+              for (const Part &x : h)
+                held +=
+                    (held.empty() ? "" : ",") + std::to_string(x.microbatch);
+              // Where the missing microbatch's gradient was computed, and a
+              // later backward that starts the tensor's gradient from zero.
+              int32_t tensor = bufferOf(p, grad).tensor;
+              auto gradientOf = [&](size_t j, bool outputs) {
+                int32_t from =
+                    pf.operandStart[j] + (outputs ? pf.inputCount[j] : 0);
+                int32_t to = outputs ? pf.operandStart[j + 1]
+                                     : pf.operandStart[j] + pf.inputCount[j];
+                for (int32_t o = from; o < to; ++o)
+                  if (pf.operands[o] >= 0 &&
+                      bufferOf(p, pf.operands[o]).tensor == tensor &&
+                      bufferOf(p, pf.operands[o]).kind == BufferKind::Gradient)
+                    return pf.operands[o];
+                return -1;
+              };
+              std::string lost;
+              bool computed = false, restarted = false;
+              for (size_t j = 0; j < ii; ++j) {
+                if (pf.phase[j] != Phase::Backward &&
+                    pf.phase[j] != Phase::BackwardWeight)
+                  continue;
+                int32_t out = gradientOf(j, true);
+                if (out < 0)
+                  continue;
+                int64_t jj = static_cast<int64_t>(j);
+                if (!computed && pf.microbatch[j] == missing) {
+                  computed = true;
+                  lost += "; " + whereLabeled(p, jj) + " computes it into " +
+                          quote(text(bufferOf(p, out).id));
+                } else if (computed && !restarted && gradientOf(j, false) < 0) {
+                  restarted = true;
+                  lost += ", but " + whereLabeled(p, jj) + " starts " +
+                          quote(text(bufferOf(p, out).id)) +
+                          " from zero: it reads no gradient of " +
+                          quote(text(tensor)) + " to carry in";
+                }
+              }
+              return fail(
+                  i, grad,
+                  "updates " +
+                      quote(text(
+                          bufferOf(p, ins[k] < 0 ? grad : ins[k]).tensor)) +
+                      " from gradient " + gradientText(p, grad) +
+                      ", which holds microbatches {" + held +
+                      "}, not microbatch " + std::to_string(missing) +
+                      " (the step has " + std::to_string(stepMicrobatches) +
+                      "): its gradient is never accumulated into it" + lost);
+            }
+            break;
+          default:
+            break;
+          }
         }
-        break;
-      default:
-        break;
-      }
+        return std::nullopt;
+      }();
+      if (f)
+        ranks.fail(k, std::move(*f));
     }
-  }
-  return std::nullopt;
+  });
 }
 
 } // namespace meshplan::plan::verifier

@@ -897,79 +897,86 @@ std::optional<VerifyFailure> Verifier::checkOwnership() {
   // reduction, sum, accumulate or cast made of such a buffer, never both:
   // a backward that also adds into a reduced buffer adds its microbatch to
   // a sum that already holds it (or that the reduction then overwrites).
-  std::vector<int32_t> derivedBy;
-  for (int32_t p : order) {
-    const Plan &plan = plans[p];
-    const PlanFacts &pf = factsOf(p);
-    derivedBy.assign(pf.buffers.size(), -1);
-    for (size_t i = 0; i < plan.program.size(); ++i) {
-      OpKind op = plan.program[i].op;
-      if (op == OpKind::Compute || op == OpKind::OptimizerUpdate)
-        continue;
-      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
-           o < pf.operandStart[i + 1]; ++o)
-        if (pf.operands[o] >= 0 && derivedBy[pf.operands[o]] < 0)
-          derivedBy[pf.operands[o]] = static_cast<int32_t>(i);
-    }
-    for (size_t i = 0; i < plan.program.size(); ++i) {
-      OpKind op = plan.program[i].op;
-      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
-           o < pf.operandStart[i + 1]; ++o) {
-        if (pf.operands[o] < 0)
-          continue;
-        const BufferFacts &b = bufferOf(p, pf.operands[o]);
-        std::string rule;
-        bool persistent = b.kind == BufferKind::ParamShard ||
-                          b.kind == BufferKind::OptimizerState;
-        if (persistent && op != OpKind::OptimizerUpdate)
-          rule = std::string(bufferKindName(b.kind)) +
-                 " buffers change only in optimizer_update";
-        else if (op == OpKind::Compute) {
-          // What the callbacks of generated plans write: the runtime hands a
-          // callback its gradients and activations, nothing else.
-          Phase ph = pf.phase[i];
-          bool grad = b.kind == BufferKind::Gradient;
-          bool act = b.kind == BufferKind::Activation;
-          if (ph == Phase::Forward && !act)
-            rule = "a forward writes only activation buffers";
-          else if (ph == Phase::BackwardInput && !act)
-            rule = "a backward_input writes only activation buffers";
-          else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
-                   !act && !grad)
-            rule = "a backward writes only gradient and activation buffers";
-          else if (grad && !readsTensor(p, i, b.tensor) &&
-                   readsTensor(p, i, -2))
-            // The callback computes the gradients of the parameters it is
-            // handed; a gradient of another tensor would be left as is or
-            // clobber another reduction's buffer. (A backward that lists no
-            // parameter, as hand-written plans may, is not judged.)
-            rule = "a backward writes the gradients of the parameters it "
-                   "reads, and it reads no parameter of " +
-                   quote(text(b.tensor));
-          else if (grad && derivedBy[pf.operands[o]] >= 0)
-            rule = "a backward writes the gradient it computes, and " +
-                   whereLabeled(p, derivedBy[pf.operands[o]]) + " (" +
-                   std::string(
-                       opKindName(plan.program[derivedBy[pf.operands[o]]].op)) +
-                   ") writes this buffer from other gradients";
+  return perRank([&](RankQueue &ranks) {
+    std::vector<int32_t> derivedBy;
+    for (size_t k; ranks.next(k);) {
+      int32_t p = order[k];
+      auto f = [&]() -> std::optional<VerifyFailure> {
+        const Plan &plan = plans[p];
+        const PlanFacts &pf = factsOf(p);
+        derivedBy.assign(pf.buffers.size(), -1);
+        for (size_t i = 0; i < plan.program.size(); ++i) {
+          OpKind op = plan.program[i].op;
+          if (op == OpKind::Compute || op == OpKind::OptimizerUpdate)
+            continue;
+          for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+               o < pf.operandStart[i + 1]; ++o)
+            if (pf.operands[o] >= 0 && derivedBy[pf.operands[o]] < 0)
+              derivedBy[pf.operands[o]] = static_cast<int32_t>(i);
         }
-        if (rule.empty())
-          continue;
-        int64_t ii = static_cast<int64_t>(i);
-        VerifyFailure f = failureAt(FailureKind::Ownership, p, ii);
-        f.tensor = b.tensor >= 0 ? std::string(text(b.tensor)) : "";
-        std::string what =
-            op == OpKind::Compute
-                ? std::string(phaseName(pf.phase[i])) + " compute"
-                : std::string(opKindName(op));
-        f.message = "rank " + std::to_string(plan.rank) + " " +
-                    whereLabeled(p, ii) + ": " + what + " writes " +
-                    describeBuffer(b) + ", but " + rule;
-        return f;
-      }
+        for (size_t i = 0; i < plan.program.size(); ++i) {
+          OpKind op = plan.program[i].op;
+          for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+               o < pf.operandStart[i + 1]; ++o) {
+            if (pf.operands[o] < 0)
+              continue;
+            const BufferFacts &b = bufferOf(p, pf.operands[o]);
+            std::string rule;
+            bool persistent = b.kind == BufferKind::ParamShard ||
+                              b.kind == BufferKind::OptimizerState;
+            if (persistent && op != OpKind::OptimizerUpdate)
+              rule = std::string(bufferKindName(b.kind)) +
+                     " buffers change only in optimizer_update";
+            else if (op == OpKind::Compute) {
+              // What the callbacks of generated plans write: the runtime hands
+              // a callback its gradients and activations, nothing else.
+              Phase ph = pf.phase[i];
+              bool grad = b.kind == BufferKind::Gradient;
+              bool act = b.kind == BufferKind::Activation;
+              if (ph == Phase::Forward && !act)
+                rule = "a forward writes only activation buffers";
+              else if (ph == Phase::BackwardInput && !act)
+                rule = "a backward_input writes only activation buffers";
+              else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
+                       !act && !grad)
+                rule = "a backward writes only gradient and activation buffers";
+              else if (grad && !readsTensor(p, i, b.tensor) &&
+                       readsTensor(p, i, -2))
+                // The callback computes the gradients of the parameters it is
+                // handed; a gradient of another tensor would be left as is or
+                // clobber another reduction's buffer. (A backward that lists no
+                // parameter, as hand-written plans may, is not judged.)
+                rule = "a backward writes the gradients of the parameters it "
+                       "reads, and it reads no parameter of " +
+                       quote(text(b.tensor));
+              else if (grad && derivedBy[pf.operands[o]] >= 0)
+                rule = "a backward writes the gradient it computes, and " +
+                       whereLabeled(p, derivedBy[pf.operands[o]]) + " (" +
+                       std::string(opKindName(
+                           plan.program[derivedBy[pf.operands[o]]].op)) +
+                       ") writes this buffer from other gradients";
+            }
+            if (rule.empty())
+              continue;
+            int64_t ii = static_cast<int64_t>(i);
+            VerifyFailure f = failureAt(FailureKind::Ownership, p, ii);
+            f.tensor = b.tensor >= 0 ? std::string(text(b.tensor)) : "";
+            std::string what =
+                op == OpKind::Compute
+                    ? std::string(phaseName(pf.phase[i])) + " compute"
+                    : std::string(opKindName(op));
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": " + what + " writes " +
+                        describeBuffer(b) + ", but " + rule;
+            return f;
+          }
+        }
+        return std::nullopt;
+      }();
+      if (f)
+        ranks.fail(k, std::move(*f));
     }
-  }
-  return std::nullopt;
+  });
 }
 
 std::optional<VerifyFailure> Verifier::checkLifetimes() {
@@ -983,139 +990,146 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
   // the write it reads, and a free or the next write follows every access
   // to the value before it, through stream order and deps (happens-before,
   // by vector clocks over the rank's streams).
-  enum : uint8_t { Unwritten, Written, Freed };
-  std::vector<uint8_t> state;
-  std::vector<int32_t> freedAt, lastWrite, posOf, clock, queue, count;
-  Successors graph;
-  // Per buffer and stream: the last read since the buffer's last write
-  // (earlier reads on the stream run before it).
-  std::vector<int32_t> reads;
-  for (int32_t p : order) {
-    const Plan &plan = plans[p];
-    const RankInfo &ri = info[p];
-    const PlanFacts &pf = factsOf(p);
-    int32_t n = static_cast<int32_t>(plan.program.size());
-    size_t S = std::max<size_t>(plan.streams.size(), 1);
-    // Position of each instruction on its stream.
-    const std::vector<int32_t> &streamOf = ri.stream;
-    posOf.assign(n, 0);
-    count.assign(S, 0);
-    for (int32_t i = 0; i < n; ++i)
-      posOf[i] = count[streamOf[i]]++;
-    // Vector clocks in a topological order (the set has no cycle by now).
-    graph.build(ri, n);
-    std::vector<int32_t> &indeg = graph.indeg;
-    const std::vector<int32_t> &outStart = graph.outStart, &out = graph.out;
-    clock.assign(static_cast<size_t>(n) * S, -1);
-    queue.clear();
-    for (int32_t i = 0; i < n; ++i)
-      if (indeg[i] == 0)
-        queue.push_back(i);
-    for (size_t q = 0; q < queue.size(); ++q) {
-      int32_t i = queue[q];
-      int32_t *ci = &clock[static_cast<size_t>(i) * S];
-      ci[streamOf[i]] = std::max(ci[streamOf[i]], posOf[i]);
-      for (int32_t e = outStart[i]; e < outStart[i + 1]; ++e) {
-        int32_t j = out[e];
-        int32_t *cj = &clock[static_cast<size_t>(j) * S];
-        for (size_t k = 0; k < S; ++k)
-          cj[k] = std::max(cj[k], ci[k]);
-        if (--indeg[j] == 0)
-          queue.push_back(j);
-      }
-    }
-    // a completes before b starts.
-    auto before = [&](int32_t a, int32_t b) {
-      return a == b ||
-             clock[static_cast<size_t>(b) * S + streamOf[a]] >= posOf[a];
-    };
-
-    state.assign(pf.buffers.size(), Unwritten);
-    freedAt.assign(pf.buffers.size(), -1);
-    lastWrite.assign(pf.buffers.size(), -1);
-    reads.assign(pf.buffers.size() * S, -1);
-    for (size_t b = 0; b < pf.buffers.size(); ++b) {
-      BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
-      if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
-        state[b] = Written;
-    }
-    auto unordered = [&](int32_t i, int32_t j, int32_t b,
-                         const std::string &what, const char *theirs) {
-      int64_t ii = static_cast<int64_t>(i);
-      const BufferFacts &x = bufferOf(p, b);
-      VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
-      f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
-      f.message =
-          "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
-          " (stream " + quote(plan.program[i].stream) + ") " + what + " " +
-          describeBuffer(x) + ", but nothing orders it after " +
-          whereLabeled(p, j) + " (stream " + quote(plan.program[j].stream) +
-          "), which comes first in program order and " + theirs +
-          " it: add a dep (streams run concurrently)";
-      return f;
-    };
-    for (int32_t i = 0; i < n; ++i) {
-      int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
-              end = pf.operandStart[i + 1];
-      if (plan.program[i].op == OpKind::Free) {
-        for (int32_t o = start; o < mid; ++o) {
-          int32_t b = pf.operands[o];
-          if (b < 0)
-            continue;
-          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
-            return unordered(i, lastWrite[b], b, "frees", "writes");
-          for (size_t k = 0; k < S; ++k) {
-            int32_t r = reads[b * S + k];
-            if (r >= 0 && !before(r, i))
-              return unordered(i, r, b, "frees", "reads");
-            reads[b * S + k] = -1;
+  return perRank([&](RankQueue &ranks) {
+    enum : uint8_t { Unwritten, Written, Freed };
+    std::vector<uint8_t> state;
+    std::vector<int32_t> freedAt, lastWrite, posOf, clock, queue, count;
+    Successors graph;
+    // Per buffer and stream: the last read since the buffer's last write
+    // (earlier reads on the stream run before it).
+    std::vector<int32_t> reads;
+    for (size_t k; ranks.next(k);) {
+      int32_t p = order[k];
+      auto f = [&]() -> std::optional<VerifyFailure> {
+        const Plan &plan = plans[p];
+        const RankInfo &ri = info[p];
+        const PlanFacts &pf = factsOf(p);
+        int32_t n = static_cast<int32_t>(plan.program.size());
+        size_t S = std::max<size_t>(plan.streams.size(), 1);
+        // Position of each instruction on its stream.
+        const std::vector<int32_t> &streamOf = ri.stream;
+        posOf.assign(n, 0);
+        count.assign(S, 0);
+        for (int32_t i = 0; i < n; ++i)
+          posOf[i] = count[streamOf[i]]++;
+        // Vector clocks in a topological order (the set has no cycle by now).
+        graph.build(ri, n);
+        std::vector<int32_t> &indeg = graph.indeg;
+        const std::vector<int32_t> &outStart = graph.outStart, &out = graph.out;
+        clock.assign(static_cast<size_t>(n) * S, -1);
+        queue.clear();
+        for (int32_t i = 0; i < n; ++i)
+          if (indeg[i] == 0)
+            queue.push_back(i);
+        for (size_t q = 0; q < queue.size(); ++q) {
+          int32_t i = queue[q];
+          int32_t *ci = &clock[static_cast<size_t>(i) * S];
+          ci[streamOf[i]] = std::max(ci[streamOf[i]], posOf[i]);
+          for (int32_t e = outStart[i]; e < outStart[i + 1]; ++e) {
+            int32_t j = out[e];
+            int32_t *cj = &clock[static_cast<size_t>(j) * S];
+            for (size_t k = 0; k < S; ++k)
+              cj[k] = std::max(cj[k], ci[k]);
+            if (--indeg[j] == 0)
+              queue.push_back(j);
           }
-          state[b] = Freed;
-          freedAt[b] = i;
         }
-        continue;
-      }
-      for (int32_t o = start; o < mid; ++o) {
-        int32_t b = pf.operands[o];
-        if (b < 0)
-          continue;
-        if (state[b] == Written) {
-          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
-            return unordered(i, lastWrite[b], b, "reads", "writes");
-          reads[b * S + streamOf[i]] = i;
-          continue;
+        // a completes before b starts.
+        auto before = [&](int32_t a, int32_t b) {
+          return a == b ||
+                 clock[static_cast<size_t>(b) * S + streamOf[a]] >= posOf[a];
+        };
+
+        state.assign(pf.buffers.size(), Unwritten);
+        freedAt.assign(pf.buffers.size(), -1);
+        lastWrite.assign(pf.buffers.size(), -1);
+        reads.assign(pf.buffers.size() * S, -1);
+        for (size_t b = 0; b < pf.buffers.size(); ++b) {
+          BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
+          if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
+            state[b] = Written;
         }
-        int64_t ii = static_cast<int64_t>(i);
-        const BufferFacts &x = bufferOf(p, b);
-        VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
-        f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
-        f.message = "rank " + std::to_string(plan.rank) + " " +
-                    whereLabeled(p, ii) + ": reads " + describeBuffer(x) +
-                    (state[b] == Freed
-                         ? " after " + whereLabeled(p, freedAt[b]) +
-                               " freed it, and no instruction writes it in "
-                               "between"
-                         : " before any instruction writes it");
-        return f;
-      }
-      for (int32_t o = mid; o < end; ++o) {
-        int32_t b = pf.operands[o];
-        if (b < 0)
-          continue;
-        if (state[b] == Freed && !before(freedAt[b], i))
-          return unordered(i, freedAt[b], b, "writes", "frees");
-        for (size_t k = 0; k < S; ++k) {
-          int32_t r = reads[b * S + k];
-          if (r >= 0 && !before(r, i))
-            return unordered(i, r, b, "writes", "reads");
-          reads[b * S + k] = -1;
+        auto unordered = [&](int32_t i, int32_t j, int32_t b,
+                             const std::string &what, const char *theirs) {
+          int64_t ii = static_cast<int64_t>(i);
+          const BufferFacts &x = bufferOf(p, b);
+          VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+          f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+          f.message =
+              "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
+              " (stream " + quote(plan.program[i].stream) + ") " + what + " " +
+              describeBuffer(x) + ", but nothing orders it after " +
+              whereLabeled(p, j) + " (stream " + quote(plan.program[j].stream) +
+              "), which comes first in program order and " + theirs +
+              " it: add a dep (streams run concurrently)";
+          return f;
+        };
+        for (int32_t i = 0; i < n; ++i) {
+          int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
+                  end = pf.operandStart[i + 1];
+          if (plan.program[i].op == OpKind::Free) {
+            for (int32_t o = start; o < mid; ++o) {
+              int32_t b = pf.operands[o];
+              if (b < 0)
+                continue;
+              if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+                return unordered(i, lastWrite[b], b, "frees", "writes");
+              for (size_t k = 0; k < S; ++k) {
+                int32_t r = reads[b * S + k];
+                if (r >= 0 && !before(r, i))
+                  return unordered(i, r, b, "frees", "reads");
+                reads[b * S + k] = -1;
+              }
+              state[b] = Freed;
+              freedAt[b] = i;
+            }
+            continue;
+          }
+          for (int32_t o = start; o < mid; ++o) {
+            int32_t b = pf.operands[o];
+            if (b < 0)
+              continue;
+            if (state[b] == Written) {
+              if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+                return unordered(i, lastWrite[b], b, "reads", "writes");
+              reads[b * S + streamOf[i]] = i;
+              continue;
+            }
+            int64_t ii = static_cast<int64_t>(i);
+            const BufferFacts &x = bufferOf(p, b);
+            VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+            f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": reads " + describeBuffer(x) +
+                        (state[b] == Freed
+                             ? " after " + whereLabeled(p, freedAt[b]) +
+                                   " freed it, and no instruction writes it in "
+                                   "between"
+                             : " before any instruction writes it");
+            return f;
+          }
+          for (int32_t o = mid; o < end; ++o) {
+            int32_t b = pf.operands[o];
+            if (b < 0)
+              continue;
+            if (state[b] == Freed && !before(freedAt[b], i))
+              return unordered(i, freedAt[b], b, "writes", "frees");
+            for (size_t k = 0; k < S; ++k) {
+              int32_t r = reads[b * S + k];
+              if (r >= 0 && !before(r, i))
+                return unordered(i, r, b, "writes", "reads");
+              reads[b * S + k] = -1;
+            }
+            state[b] = Written;
+            lastWrite[b] = i;
+          }
         }
-        state[b] = Written;
-        lastWrite[b] = i;
-      }
+        return std::nullopt;
+      }();
+      if (f)
+        ranks.fail(k, std::move(*f));
     }
-  }
-  return std::nullopt;
+  });
 }
 
 } // namespace meshplan::plan::verifier
