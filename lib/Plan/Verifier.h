@@ -226,6 +226,8 @@ private:
   std::optional<VerifyFailure>
   perRank(const std::function<void(RankQueue &)> &body) const;
   std::optional<VerifyFailure> checkAccumulation();
+  std::string lostMicrobatch(int32_t p, int64_t at, int32_t grad,
+                             int64_t missing) const;
   /// Why a collective's output b is not what its op makes of input a over
   /// `axes` (core's applyStep); empty when it is.
   std::string layoutFit(OpKind op, std::optional<ReduceOp> reduce,

@@ -195,6 +195,48 @@ std::optional<VerifyFailure> Verifier::checkLayoutFit() {
 // Accumulation
 //===----------------------------------------------------------------------===//
 
+/// Where microbatch `missing`'s gradient of the tensor of gradient buffer
+/// `grad` was computed before instruction `at` of plan p, and the first
+/// later backward that starts the tensor's gradient from zero (it reads no
+/// gradient of the tensor to carry in): "; ... computes it into ..., but
+/// ... starts ... from zero: ...", or "".
+std::string Verifier::lostMicrobatch(int32_t p, int64_t at, int32_t grad,
+                                     int64_t missing) const {
+  const PlanFacts &pf = factsOf(p);
+  int32_t tensor = bufferOf(p, grad).tensor;
+  auto gradientOf = [&](size_t j, bool outputs) {
+    int32_t from = pf.operandStart[j] + (outputs ? pf.inputCount[j] : 0);
+    int32_t to = outputs ? pf.operandStart[j + 1]
+                         : pf.operandStart[j] + pf.inputCount[j];
+    for (int32_t o = from; o < to; ++o)
+      if (pf.operands[o] >= 0 && bufferOf(p, pf.operands[o]).tensor == tensor &&
+          bufferOf(p, pf.operands[o]).kind == BufferKind::Gradient)
+        return pf.operands[o];
+    return -1;
+  };
+  std::string lost;
+  bool computed = false;
+  for (size_t j = 0; j < static_cast<size_t>(at); ++j) {
+    if (pf.phase[j] != Phase::Backward && pf.phase[j] != Phase::BackwardWeight)
+      continue;
+    int32_t out = gradientOf(j, true);
+    if (out < 0)
+      continue;
+    int64_t jj = static_cast<int64_t>(j);
+    if (!computed && pf.microbatch[j] == missing) {
+      computed = true;
+      lost += "; " + whereLabeled(p, jj) + " computes it into " +
+              quote(text(bufferOf(p, out).id));
+    } else if (computed && gradientOf(j, false) < 0) {
+      return lost + ", but " + whereLabeled(p, jj) + " starts " +
+             quote(text(bufferOf(p, out).id)) +
+             " from zero: it reads no gradient of " + quote(text(tensor)) +
+             " to carry in";
+    }
+  }
+  return lost;
+}
+
 std::optional<VerifyFailure> Verifier::checkAccumulation() {
   // What each buffer holds, as the backward instructions whose microbatch
   // contributions it sums (a backward adds its microbatch's gradient into
@@ -371,43 +413,7 @@ std::optional<VerifyFailure> Verifier::checkAccumulation() {
               for (const Part &x : h)
                 held +=
                     (held.empty() ? "" : ",") + std::to_string(x.microbatch);
-              // Where the missing microbatch's gradient was computed, and a
-              // later backward that starts the tensor's gradient from zero.
-              int32_t tensor = bufferOf(p, grad).tensor;
-              auto gradientOf = [&](size_t j, bool outputs) {
-                int32_t from =
-                    pf.operandStart[j] + (outputs ? pf.inputCount[j] : 0);
-                int32_t to = outputs ? pf.operandStart[j + 1]
-                                     : pf.operandStart[j] + pf.inputCount[j];
-                for (int32_t o = from; o < to; ++o)
-                  if (pf.operands[o] >= 0 &&
-                      bufferOf(p, pf.operands[o]).tensor == tensor &&
-                      bufferOf(p, pf.operands[o]).kind == BufferKind::Gradient)
-                    return pf.operands[o];
-                return -1;
-              };
-              std::string lost;
-              bool computed = false, restarted = false;
-              for (size_t j = 0; j < ii; ++j) {
-                if (pf.phase[j] != Phase::Backward &&
-                    pf.phase[j] != Phase::BackwardWeight)
-                  continue;
-                int32_t out = gradientOf(j, true);
-                if (out < 0)
-                  continue;
-                int64_t jj = static_cast<int64_t>(j);
-                if (!computed && pf.microbatch[j] == missing) {
-                  computed = true;
-                  lost += "; " + whereLabeled(p, jj) + " computes it into " +
-                          quote(text(bufferOf(p, out).id));
-                } else if (computed && !restarted && gradientOf(j, false) < 0) {
-                  restarted = true;
-                  lost += ", but " + whereLabeled(p, jj) + " starts " +
-                          quote(text(bufferOf(p, out).id)) +
-                          " from zero: it reads no gradient of " +
-                          quote(text(tensor)) + " to carry in";
-                }
-              }
+              std::string lost = lostMicrobatch(p, i, grad, missing);
               return fail(
                   i, grad,
                   "updates " +
