@@ -5,7 +5,9 @@
 // transfers across ranks and finds deadlocks (stream cycles, the
 // simulation); VerifyFacts.cpp checks what the step computes from the
 // plans' PlanFacts (operands, buffers, parameters, reductions,
-// microbatches, compute order, ownership, lifetimes). Internal to
+// microbatches, compute order, ownership, lifetimes); VerifyDataflow.cpp
+// checks that collectives' layouts fit their ops (core's applyStep) and
+// that each gradient accumulates each microbatch once. Internal to
 // lib/Plan.
 //
 //===----------------------------------------------------------------------===//
