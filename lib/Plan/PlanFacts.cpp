@@ -94,24 +94,37 @@ int32_t FactsBuilder::internString(std::string_view s) {
   return id;
 }
 
-int32_t FactsBuilder::internBuffer(const Buffer &b) {
+int32_t FactsBuilder::internStringAt(std::string_view s, int32_t guess) {
+  if (guess >= 0 && strings[guess] == s)
+    return guess;
+  return internString(s);
+}
+
+bool FactsBuilder::describes(int32_t sig, const Buffer &b) const {
+  const BufferFacts &c = buffers[sig];
+  bool scaleSame = b.scale ? c.scaleAmax >= 0 &&
+                                 strings[c.scaleAmax] == b.scale->amax &&
+                                 c.scaleIndex == b.scale->index &&
+                                 c.scalePowerOf2 == b.scale->powerOf2
+                           : c.scaleAmax < 0;
+  return c.kind == b.kind && c.dtype == b.dtype && c.tensorId == b.tensorId &&
+         c.globalShape == b.globalShape && strings[c.id] == b.id &&
+         strings[c.layout] == b.layout &&
+         (c.tensor < 0 ? b.tensor.empty() : strings[c.tensor] == b.tensor) &&
+         scaleSame;
+}
+
+int32_t FactsBuilder::internBuffer(const Buffer &b, int32_t guess) {
+  // The previous plan's buffer at this position, compared in place.
+  if (guess >= 0 && describes(guess, b))
+    return guess;
   int32_t id = internString(b.id);
-  // Most buffers are described as the previous plan described the buffer
-  // of the same id: compare with that description in place, without
+  // Else most buffers are described as the previous plan described the
+  // buffer of the same id: compare with that description in place, without
   // interning its strings again (a thousand plans of 1,876 buffers each).
-  if (static_cast<size_t>(id) < lastOfId.size() && lastOfId[id] >= 0) {
-    const BufferFacts &c = buffers[lastOfId[id]];
-    bool scaleSame = b.scale ? c.scaleAmax >= 0 &&
-                                   strings[c.scaleAmax] == b.scale->amax &&
-                                   c.scaleIndex == b.scale->index &&
-                                   c.scalePowerOf2 == b.scale->powerOf2
-                             : c.scaleAmax < 0;
-    if (c.kind == b.kind && c.dtype == b.dtype && c.tensorId == b.tensorId &&
-        c.globalShape == b.globalShape && strings[c.layout] == b.layout &&
-        (c.tensor < 0 ? b.tensor.empty() : strings[c.tensor] == b.tensor) &&
-        scaleSame)
-      return lastOfId[id];
-  }
+  if (static_cast<size_t>(id) < lastOfId.size() && lastOfId[id] >= 0 &&
+      describes(lastOfId[id], b))
+    return lastOfId[id];
   BufferFacts f;
   f.id = id;
   f.tensor = b.tensor.empty() ? -1 : internString(b.tensor);
@@ -145,8 +158,10 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
       return -1;
     return localIndex[s];
   };
+  prevBuffers.resize(plan.buffers.size(), -1);
   for (size_t b = 0; b < plan.buffers.size(); ++b) {
-    int32_t sig = internBuffer(plan.buffers[b]);
+    int32_t sig = internBuffer(plan.buffers[b], prevBuffers[b]);
+    prevBuffers[b] = sig;
     f.buffers.push_back(sig);
     int32_t s = buffers[sig].id;
     if (localIndex.size() <= static_cast<size_t>(s)) {
@@ -164,22 +179,39 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
   f.phase.reserve(n);
   f.microbatch.reserve(n);
   f.operandStart.push_back(0);
+  // Operand k resolves to the previous plan's buffer index at k when that
+  // buffer of this plan has the operand's id (ids are unique in a plan).
   auto operand = [&](const std::string &b) {
+    size_t k = f.operands.size();
+    if (k < prevOperands.size()) {
+      int32_t guess = prevOperands[k];
+      if (guess >= 0 && static_cast<size_t>(guess) < plan.buffers.size() &&
+          plan.buffers[guess].id == b)
+        return guess;
+    }
     auto it = stringIds.find(b);
     return it == stringIds.end() ? -1 : localOf(it->second);
   };
-  for (const Instruction &in : plan.program) {
+  prevLabel.resize(n, -1);
+  prevUnit.resize(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    const Instruction &in = plan.program[i];
     for (const std::string &b : in.inputs)
       f.operands.push_back(operand(b));
     for (const std::string &b : in.outputs)
       f.operands.push_back(operand(b));
     f.operandStart.push_back(static_cast<int32_t>(f.operands.size()));
     f.inputCount.push_back(static_cast<int32_t>(in.inputs.size()));
-    f.label.push_back(in.label.empty() ? -1 : internString(in.label));
-    f.unit.push_back(in.unit.empty() ? -1 : internString(in.unit));
+    f.label.push_back(
+        in.label.empty() ? -1 : internStringAt(in.label, prevLabel[i]));
+    f.unit.push_back(in.unit.empty() ? -1
+                                     : internStringAt(in.unit, prevUnit[i]));
+    prevLabel[i] = f.label.back() >= 0 ? f.label.back() : prevLabel[i];
+    prevUnit[i] = f.unit.back() >= 0 ? f.unit.back() : prevUnit[i];
     f.phase.push_back(parsePhase(in.phase));
     f.microbatch.push_back(in.microbatch);
   }
+  prevOperands = f.operands;
   f.operands.shrink_to_fit();
   if (plan.optimizer) {
     auto it = std::find(optimizers.begin(), optimizers.end(), *plan.optimizer);

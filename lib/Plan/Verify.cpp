@@ -8,6 +8,10 @@
 
 #include "Verifier.h"
 
+#include "Parallel.h"
+
+#include <thread>
+
 namespace meshplan::plan {
 
 std::string_view failureKindName(FailureKind kind) {
@@ -36,6 +40,10 @@ std::string_view failureKindName(FailureKind kind) {
     return "ownership";
   case FailureKind::Lifetime:
     return "buffer lifetime";
+  case FailureKind::LayoutFit:
+    return "layout fit";
+  case FailureKind::Accumulation:
+    return "gradient accumulation";
   }
   return "failure";
 }
@@ -86,6 +94,43 @@ firstCollectiveDifference(const Instruction &a, const Instruction &b) {
 
 namespace verifier {
 
+void Successors::build(const RankInfo &ri, int32_t n) {
+  outStart.assign(n + 1, 0);
+  indeg.assign(n, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    if (ri.streamPrev[i] >= 0)
+      ++outStart[ri.streamPrev[i] + 1];
+    for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
+      ++outStart[ri.deps[e] + 1];
+  }
+  for (int32_t i = 0; i < n; ++i)
+    outStart[i + 1] += outStart[i];
+  out.resize(outStart[n]);
+  fill.assign(outStart.begin(), outStart.end() - 1);
+  for (int32_t i = 0; i < n; ++i) {
+    if (ri.streamPrev[i] >= 0) {
+      out[fill[ri.streamPrev[i]]++] = i;
+      ++indeg[i];
+    }
+    for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
+      out[fill[ri.deps[e]]++] = i;
+      ++indeg[i];
+    }
+  }
+}
+
+std::optional<VerifyFailure>
+Verifier::perRank(const std::function<void(RankQueue &)> &body) const {
+  RankQueue queue(order.size());
+  // Threads pay off from a few dozen ranks on (a thread per 32 ranks, at
+  // most 8 and the cores there are).
+  unsigned threads = static_cast<unsigned>(
+      std::min<size_t>({order.size() / 32 + 1, 8,
+                        std::max(1u, std::thread::hardware_concurrency())}));
+  runOnThreads(threads, [&] { body(queue); });
+  return queue.first();
+}
+
 Result<void> Verifier::indexRanks() {
   if (plans.empty())
     return makeError("the plan set is empty");
@@ -126,13 +171,17 @@ std::optional<VerifyFailure> Verifier::checkFacts() {
     return f;
   if (auto f = checkReductions())
     return f;
+  if (auto f = checkLayoutFit())
+    return f;
   if (auto f = checkMicrobatches())
     return f;
   if (auto f = checkComputeOrder())
     return f;
   if (auto f = checkOwnership())
     return f;
-  return checkLifetimes();
+  if (auto f = checkLifetimes())
+    return f;
+  return checkAccumulation();
 }
 
 Result<VerifyResult> Verifier::run() {
@@ -193,6 +242,7 @@ Result<VerifyResult> Verifier::run() {
     std::vector<int32_t> lastOnStream(plan.streams.size(), -1);
     ri.depStart.assign(n + 1, 0);
     ri.streamPrev.assign(n, -1);
+    ri.stream.assign(n, 0);
     ri.transferPrev.assign(n, -1);
     std::vector<int32_t> lastTransfer(plan.communicators.size(), -1);
     ri.localComm.assign(n, -1);
@@ -212,6 +262,7 @@ Result<VerifyResult> Verifier::run() {
       if (s == streamIds.end())
         return makeError("rank " + std::to_string(plan.rank) + ": /program/" +
                          std::to_string(i) + ": unknown stream");
+      ri.stream[i] = s->second;
       ri.streamPrev[i] = lastOnStream[s->second];
       lastOnStream[s->second] = static_cast<int32_t>(i);
       if (isCollective(in.op)) {

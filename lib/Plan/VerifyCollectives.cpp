@@ -322,35 +322,15 @@ std::optional<VerifyFailure> Verifier::matchPointToPoint() {
 }
 
 std::optional<VerifyFailure> Verifier::checkStreamCycles() {
-  std::vector<int32_t> indeg, queue;
-  std::vector<std::vector<int32_t>> unused;
+  std::vector<int32_t> queue;
+  Successors g;
   for (int32_t p : order) {
     const Plan &plan = plans[p];
     const RankInfo &ri = info[p];
     int32_t n = static_cast<int32_t>(plan.program.size());
-    // Successor lists: stream next + reverse deps (CSR).
-    std::vector<int32_t> outStart(n + 1, 0), out;
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0)
-        ++outStart[ri.streamPrev[i] + 1];
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
-        ++outStart[ri.deps[e] + 1];
-    }
-    for (int32_t i = 0; i < n; ++i)
-      outStart[i + 1] += outStart[i];
-    out.resize(outStart[n]);
-    std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
-    indeg.assign(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0) {
-        out[fill[ri.streamPrev[i]]++] = i;
-        ++indeg[i];
-      }
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
-        out[fill[ri.deps[e]]++] = i;
-        ++indeg[i];
-      }
-    }
+    g.build(ri, n);
+    std::vector<int32_t> &indeg = g.indeg;
+    const std::vector<int32_t> &outStart = g.outStart, &out = g.out;
     queue.clear();
     for (int32_t i = 0; i < n; ++i)
       if (indeg[i] == 0)
@@ -401,12 +381,25 @@ std::optional<VerifyFailure> Verifier::checkStreamCycles() {
 }
 
 std::optional<VerifyFailure> Verifier::simulate() {
+  RunGraph graph;
+  buildRunGraph(graph);
+  if (runSimulation(graph) == totalInstructions)
+    return std::nullopt;
+  return deadlockReport(graph);
+}
+
+void Verifier::buildRunGraph(RunGraph &graph) const {
+  // Global instruction g = info[p].base + i. Edges: stream order, transfer
+  // order on a communicator, deps; a collective also waits for the previous
+  // one on its communicator to be issued (counted in pending, released in
+  // runSimulation).
   int64_t total = totalInstructions;
-  std::vector<int32_t> pending(total, 0);
-  std::vector<uint8_t> state(total, 0); // 0 waiting, 1 issued, 2 done
-  std::vector<int64_t> outStart(total + 1, 0);
-  std::vector<int64_t> out;
-  std::vector<int32_t> planOf(total);
+  std::vector<int32_t> &pending = graph.pending, &planOf = graph.planOf;
+  std::vector<int64_t> &outStart = graph.outStart, &out = graph.out;
+  pending.assign(total, 0);
+  graph.state.assign(total, 0);
+  outStart.assign(total + 1, 0);
+  planOf.assign(total, 0);
   for (int32_t p : order) {
     const RankInfo &ri = info[p];
     int64_t n = static_cast<int64_t>(plans[p].program.size());
@@ -447,6 +440,14 @@ std::optional<VerifyFailure> Verifier::simulate() {
       }
     }
   }
+}
+
+int64_t Verifier::runSimulation(RunGraph &graph) const {
+  int64_t total = totalInstructions;
+  std::vector<int32_t> &pending = graph.pending;
+  std::vector<uint8_t> &state = graph.state;
+  const std::vector<int32_t> &planOf = graph.planOf;
+  const std::vector<int64_t> &outStart = graph.outStart, &out = graph.out;
   std::vector<std::vector<int32_t>> arrived(comms.size());
   for (size_t c = 0; c < comms.size(); ++c) {
     const GlobalComm &gc = comms[c];
@@ -503,9 +504,12 @@ std::optional<VerifyFailure> Verifier::simulate() {
         complete(mi.base + mi.seqs[gc.memberLocal[m]][k]);
       }
   }
-  if (done == total)
-    return std::nullopt;
+  return done;
+}
 
+VerifyFailure Verifier::deadlockReport(const RunGraph &graph) const {
+  const std::vector<uint8_t> &state = graph.state;
+  const std::vector<int32_t> &planOf = graph.planOf;
   // Deadlock: follow "waits for" from the first stuck instruction of the
   // lowest stuck rank until an instruction repeats.
   struct Step {

@@ -341,6 +341,12 @@ std::optional<VerifyFailure> Verifier::checkBuffers() {
 }
 
 std::optional<VerifyFailure> Verifier::checkParameters() {
+  if (auto f = checkParameterPieces())
+    return f;
+  return checkParameterUpdates();
+}
+
+std::optional<VerifyFailure> Verifier::checkParameterPieces() {
   // Every piece of a parameter is one tensor: the same tensor_id (stochastic
   // rounding keys its bits with it), shape, dtype and layout on every rank
   // that holds a piece, and a tensor_id names one tensor.
@@ -348,30 +354,28 @@ std::optional<VerifyFailure> Verifier::checkParameters() {
     int32_t buffer = -1; ///< set buffer index
     int32_t plan = -1;
   };
-  std::unordered_map<int32_t, Holder> byTensor;
+  std::vector<Holder> byTensor(facts.strings.size() + 1);
   std::unordered_map<int64_t, Holder> byId;
   std::vector<uint8_t> seenBuffer(facts.buffers.size(), 0);
   for (int32_t p : order) {
-    const PlanFacts &pf = factsOf(p);
-    for (size_t b = 0; b < pf.buffers.size(); ++b) {
-      int32_t sb = pf.buffers[b];
+    for (int32_t sb : factsOf(p).buffers) {
       const BufferFacts &x = facts.buffers[sb];
       if (x.kind != BufferKind::ParamShard || seenBuffer[sb])
         continue;
       seenBuffer[sb] = 1;
-      auto [it, fresh] = byTensor.emplace(x.tensor, Holder{sb, p});
-      const BufferFacts &y = facts.buffers[it->second.buffer];
+      Holder &first = byTensor[x.tensor + 1]; // no tensor: slot 0
+      if (first.buffer < 0)
+        first = Holder{sb, p};
+      const BufferFacts &y = facts.buffers[first.buffer];
       std::pair<std::string, std::string> diff;
-      if (!fresh && (x.tensorId != y.tensorId || x.dtype != y.dtype ||
-                     x.globalShape != y.globalShape || x.layout != y.layout))
+      if (x.tensorId != y.tensorId || x.dtype != y.dtype ||
+          x.globalShape != y.globalShape || x.layout != y.layout)
         diff = bufferDifference(x, y);
-      int32_t q = it->second.plan;
+      int32_t q = first.plan;
       if (diff.first.empty() && x.tensorId) {
-        auto [jt, freshId] = byId.emplace(*x.tensorId, Holder{sb, p});
+        auto [jt, freshId] = byId.try_emplace(*x.tensorId, Holder{sb, p});
         const BufferFacts &z = facts.buffers[jt->second.buffer];
         if (!freshId && z.tensor != x.tensor) {
-          diff = {"tensor " + quote(text(x.tensor)),
-                  "tensor " + quote(text(z.tensor))};
           q = jt->second.plan;
           VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, -1);
           f.otherRank = plans[q].rank;
@@ -399,157 +403,41 @@ std::optional<VerifyFailure> Verifier::checkParameters() {
       return f;
     }
   }
+  return std::nullopt;
+}
 
+namespace {
+constexpr const char *kRole[] = {"parameter", "gradient", "exp_avg",
+                                 "exp_avg_sq"};
+constexpr BufferKind kRoleKind[] = {
+    BufferKind::ParamShard, BufferKind::Gradient, BufferKind::OptimizerState,
+    BufferKind::OptimizerState};
+} // namespace
+
+std::optional<VerifyFailure> Verifier::checkParameterUpdates() {
   // Every parameter shard of a rank that updates parameters is updated
   // exactly once, from its own gradient and optimizer state, fully reduced,
   // by the same optimizer record on every rank that holds a piece of it.
-  std::unordered_map<int32_t, std::pair<int32_t, int64_t>>
-      recordOf; // tensor -> (plan, instruction)
-  std::vector<int32_t> updatedBy;
+  UpdateState state;
+  state.recordOf.assign(facts.strings.size() + 1, {-1, -1});
   for (int32_t p : order) {
     const Plan &plan = plans[p];
     const PlanFacts &pf = factsOf(p);
-    updatedBy.assign(pf.buffers.size(), -1);
+    state.updatedBy.assign(pf.buffers.size(), -1);
     bool updates = false;
     for (size_t i = 0; i < plan.program.size(); ++i) {
       if (plan.program[i].op != OpKind::OptimizerUpdate)
         continue;
       updates = true;
-      int64_t ii = static_cast<int64_t>(i);
-      int32_t start = pf.operandStart[i];
-      for (int32_t k = 0; k + 3 < pf.inputCount[i]; k += 4) {
-        int32_t lp = pf.operands[start + k];
-        if (lp < 0)
-          continue;
-        const BufferFacts &param = bufferOf(p, lp);
-        static constexpr const char *kRole[] = {"parameter", "gradient",
-                                                "exp_avg", "exp_avg_sq"};
-        static constexpr BufferKind kKind[] = {
-            BufferKind::ParamShard, BufferKind::Gradient,
-            BufferKind::OptimizerState, BufferKind::OptimizerState};
-        for (int32_t r = 1; r < 4; ++r) {
-          int32_t lb = pf.operands[start + k + r];
-          if (lb < 0)
-            continue;
-          const BufferFacts &x = bufferOf(p, lb);
-          if (x.tensor == param.tensor && x.kind == kKind[r])
-            continue;
-          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
-          f.tensor = std::string(text(param.tensor));
-          f.message = "rank " + std::to_string(plan.rank) + " " +
-                      whereLabeled(p, ii) + ": updates " +
-                      describeBuffer(param) + " with " + kRole[r] + " " +
-                      describeBuffer(x) + ", which is not the " + kRole[r] +
-                      " (" + std::string(bufferKindName(kKind[r])) + ") of " +
-                      quote(text(param.tensor));
+      for (int32_t k = 0; k + 3 < pf.inputCount[i]; k += 4)
+        if (auto f = checkUpdateGroup(p, static_cast<int64_t>(i), k, state))
           return f;
-        }
-        if (param.kind != kKind[0])
-          continue; // validatePlan requires a param_shard
-        if (updatedBy[lp] >= 0) {
-          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
-          f.tensor = std::string(text(param.tensor));
-          f.message = "rank " + std::to_string(plan.rank) + " " +
-                      whereLabeled(p, ii) + ": updates " +
-                      describeBuffer(param) + " a second time (also " +
-                      whereLabeled(p, updatedBy[lp]) +
-                      "); each parameter shard is updated once per step";
-          return f;
-        }
-        if (pf.operands[start + k + 2] == pf.operands[start + k + 3]) {
-          VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
-          f.tensor = std::string(text(param.tensor));
-          f.message = "rank " + std::to_string(plan.rank) + " " +
-                      whereLabeled(p, ii) + ": updates " +
-                      quote(text(param.id)) + " with one buffer " +
-                      describeBuffer(bufferOf(p, pf.operands[start + k + 2])) +
-                      " as both exp_avg and exp_avg_sq";
-          return f;
-        }
-        updatedBy[lp] = static_cast<int32_t>(i);
-        // The gradient the update reads must be reduced over every axis.
-        int32_t lg = pf.operands[start + k + 1];
-        if (lg >= 0) {
-          const BufferFacts &grad = bufferOf(p, lg);
-          const Layout *l = layoutOf(grad.layout);
-          if (l && !l->partial.empty()) {
-            VerifyFailure f = failureAt(FailureKind::Reduction, p, ii);
-            f.tensor = std::string(text(param.tensor));
-            f.message = "rank " + std::to_string(plan.rank) + " " +
-                        whereLabeled(p, ii) + ": updates " +
-                        quote(text(param.id)) + " from gradient " +
-                        describeBuffer(grad) +
-                        ", which is still partial: every partial axis must "
-                        "be reduced before the optimizer reads it";
-            return f;
-          }
-        }
-        auto [it, fresh] = recordOf.emplace(param.tensor, std::pair(p, ii));
-        int32_t q = it->second.first;
-        if (!fresh) {
-          // The same roles on every rank: a rank whose exp_avg is another
-          // rank's exp_avg_sq updates with the moments exchanged.
-          const PlanFacts &qf = factsOf(q);
-          int64_t qi = it->second.second;
-          for (int32_t r = 1; r < 4; ++r) {
-            int32_t qb = -1;
-            for (int32_t qk = 0; qk + 3 < qf.inputCount[qi]; qk += 4) {
-              int32_t qp = qf.operands[qf.operandStart[qi] + qk];
-              if (qp >= 0 && bufferOf(q, qp).tensor == param.tensor)
-                qb = qf.operands[qf.operandStart[qi] + qk + r];
-            }
-            int32_t lb = pf.operands[start + k + r];
-            if (qb < 0 || lb < 0 || bufferOf(q, qb).id == bufferOf(p, lb).id)
-              continue;
-            VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
-            f.otherRank = plans[q].rank;
-            f.tensor = std::string(text(param.tensor));
-            f.message = "rank " + std::to_string(plan.rank) + " " +
-                        whereLabeled(p, ii) + ": updates its piece of " +
-                        quote(text(param.tensor)) + " with " + kRole[r] + " " +
-                        quote(text(bufferOf(p, lb).id)) + ", but rank " +
-                        std::to_string(plans[q].rank) + " " +
-                        whereLabeled(q, qi) + " uses " +
-                        quote(text(bufferOf(q, qb).id)) + " as its " + kRole[r];
-            return f;
-          }
-        }
-        if (fresh || factsOf(q).optimizer == pf.optimizer)
-          continue;
-        const OptimizerConfig &mine = facts.optimizers[pf.optimizer];
-        const OptimizerConfig &theirs = facts.optimizers[factsOf(q).optimizer];
-        auto a = optimizerFields(mine), b = optimizerFields(theirs);
-        std::map<std::string, std::pair<std::string, std::string>> fields;
-        for (auto &[key, v] : a)
-          fields[key].first = v;
-        for (auto &[key, v] : b)
-          fields[key].second = v;
-        std::string differs;
-        for (auto &[key, v] : fields)
-          if (v.first != v.second)
-            differs += std::string(differs.empty() ? "" : ", ") + key + " " +
-                       (v.first.empty() ? "absent" : v.first) + " vs " +
-                       (v.second.empty() ? "absent" : v.second);
-        VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
-        f.otherRank = plans[q].rank;
-        f.tensor = std::string(text(param.tensor));
-        f.message =
-            "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
-            ": updates its piece of " + quote(text(param.tensor)) +
-            " with another optimizer record than rank " +
-            std::to_string(plans[q].rank) + " " +
-            whereLabeled(q, it->second.second) + " updates its piece: " +
-            (differs.empty() ? std::string("(records differ)") : differs) +
-            " (rank " + std::to_string(plan.rank) + " vs rank " +
-            std::to_string(plans[q].rank) + ")";
-        return f;
-      }
     }
     if (!updates)
       continue;
     for (size_t b = 0; b < pf.buffers.size(); ++b) {
       const BufferFacts &x = bufferOf(p, static_cast<int32_t>(b));
-      if (x.kind != BufferKind::ParamShard || updatedBy[b] >= 0)
+      if (x.kind != BufferKind::ParamShard || state.updatedBy[b] >= 0)
         continue;
       VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, -1);
       f.tensor = std::string(text(x.tensor));
@@ -561,6 +449,140 @@ std::optional<VerifyFailure> Verifier::checkParameters() {
     }
   }
   return std::nullopt;
+}
+
+std::optional<VerifyFailure> Verifier::checkUpdateGroup(int32_t p, int64_t ii,
+                                                        int32_t k,
+                                                        UpdateState &state) {
+  // Group k of optimizer_update ii: (param, grad, exp_avg, exp_avg_sq).
+  const Plan &plan = plans[p];
+  const PlanFacts &pf = factsOf(p);
+  int32_t start = pf.operandStart[ii];
+  int32_t lp = pf.operands[start + k];
+  if (lp < 0)
+    return std::nullopt;
+  const BufferFacts &param = bufferOf(p, lp);
+  auto failure = [&](FailureKind kind, std::string message) {
+    VerifyFailure f = failureAt(kind, p, ii);
+    f.tensor = std::string(text(param.tensor));
+    f.message = "rank " + std::to_string(plan.rank) + " " +
+                whereLabeled(p, ii) + ": " + std::move(message);
+    return f;
+  };
+  for (int32_t r = 1; r < 4; ++r) {
+    int32_t lb = pf.operands[start + k + r];
+    if (lb < 0)
+      continue;
+    const BufferFacts &x = bufferOf(p, lb);
+    if (x.tensor == param.tensor && x.kind == kRoleKind[r])
+      continue;
+    return failure(FailureKind::ParameterMismatch,
+                   "updates " + describeBuffer(param) + " with " + kRole[r] +
+                       " " + describeBuffer(x) + ", which is not the " +
+                       kRole[r] + " (" +
+                       std::string(bufferKindName(kRoleKind[r])) + ") of " +
+                       quote(text(param.tensor)));
+  }
+  if (param.kind != kRoleKind[0])
+    return std::nullopt; // validatePlan requires a param_shard
+  if (state.updatedBy[lp] >= 0)
+    return failure(FailureKind::ParameterMismatch,
+                   "updates " + describeBuffer(param) +
+                       " a second time (also " +
+                       whereLabeled(p, state.updatedBy[lp]) +
+                       "); each parameter shard is updated once per step");
+  if (pf.operands[start + k + 2] == pf.operands[start + k + 3])
+    return failure(FailureKind::ParameterMismatch,
+                   "updates " + quote(text(param.id)) + " with one buffer " +
+                       describeBuffer(bufferOf(p, pf.operands[start + k + 2])) +
+                       " as both exp_avg and exp_avg_sq");
+  state.updatedBy[lp] = static_cast<int32_t>(ii);
+  // The gradient the update reads must be reduced over every axis.
+  int32_t lg = pf.operands[start + k + 1];
+  if (lg >= 0) {
+    const BufferFacts &grad = bufferOf(p, lg);
+    const Layout *l = layoutOf(grad.layout);
+    if (l && !l->partial.empty())
+      return failure(FailureKind::Reduction,
+                     "updates " + quote(text(param.id)) + " from gradient " +
+                         describeBuffer(grad) +
+                         ", which is still partial: every partial axis must "
+                         "be reduced before the optimizer reads it");
+  }
+  auto &record = state.recordOf[param.tensor + 1];
+  if (record.first < 0) {
+    record = {p, ii};
+    return std::nullopt;
+  }
+  if (auto f = compareUpdateRoles(p, ii, k, record.first, record.second))
+    return f;
+  if (factsOf(record.first).optimizer == pf.optimizer)
+    return std::nullopt;
+  return optimizerDifference(p, ii, param.tensor, record.first, record.second);
+}
+
+std::optional<VerifyFailure> Verifier::compareUpdateRoles(int32_t p, int64_t ii,
+                                                          int32_t k, int32_t q,
+                                                          int64_t qi) const {
+  // The same roles on every rank: a rank whose exp_avg is another rank's
+  // exp_avg_sq updates with the moments exchanged.
+  const PlanFacts &pf = factsOf(p), &qf = factsOf(q);
+  int32_t start = pf.operandStart[ii];
+  int32_t tensor = bufferOf(p, pf.operands[start + k]).tensor;
+  for (int32_t r = 1; r < 4; ++r) {
+    int32_t qb = -1;
+    for (int32_t qk = 0; qk + 3 < qf.inputCount[qi]; qk += 4) {
+      int32_t qp = qf.operands[qf.operandStart[qi] + qk];
+      if (qp >= 0 && bufferOf(q, qp).tensor == tensor)
+        qb = qf.operands[qf.operandStart[qi] + qk + r];
+    }
+    int32_t lb = pf.operands[start + k + r];
+    if (qb < 0 || lb < 0 || bufferOf(q, qb).id == bufferOf(p, lb).id)
+      continue;
+    VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+    f.otherRank = plans[q].rank;
+    f.tensor = std::string(text(tensor));
+    f.message =
+        "rank " + std::to_string(plans[p].rank) + " " + whereLabeled(p, ii) +
+        ": updates its piece of " + quote(text(tensor)) + " with " + kRole[r] +
+        " " + quote(text(bufferOf(p, lb).id)) + ", but rank " +
+        std::to_string(plans[q].rank) + " " + whereLabeled(q, qi) + " uses " +
+        quote(text(bufferOf(q, qb).id)) + " as its " + kRole[r];
+    return f;
+  }
+  return std::nullopt;
+}
+
+VerifyFailure Verifier::optimizerDifference(int32_t p, int64_t ii,
+                                            int32_t tensor, int32_t q,
+                                            int64_t qi) const {
+  const OptimizerConfig &mine = facts.optimizers[factsOf(p).optimizer];
+  const OptimizerConfig &theirs = facts.optimizers[factsOf(q).optimizer];
+  auto a = optimizerFields(mine), b = optimizerFields(theirs);
+  std::map<std::string, std::pair<std::string, std::string>> fields;
+  for (auto &[key, v] : a)
+    fields[key].first = v;
+  for (auto &[key, v] : b)
+    fields[key].second = v;
+  std::string differs;
+  for (auto &[key, v] : fields)
+    if (v.first != v.second)
+      differs += std::string(differs.empty() ? "" : ", ") + key + " " +
+                 (v.first.empty() ? "absent" : v.first) + " vs " +
+                 (v.second.empty() ? "absent" : v.second);
+  VerifyFailure f = failureAt(FailureKind::ParameterMismatch, p, ii);
+  f.otherRank = plans[q].rank;
+  f.tensor = std::string(text(tensor));
+  f.message = "rank " + std::to_string(plans[p].rank) + " " +
+              whereLabeled(p, ii) + ": updates its piece of " +
+              quote(text(tensor)) +
+              " with another optimizer record than rank " +
+              std::to_string(plans[q].rank) + " " + whereLabeled(q, qi) +
+              " updates its piece: " +
+              (differs.empty() ? std::string("(records differ)") : differs) +
+              " (rank " + std::to_string(plans[p].rank) + " vs rank " +
+              std::to_string(plans[q].rank) + ")";
+  return f;
 }
 
 std::optional<VerifyFailure> Verifier::checkReductions() {
@@ -670,6 +692,7 @@ std::optional<VerifyFailure> Verifier::checkMicrobatches() {
       microbatches = m;
       widest = n.second;
     }
+  stepMicrobatches = microbatches;
   for (int32_t p : order) {
     const PlanFacts &pf = factsOf(p);
     for (size_t i = 0; i < pf.phase.size(); ++i) {
@@ -874,79 +897,86 @@ std::optional<VerifyFailure> Verifier::checkOwnership() {
   // reduction, sum, accumulate or cast made of such a buffer, never both:
   // a backward that also adds into a reduced buffer adds its microbatch to
   // a sum that already holds it (or that the reduction then overwrites).
-  std::vector<int32_t> derivedBy;
-  for (int32_t p : order) {
-    const Plan &plan = plans[p];
-    const PlanFacts &pf = factsOf(p);
-    derivedBy.assign(pf.buffers.size(), -1);
-    for (size_t i = 0; i < plan.program.size(); ++i) {
-      OpKind op = plan.program[i].op;
-      if (op == OpKind::Compute || op == OpKind::OptimizerUpdate)
-        continue;
-      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
-           o < pf.operandStart[i + 1]; ++o)
-        if (pf.operands[o] >= 0 && derivedBy[pf.operands[o]] < 0)
-          derivedBy[pf.operands[o]] = static_cast<int32_t>(i);
-    }
-    for (size_t i = 0; i < plan.program.size(); ++i) {
-      OpKind op = plan.program[i].op;
-      for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
-           o < pf.operandStart[i + 1]; ++o) {
-        if (pf.operands[o] < 0)
-          continue;
-        const BufferFacts &b = bufferOf(p, pf.operands[o]);
-        std::string rule;
-        bool persistent = b.kind == BufferKind::ParamShard ||
-                          b.kind == BufferKind::OptimizerState;
-        if (persistent && op != OpKind::OptimizerUpdate)
-          rule = std::string(bufferKindName(b.kind)) +
-                 " buffers change only in optimizer_update";
-        else if (op == OpKind::Compute) {
-          // What the callbacks of generated plans write: the runtime hands a
-          // callback its gradients and activations, nothing else.
-          Phase ph = pf.phase[i];
-          bool grad = b.kind == BufferKind::Gradient;
-          bool act = b.kind == BufferKind::Activation;
-          if (ph == Phase::Forward && !act)
-            rule = "a forward writes only activation buffers";
-          else if (ph == Phase::BackwardInput && !act)
-            rule = "a backward_input writes only activation buffers";
-          else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
-                   !act && !grad)
-            rule = "a backward writes only gradient and activation buffers";
-          else if (grad && !readsTensor(p, i, b.tensor) &&
-                   readsTensor(p, i, -2))
-            // The callback computes the gradients of the parameters it is
-            // handed; a gradient of another tensor would be left as is or
-            // clobber another reduction's buffer. (A backward that lists no
-            // parameter, as hand-written plans may, is not judged.)
-            rule = "a backward writes the gradients of the parameters it "
-                   "reads, and it reads no parameter of " +
-                   quote(text(b.tensor));
-          else if (grad && derivedBy[pf.operands[o]] >= 0)
-            rule = "a backward writes the gradient it computes, and " +
-                   whereLabeled(p, derivedBy[pf.operands[o]]) + " (" +
-                   std::string(
-                       opKindName(plan.program[derivedBy[pf.operands[o]]].op)) +
-                   ") writes this buffer from other gradients";
+  return perRank([&](RankQueue &ranks) {
+    std::vector<int32_t> derivedBy;
+    for (size_t k; ranks.next(k);) {
+      int32_t p = order[k];
+      auto f = [&]() -> std::optional<VerifyFailure> {
+        const Plan &plan = plans[p];
+        const PlanFacts &pf = factsOf(p);
+        derivedBy.assign(pf.buffers.size(), -1);
+        for (size_t i = 0; i < plan.program.size(); ++i) {
+          OpKind op = plan.program[i].op;
+          if (op == OpKind::Compute || op == OpKind::OptimizerUpdate)
+            continue;
+          for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+               o < pf.operandStart[i + 1]; ++o)
+            if (pf.operands[o] >= 0 && derivedBy[pf.operands[o]] < 0)
+              derivedBy[pf.operands[o]] = static_cast<int32_t>(i);
         }
-        if (rule.empty())
-          continue;
-        int64_t ii = static_cast<int64_t>(i);
-        VerifyFailure f = failureAt(FailureKind::Ownership, p, ii);
-        f.tensor = b.tensor >= 0 ? std::string(text(b.tensor)) : "";
-        std::string what =
-            op == OpKind::Compute
-                ? std::string(phaseName(pf.phase[i])) + " compute"
-                : std::string(opKindName(op));
-        f.message = "rank " + std::to_string(plan.rank) + " " +
-                    whereLabeled(p, ii) + ": " + what + " writes " +
-                    describeBuffer(b) + ", but " + rule;
-        return f;
-      }
+        for (size_t i = 0; i < plan.program.size(); ++i) {
+          OpKind op = plan.program[i].op;
+          for (int32_t o = pf.operandStart[i] + pf.inputCount[i];
+               o < pf.operandStart[i + 1]; ++o) {
+            if (pf.operands[o] < 0)
+              continue;
+            const BufferFacts &b = bufferOf(p, pf.operands[o]);
+            std::string rule;
+            bool persistent = b.kind == BufferKind::ParamShard ||
+                              b.kind == BufferKind::OptimizerState;
+            if (persistent && op != OpKind::OptimizerUpdate)
+              rule = std::string(bufferKindName(b.kind)) +
+                     " buffers change only in optimizer_update";
+            else if (op == OpKind::Compute) {
+              // What the callbacks of generated plans write: the runtime hands
+              // a callback its gradients and activations, nothing else.
+              Phase ph = pf.phase[i];
+              bool grad = b.kind == BufferKind::Gradient;
+              bool act = b.kind == BufferKind::Activation;
+              if (ph == Phase::Forward && !act)
+                rule = "a forward writes only activation buffers";
+              else if (ph == Phase::BackwardInput && !act)
+                rule = "a backward_input writes only activation buffers";
+              else if ((ph == Phase::Backward || ph == Phase::BackwardWeight) &&
+                       !act && !grad)
+                rule = "a backward writes only gradient and activation buffers";
+              else if (grad && !readsTensor(p, i, b.tensor) &&
+                       readsTensor(p, i, -2))
+                // The callback computes the gradients of the parameters it is
+                // handed; a gradient of another tensor would be left as is or
+                // clobber another reduction's buffer. (A backward that lists no
+                // parameter, as hand-written plans may, is not judged.)
+                rule = "a backward writes the gradients of the parameters it "
+                       "reads, and it reads no parameter of " +
+                       quote(text(b.tensor));
+              else if (grad && derivedBy[pf.operands[o]] >= 0)
+                rule = "a backward writes the gradient it computes, and " +
+                       whereLabeled(p, derivedBy[pf.operands[o]]) + " (" +
+                       std::string(opKindName(
+                           plan.program[derivedBy[pf.operands[o]]].op)) +
+                       ") writes this buffer from other gradients";
+            }
+            if (rule.empty())
+              continue;
+            int64_t ii = static_cast<int64_t>(i);
+            VerifyFailure f = failureAt(FailureKind::Ownership, p, ii);
+            f.tensor = b.tensor >= 0 ? std::string(text(b.tensor)) : "";
+            std::string what =
+                op == OpKind::Compute
+                    ? std::string(phaseName(pf.phase[i])) + " compute"
+                    : std::string(opKindName(op));
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": " + what + " writes " +
+                        describeBuffer(b) + ", but " + rule;
+            return f;
+          }
+        }
+        return std::nullopt;
+      }();
+      if (f)
+        ranks.fail(k, std::move(*f));
     }
-  }
-  return std::nullopt;
+  });
 }
 
 std::optional<VerifyFailure> Verifier::checkLifetimes() {
@@ -960,168 +990,146 @@ std::optional<VerifyFailure> Verifier::checkLifetimes() {
   // the write it reads, and a free or the next write follows every access
   // to the value before it, through stream order and deps (happens-before,
   // by vector clocks over the rank's streams).
-  enum : uint8_t { Unwritten, Written, Freed };
-  std::vector<uint8_t> state;
-  std::vector<int32_t> freedAt, lastWrite, streamOf, posOf, clock, indeg, queue,
-      outStart, out;
-  // Per buffer and stream: the last read since the buffer's last write
-  // (earlier reads on the stream run before it).
-  std::vector<int32_t> reads;
-  for (int32_t p : order) {
-    const Plan &plan = plans[p];
-    const RankInfo &ri = info[p];
-    const PlanFacts &pf = factsOf(p);
-    int32_t n = static_cast<int32_t>(plan.program.size());
-    size_t S = std::max<size_t>(plan.streams.size(), 1);
-    // Stream index and position of each instruction.
-    streamOf.assign(n, 0);
-    posOf.assign(n, 0);
-    {
-      std::unordered_map<std::string_view, int32_t> streamIds;
-      for (size_t k = 0; k < plan.streams.size(); ++k)
-        streamIds.emplace(plan.streams[k], static_cast<int32_t>(k));
-      std::vector<int32_t> count(S, 0);
-      for (int32_t i = 0; i < n; ++i) {
-        auto it = streamIds.find(plan.program[i].stream);
-        streamOf[i] = it == streamIds.end() ? 0 : it->second;
-        posOf[i] = count[streamOf[i]]++;
-      }
-    }
-    // Vector clocks in a topological order (the set has no cycle by now).
-    outStart.assign(n + 1, 0);
-    indeg.assign(n, 0);
-    for (int32_t i = 0; i < n; ++i) {
-      if (ri.streamPrev[i] >= 0)
-        ++outStart[ri.streamPrev[i] + 1];
-      for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e)
-        ++outStart[ri.deps[e] + 1];
-    }
-    for (int32_t i = 0; i < n; ++i)
-      outStart[i + 1] += outStart[i];
-    out.assign(outStart[n], 0);
-    {
-      std::vector<int32_t> fill(outStart.begin(), outStart.end() - 1);
-      for (int32_t i = 0; i < n; ++i) {
-        if (ri.streamPrev[i] >= 0) {
-          out[fill[ri.streamPrev[i]]++] = i;
-          ++indeg[i];
-        }
-        for (int32_t e = ri.depStart[i]; e < ri.depStart[i + 1]; ++e) {
-          out[fill[ri.deps[e]]++] = i;
-          ++indeg[i];
-        }
-      }
-    }
-    clock.assign(static_cast<size_t>(n) * S, -1);
-    queue.clear();
-    for (int32_t i = 0; i < n; ++i)
-      if (indeg[i] == 0)
-        queue.push_back(i);
-    for (size_t q = 0; q < queue.size(); ++q) {
-      int32_t i = queue[q];
-      int32_t *ci = &clock[static_cast<size_t>(i) * S];
-      ci[streamOf[i]] = std::max(ci[streamOf[i]], posOf[i]);
-      for (int32_t e = outStart[i]; e < outStart[i + 1]; ++e) {
-        int32_t j = out[e];
-        int32_t *cj = &clock[static_cast<size_t>(j) * S];
-        for (size_t k = 0; k < S; ++k)
-          cj[k] = std::max(cj[k], ci[k]);
-        if (--indeg[j] == 0)
-          queue.push_back(j);
-      }
-    }
-    // a completes before b starts.
-    auto before = [&](int32_t a, int32_t b) {
-      return a == b ||
-             clock[static_cast<size_t>(b) * S + streamOf[a]] >= posOf[a];
-    };
-
-    state.assign(pf.buffers.size(), Unwritten);
-    freedAt.assign(pf.buffers.size(), -1);
-    lastWrite.assign(pf.buffers.size(), -1);
-    reads.assign(pf.buffers.size() * S, -1);
-    for (size_t b = 0; b < pf.buffers.size(); ++b) {
-      BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
-      if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
-        state[b] = Written;
-    }
-    auto unordered = [&](int32_t i, int32_t j, int32_t b,
-                         const std::string &what, const char *theirs) {
-      int64_t ii = static_cast<int64_t>(i);
-      const BufferFacts &x = bufferOf(p, b);
-      VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
-      f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
-      f.message =
-          "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
-          " (stream " + quote(plan.program[i].stream) + ") " + what + " " +
-          describeBuffer(x) + ", but nothing orders it after " +
-          whereLabeled(p, j) + " (stream " + quote(plan.program[j].stream) +
-          "), which comes first in program order and " + theirs +
-          " it: add a dep (streams run concurrently)";
-      return f;
-    };
-    for (int32_t i = 0; i < n; ++i) {
-      int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
-              end = pf.operandStart[i + 1];
-      if (plan.program[i].op == OpKind::Free) {
-        for (int32_t o = start; o < mid; ++o) {
-          int32_t b = pf.operands[o];
-          if (b < 0)
-            continue;
-          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
-            return unordered(i, lastWrite[b], b, "frees", "writes");
-          for (size_t k = 0; k < S; ++k) {
-            int32_t r = reads[b * S + k];
-            if (r >= 0 && !before(r, i))
-              return unordered(i, r, b, "frees", "reads");
-            reads[b * S + k] = -1;
+  return perRank([&](RankQueue &ranks) {
+    enum : uint8_t { Unwritten, Written, Freed };
+    std::vector<uint8_t> state;
+    std::vector<int32_t> freedAt, lastWrite, posOf, clock, queue, count;
+    Successors graph;
+    // Per buffer and stream: the last read since the buffer's last write
+    // (earlier reads on the stream run before it).
+    std::vector<int32_t> reads;
+    for (size_t k; ranks.next(k);) {
+      int32_t p = order[k];
+      auto f = [&]() -> std::optional<VerifyFailure> {
+        const Plan &plan = plans[p];
+        const RankInfo &ri = info[p];
+        const PlanFacts &pf = factsOf(p);
+        int32_t n = static_cast<int32_t>(plan.program.size());
+        size_t S = std::max<size_t>(plan.streams.size(), 1);
+        // Position of each instruction on its stream.
+        const std::vector<int32_t> &streamOf = ri.stream;
+        posOf.assign(n, 0);
+        count.assign(S, 0);
+        for (int32_t i = 0; i < n; ++i)
+          posOf[i] = count[streamOf[i]]++;
+        // Vector clocks in a topological order (the set has no cycle by now).
+        graph.build(ri, n);
+        std::vector<int32_t> &indeg = graph.indeg;
+        const std::vector<int32_t> &outStart = graph.outStart, &out = graph.out;
+        clock.assign(static_cast<size_t>(n) * S, -1);
+        queue.clear();
+        for (int32_t i = 0; i < n; ++i)
+          if (indeg[i] == 0)
+            queue.push_back(i);
+        for (size_t q = 0; q < queue.size(); ++q) {
+          int32_t i = queue[q];
+          int32_t *ci = &clock[static_cast<size_t>(i) * S];
+          ci[streamOf[i]] = std::max(ci[streamOf[i]], posOf[i]);
+          for (int32_t e = outStart[i]; e < outStart[i + 1]; ++e) {
+            int32_t j = out[e];
+            int32_t *cj = &clock[static_cast<size_t>(j) * S];
+            for (size_t k = 0; k < S; ++k)
+              cj[k] = std::max(cj[k], ci[k]);
+            if (--indeg[j] == 0)
+              queue.push_back(j);
           }
-          state[b] = Freed;
-          freedAt[b] = i;
         }
-        continue;
-      }
-      for (int32_t o = start; o < mid; ++o) {
-        int32_t b = pf.operands[o];
-        if (b < 0)
-          continue;
-        if (state[b] == Written) {
-          if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
-            return unordered(i, lastWrite[b], b, "reads", "writes");
-          reads[b * S + streamOf[i]] = i;
-          continue;
+        // a completes before b starts.
+        auto before = [&](int32_t a, int32_t b) {
+          return a == b ||
+                 clock[static_cast<size_t>(b) * S + streamOf[a]] >= posOf[a];
+        };
+
+        state.assign(pf.buffers.size(), Unwritten);
+        freedAt.assign(pf.buffers.size(), -1);
+        lastWrite.assign(pf.buffers.size(), -1);
+        reads.assign(pf.buffers.size() * S, -1);
+        for (size_t b = 0; b < pf.buffers.size(); ++b) {
+          BufferKind k = bufferOf(p, static_cast<int32_t>(b)).kind;
+          if (k == BufferKind::ParamShard || k == BufferKind::OptimizerState)
+            state[b] = Written;
         }
-        int64_t ii = static_cast<int64_t>(i);
-        const BufferFacts &x = bufferOf(p, b);
-        VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
-        f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
-        f.message = "rank " + std::to_string(plan.rank) + " " +
-                    whereLabeled(p, ii) + ": reads " + describeBuffer(x) +
-                    (state[b] == Freed
-                         ? " after " + whereLabeled(p, freedAt[b]) +
-                               " freed it, and no instruction writes it in "
-                               "between"
-                         : " before any instruction writes it");
-        return f;
-      }
-      for (int32_t o = mid; o < end; ++o) {
-        int32_t b = pf.operands[o];
-        if (b < 0)
-          continue;
-        if (state[b] == Freed && !before(freedAt[b], i))
-          return unordered(i, freedAt[b], b, "writes", "frees");
-        for (size_t k = 0; k < S; ++k) {
-          int32_t r = reads[b * S + k];
-          if (r >= 0 && !before(r, i))
-            return unordered(i, r, b, "writes", "reads");
-          reads[b * S + k] = -1;
+        auto unordered = [&](int32_t i, int32_t j, int32_t b,
+                             const std::string &what, const char *theirs) {
+          int64_t ii = static_cast<int64_t>(i);
+          const BufferFacts &x = bufferOf(p, b);
+          VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+          f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+          f.message =
+              "rank " + std::to_string(plan.rank) + " " + whereLabeled(p, ii) +
+              " (stream " + quote(plan.program[i].stream) + ") " + what + " " +
+              describeBuffer(x) + ", but nothing orders it after " +
+              whereLabeled(p, j) + " (stream " + quote(plan.program[j].stream) +
+              "), which comes first in program order and " + theirs +
+              " it: add a dep (streams run concurrently)";
+          return f;
+        };
+        for (int32_t i = 0; i < n; ++i) {
+          int32_t start = pf.operandStart[i], mid = start + pf.inputCount[i],
+                  end = pf.operandStart[i + 1];
+          if (plan.program[i].op == OpKind::Free) {
+            for (int32_t o = start; o < mid; ++o) {
+              int32_t b = pf.operands[o];
+              if (b < 0)
+                continue;
+              if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+                return unordered(i, lastWrite[b], b, "frees", "writes");
+              for (size_t k = 0; k < S; ++k) {
+                int32_t r = reads[b * S + k];
+                if (r >= 0 && !before(r, i))
+                  return unordered(i, r, b, "frees", "reads");
+                reads[b * S + k] = -1;
+              }
+              state[b] = Freed;
+              freedAt[b] = i;
+            }
+            continue;
+          }
+          for (int32_t o = start; o < mid; ++o) {
+            int32_t b = pf.operands[o];
+            if (b < 0)
+              continue;
+            if (state[b] == Written) {
+              if (lastWrite[b] >= 0 && !before(lastWrite[b], i))
+                return unordered(i, lastWrite[b], b, "reads", "writes");
+              reads[b * S + streamOf[i]] = i;
+              continue;
+            }
+            int64_t ii = static_cast<int64_t>(i);
+            const BufferFacts &x = bufferOf(p, b);
+            VerifyFailure f = failureAt(FailureKind::Lifetime, p, ii);
+            f.tensor = x.tensor >= 0 ? std::string(text(x.tensor)) : "";
+            f.message = "rank " + std::to_string(plan.rank) + " " +
+                        whereLabeled(p, ii) + ": reads " + describeBuffer(x) +
+                        (state[b] == Freed
+                             ? " after " + whereLabeled(p, freedAt[b]) +
+                                   " freed it, and no instruction writes it in "
+                                   "between"
+                             : " before any instruction writes it");
+            return f;
+          }
+          for (int32_t o = mid; o < end; ++o) {
+            int32_t b = pf.operands[o];
+            if (b < 0)
+              continue;
+            if (state[b] == Freed && !before(freedAt[b], i))
+              return unordered(i, freedAt[b], b, "writes", "frees");
+            for (size_t k = 0; k < S; ++k) {
+              int32_t r = reads[b * S + k];
+              if (r >= 0 && !before(r, i))
+                return unordered(i, r, b, "writes", "reads");
+              reads[b * S + k] = -1;
+            }
+            state[b] = Written;
+            lastWrite[b] = i;
+          }
         }
-        state[b] = Written;
-        lastWrite[b] = i;
-      }
+        return std::nullopt;
+      }();
+      if (f)
+        ranks.fail(k, std::move(*f));
     }
-  }
-  return std::nullopt;
+  });
 }
 
 } // namespace meshplan::plan::verifier

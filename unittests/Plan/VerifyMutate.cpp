@@ -2,7 +2,7 @@
 //
 // The mutation oracle's first half (issue 38; docs/reliability.md, "The
 // mutation oracle"). Reads a plan directory that verifies, then applies
-// single-rank edits of ten kinds, as an adversary (or a planner bug) would:
+// single-rank edits of twelve kinds, as an adversary (or a planner bug) would:
 //
 //   swap          two collectives of one op and count on one rank exchange
 //                 their operands (or only their inputs)
@@ -16,6 +16,10 @@
 //   microbatch    a compute runs another microbatch
 //   phase         a compute runs another phase
 //   write_set     an instruction loses an output, or writes one more buffer
+//   layout        a collective's output declared in another layout of the
+//                 same box (another buffer's, or made partial or not)
+//   accumulation  an accumulate runs twice or not at all, or a backward no
+//                 longer carries the gradient so far in
 //
 // Each edited set goes through what `meshplan verify` runs (validatePlan on
 // the edited plan, then verifyPlans on the set). A rejected edit is done
@@ -344,6 +348,107 @@ Edit writeSetEdit(Plan &p, Rng &rng) {
   return {at(p, i) + " also writes \"" + extra + "\""};
 }
 
+/// A collective's output declared in another layout with the same box (so
+/// validatePlan cannot tell): the layout of another buffer of the same
+/// global shape, local shape and offset, or the same layout made partial
+/// over a mesh axis (or no longer partial).
+Edit layoutEdit(Plan &p, Rng &rng) {
+  auto collectives = instructionsWhere(p, [](const Instruction &in) {
+    return isCollective(in.op) && !isPointToPoint(in.op) && !in.outputs.empty();
+  });
+  if (collectives.empty())
+    return {};
+  size_t i = pick(rng, collectives);
+  const std::string &id = pick(rng, p.program[i].outputs);
+  Buffer *b = nullptr;
+  for (Buffer &x : p.buffers)
+    if (x.id == id)
+      b = &x;
+  if (!b)
+    return {};
+  std::vector<std::string> layouts;
+  for (const Buffer &x : p.buffers)
+    if (x.layout != b->layout && x.globalShape == b->globalShape &&
+        x.localShape == b->localShape && x.offset == b->offset &&
+        std::find(layouts.begin(), layouts.end(), x.layout) == layouts.end())
+      layouts.push_back(x.layout);
+  size_t cut = b->layout.find(" partial");
+  if (cut != std::string::npos)
+    layouts.push_back(b->layout.substr(0, cut));
+  else
+    for (const MeshAxis &a : p.mesh.axes)
+      if (b->layout.find(a.name) == std::string::npos)
+        layouts.push_back(b->layout + " partial(sum)={" + a.name + "}");
+  if (layouts.empty())
+    return {};
+  std::string from = b->layout;
+  b->layout = pick(rng, layouts);
+  return {at(p, i) + " output \"" + id + "\" layout \"" + from + "\" -> \"" +
+          b->layout + "\""};
+}
+
+/// Gradient accumulation: an accumulate run twice (a copy right after it)
+/// or not at all, or a backward that no longer carries the gradient so far
+/// in (its gradient inputs dropped).
+Edit accumulationEdit(Plan &p, Rng &rng) {
+  auto accumulates = instructionsWhere(
+      p, [](const Instruction &in) { return in.op == OpKind::Accumulate; });
+  auto carries = instructionsWhere(p, [&](const Instruction &in) {
+    if (in.op != OpKind::Compute)
+      return false;
+    for (const std::string &x : in.inputs)
+      if (const Buffer *b = findBuffer(p, x);
+          b && b->kind == BufferKind::Gradient)
+        return true;
+    return false;
+  });
+  int choice = static_cast<int>(rng() % 3);
+  if (accumulates.empty() && carries.empty())
+    return {};
+  if (accumulates.empty())
+    choice = 2;
+  else if (carries.empty())
+    choice = choice % 2;
+  if (choice == 2) {
+    size_t i = pick(rng, carries);
+    Instruction &in = p.program[i];
+    std::vector<std::string> kept;
+    for (const std::string &x : in.inputs)
+      if (const Buffer *b = findBuffer(p, x);
+          !b || b->kind != BufferKind::Gradient)
+        kept.push_back(x);
+    in.inputs = kept;
+    return {at(p, i) + " no longer carries its gradients in"};
+  }
+  size_t i = pick(rng, accumulates);
+  std::string id = p.program[i].id;
+  if (choice == 0) {
+    Instruction copy = p.program[i];
+    copy.id = id + ".again";
+    copy.deps = {id};
+    // What waited for the accumulate waits for its copy too.
+    for (Instruction &in : p.program)
+      if (std::find(in.deps.begin(), in.deps.end(), id) != in.deps.end())
+        in.deps.push_back(copy.id);
+    p.program.insert(p.program.begin() + static_cast<long>(i) + 1, copy);
+    return {at(p, i) + " accumulates twice"};
+  }
+  std::string where = at(p, i);
+  std::vector<std::string> deps = p.program[i].deps;
+  p.program.erase(p.program.begin() + static_cast<long>(i));
+  // What waited for it waits for what it waited for.
+  for (Instruction &in : p.program) {
+    auto it = std::find(in.deps.begin(), in.deps.end(), id);
+    if (it == in.deps.end())
+      continue;
+    in.deps.erase(it);
+    for (const std::string &d : deps)
+      if (std::find(in.deps.begin(), in.deps.end(), d) == in.deps.end())
+        in.deps.push_back(d);
+  }
+  return {where + " (accumulate) removed"};
+}
+
 struct Kind {
   const char *name;
   Edit (*apply)(Plan &, Rng &);
@@ -359,6 +464,8 @@ const Kind kKinds[] = {
     {"microbatch", microbatchEdit},
     {"phase", phaseEdit},
     {"write_set", writeSetEdit},
+    {"layout", layoutEdit},
+    {"accumulation", accumulationEdit},
 };
 
 } // namespace

@@ -96,7 +96,12 @@ private:
   friend PlanSetFacts mergeFacts(std::vector<FactsBuilder> &builders,
                                  size_t plans);
   int32_t internString(std::string_view s);
-  int32_t internBuffer(const Buffer &b);
+  /// internString, trying `guess` (the string at this position in the
+  /// previous plan) first: one comparison instead of a hash and a lookup.
+  int32_t internStringAt(std::string_view s, int32_t guess);
+  int32_t internBuffer(const Buffer &b, int32_t guess);
+  /// Whether interned buffer `sig` describes `b`.
+  bool describes(int32_t sig, const Buffer &b) const;
 
   std::deque<std::string> strings; ///< stable storage for the map's keys
   std::unordered_map<std::string_view, int32_t> stringIds;
@@ -114,6 +119,12 @@ private:
   std::vector<int32_t> localIndex;
   std::vector<uint32_t> localStamp;
   uint32_t generation = 0;
+  /// The previous plan, by position: buffer b's interned description,
+  /// operand k's local buffer index (flat, as PlanFacts::operands), and
+  /// instruction i's label and unit. Ranks' plans are nearly the same
+  /// program, so a guess from them is almost always right and costs a
+  /// string comparison where a lookup costs a hash of the string.
+  std::vector<int32_t> prevBuffers, prevOperands, prevLabel, prevUnit;
 };
 
 /// Combines builders that recorded distinct plans of one set of `plans`

@@ -65,7 +65,13 @@ enum class FailureKind {
   /// An instruction writes a buffer its op and phase may not write.
   Ownership,
   /// An instruction reads a buffer after its free.
-  Lifetime
+  Lifetime,
+  /// A collective's output layout is not what its op makes of its input's
+  /// (core's applyStep).
+  LayoutFit,
+  /// A gradient the optimizer reads holds a microbatch twice, or misses
+  /// one.
+  Accumulation
 };
 std::string_view failureKindName(FailureKind kind);
 
