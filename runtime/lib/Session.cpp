@@ -165,6 +165,9 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
            std::to_string(m->observedEpoch()) + ")";
   };
   g.nominalSize = static_cast<int64_t>(c.ranks.size());
+  // A member that gave the rendezvous up after publishing its address (its
+  // epoch ended) never connects: bounded by the expiry, not the timeout.
+  g.connectTimeout = options.faultTolerance->heartbeatExpiry;
   return g;
 }
 

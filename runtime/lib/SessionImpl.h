@@ -99,6 +99,8 @@ struct FaultTolerance {
   /// by group (core's groupOf): where its data's and its heal's peers are.
   std::vector<int64_t> alongAxis;
   Quorum quorum; ///< the epoch this rank trains in (0: none yet)
+  /// The last epoch ensureQuorum examined: epochs are walked in order.
+  int64_t walked = 0;
   /// Per instruction: runs after the commit (an optimizer update, or after
   /// one in its stream's, its communicator's or its deps' order).
   std::vector<char> afterCommit;
@@ -260,7 +262,10 @@ struct Session::Impl {
   /// epoch adopted (and any joining group healed). `moveOn`: the adopted
   /// epoch failed; wait for (or install) a later one.
   Result<void> ensureQuorum(bool moveOn);
-  Result<void> adopt(const Quorum &q);
+  Result<void> adopt(const EpochRecord &rec);
+  /// The heal's communicator while a heal runs (under commMutex): the
+  /// watcher aborts it when the epoch moves.
+  Communicator *healComm = nullptr;
   Result<void> heal(const Quorum &q, const std::vector<int> &sources,
                     const std::vector<int> &joiners);
   /// The commit vote's outcome: true = commit.
