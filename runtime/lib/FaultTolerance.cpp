@@ -217,6 +217,8 @@ Result<void> Session::Impl::setUpFaultTolerance() {
   MESHPLAN_TRY((*membership)->startHeartbeat());
   f.membership = std::move(*membership);
   ft = std::move(f);
+  ftLog(plan.rank, "registered in replica group " + std::to_string(ft->group) +
+                       " (incarnation " + std::to_string(o.incarnation) + ")");
   return {};
 }
 
@@ -244,6 +246,7 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   // on with nobody dead (a transient failure) for a dead group's heartbeat
   // to expire first, at most this long.
   Clock::time_point grace = start + 2 * expiry;
+  Clock::time_point nextFinishedCheck = start;
   std::optional<Error> noQuorum;
   while (true) {
     auto q =
@@ -266,6 +269,10 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
     // Every installed epoch examined: this rank waits for the next one, and
     // proposes it when the job needs it.
     Clock::time_point now = Clock::now();
+    if (now >= nextFinishedCheck) {
+      MESHPLAN_TRY(checkJobFinished());
+      nextFinishedCheck = now + std::chrono::milliseconds(200);
+    }
     bool propose = false;
     if (q->epoch == 0) {
       auto live =
@@ -305,6 +312,17 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
                        (noQuorum ? ": " + noQuorum->message : std::string()));
     std::this_thread::sleep_for(poll);
   }
+}
+
+Result<void> Session::Impl::checkJobFinished() {
+  Membership &store = *ft->membership;
+  auto finished = store.jobFinished();
+  if (!finished || !*finished)
+    return {}; // a store that fails is reported by the callers' own calls
+  return makeError("fault tolerance: the job has finished (" + **finished +
+                   " completed every step) while replica group " +
+                   std::to_string(ft->group) +
+                   " was still rejoining; it has nothing left to do");
 }
 
 Result<void> Session::Impl::adopt(const EpochRecord &rec) {
@@ -360,6 +378,8 @@ Result<void> Session::Impl::adopt(const EpochRecord &rec) {
   // once the epoch moves, as it ends a step's collectives.
   Stop stop;
   std::thread watcher([&] { watchEpoch(q.epoch, stop); });
+  ftLog(plan.rank, "heal in epoch " + std::to_string(q.epoch) + " starts as " +
+                       (joining ? "joiner" : "source"));
   Result<void> healed = heal(q, sources, joiners);
   {
     std::lock_guard<std::mutex> lock(stop.mutex);
@@ -595,6 +615,7 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
       if (!dead)
         return dead.error();
       if (!dead->empty()) {
+        MESHPLAN_TRY(checkJobFinished());
         auto proposal = store.proposeNextEpoch(epoch);
         ftLog(plan.rank, "awaitCommit: groups " + groupList(*dead) +
                              " dead, proposes epoch " +
@@ -625,7 +646,7 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
   const auto tick = std::chrono::milliseconds(10);
   const auto deadCheck = std::chrono::milliseconds(200);
   Clock::time_point nextDeadCheck = Clock::now() + deadCheck;
-  bool aborted = false;
+  bool aborted = false, abortEpoch = false;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(stop.mutex);
@@ -634,10 +655,14 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
     }
     // The heartbeat thread reads the epoch every period, and a proposal
     // below records what it installs: no store call here.
-    if (!aborted && store.epochChangedSince(epoch)) {
-      std::string why = "epoch " + std::to_string(epoch) +
-                        " ended (the job moved to epoch " +
-                        std::to_string(store.observedEpoch()) + ")";
+    if (!aborted && (abortEpoch || store.epochChangedSince(epoch))) {
+      std::string why = store.epochChangedSince(epoch)
+                            ? "epoch " + std::to_string(epoch) +
+                                  " ended (the job moved to epoch " +
+                                  std::to_string(store.observedEpoch()) + ")"
+                            : "a replica group of epoch " +
+                                  std::to_string(epoch) +
+                                  " died and no quorum can form without it";
       // A communicator being created holds commMutex through its
       // rendezvous, which abort cannot end: try again at the next tick.
       std::unique_lock<std::mutex> lock(commMutex, std::try_to_lock);
@@ -654,6 +679,11 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
     if (!aborted && Clock::now() >= nextDeadCheck) {
       auto dead = store.deadGroups(f.quorum);
       if (dead && !dead->empty()) {
+        // A dead member never votes: this epoch cannot commit a step, even
+        // when no next epoch can form (too few groups left). Its
+        // collectives end now, and the rank waits for a quorum in
+        // ensureQuorum, where the wait is bounded and explained.
+        abortEpoch = true;
         auto p = store.proposeNextEpoch(epoch);
         ftLog(plan.rank,
               "watcher: groups " + groupList(*dead) + " dead, proposes epoch " +

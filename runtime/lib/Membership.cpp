@@ -843,6 +843,18 @@ Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
   return r.value()->integer == 1;
 }
 
+Result<std::optional<std::string>> Membership::jobFinished() {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout, "reading whether the job ended",
+               {"GET", key("finished")});
+  if (!r)
+    return r.error();
+  if (r.value()->type == REDIS_REPLY_NIL)
+    return std::optional<std::string>();
+  return std::optional<std::string>(replyString(r.value().get()));
+}
+
 Result<StepTally> Membership::stepTally(int64_t epoch, int64_t step) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));

@@ -263,6 +263,10 @@ struct Session::Impl {
   /// epoch failed; wait for (or install) a later one.
   Result<void> ensureQuorum(bool moveOn);
   Result<void> adopt(const EpochRecord &rec);
+  /// An error once the launcher has recorded that a replica group completed
+  /// the job (Membership::jobFinished): a rank still waiting to rejoin then
+  /// has nothing left to rejoin.
+  Result<void> checkJobFinished();
   /// The heal's communicator while a heal runs (under commMutex): the
   /// watcher aborts it when the epoch moves.
   Communicator *healComm = nullptr;

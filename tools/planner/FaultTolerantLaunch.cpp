@@ -716,9 +716,26 @@ void Supervisor::onRankExit(int64_t rank, int status) {
       say(r + " " + exitText(status, true) + " (stopped by the launcher)");
     return;
   }
-  if (exitedOk(status))
+  if (exitedOk(status)) {
+    noteCompleted(gid, group);
     return;
+  }
   failGroup(gid, rank, status);
+}
+
+void Supervisor::noteCompleted(int64_t gid, Group &group) {
+  if (completedBy || gid < 0 || group.phase != Phase::Running)
+    return;
+  for (int64_t r : group.ranks) {
+    auto s = lastStatus.find(r);
+    if (control.running(r) || s == lastStatus.end() || !exitedOk(s->second))
+      return;
+  }
+  // Every rank of the group completed the job: a group still rejoining
+  // can never catch up. The ranks read this key while they wait for a
+  // quorum, and end; no group is restarted from now on.
+  completedBy = gid;
+  command({"SET", key("finished"), "replica " + std::to_string(gid)});
 }
 
 void Supervisor::failGroup(int64_t gid, int64_t rank, int status) {
@@ -755,6 +772,20 @@ void Supervisor::failGroup(int64_t gid, int64_t rank, int status) {
   for (int64_t o : group.ranks)
     if (o != rank && control.running(o))
       others.push_back(o);
+  if (completedBy) {
+    say("replica " + std::to_string(gid) + " failed after replica " +
+        std::to_string(*completedBy) + " completed the job: " +
+        (others.empty()
+             ? ""
+             : "stopping its other ranks (" + joinInts(others) + "), ") +
+        "not restarting it");
+    group.phase = Phase::Finished;
+    for (int64_t o : others)
+      control.signalRank(o, SIGTERM);
+    group.killed = false;
+    group.killAt = Clock::now() + grace;
+    return;
+  }
   bool giveUp = group.restarts >= config.maxRestarts;
   std::string stopping =
       others.empty() ? ""
@@ -807,7 +838,8 @@ void Supervisor::checkQuorum() {
 }
 
 void Supervisor::advance(int64_t gid, Group &group) {
-  if (group.phase != Phase::Stopping && group.phase != Phase::GivenUp)
+  if (group.phase != Phase::Stopping && group.phase != Phase::GivenUp &&
+      group.phase != Phase::Finished)
     return;
   if (gaveUpJob || control.stopping())
     return;
@@ -823,7 +855,7 @@ void Supervisor::advance(int64_t gid, Group &group) {
     }
     return;
   }
-  if (group.phase == Phase::GivenUp) {
+  if (group.phase == Phase::GivenUp || group.phase == Phase::Finished) {
     // Every rank of it is gone: the survivors need not wait for the
     // heartbeat to expire.
     if (!group.heartbeatDeleted)
@@ -867,6 +899,12 @@ void Supervisor::tick() {
     advance(gid, group);
     if (group.phase != Phase::Waiting)
       continue;
+    if (completedBy) {
+      say("replica " + std::to_string(gid) + " is not restarted: replica " +
+          std::to_string(*completedBy) + " completed the job");
+      group.phase = Phase::Finished;
+      continue;
+    }
     // Restart once the survivors have installed an epoch without the group
     // (or no quorum has formed yet, or two expiries have passed: the
     // survivors may be gone or not proposing), so that the loss and the
@@ -883,7 +921,8 @@ Clock::duration Supervisor::untilNextTick() const {
   Clock::time_point now = Clock::now();
   Clock::duration wait = std::max(Clock::duration(0), nextPoll - now);
   for (const auto &[gid, group] : groups)
-    if ((group.phase == Phase::Stopping || group.phase == Phase::GivenUp) &&
+    if ((group.phase == Phase::Stopping || group.phase == Phase::GivenUp ||
+         group.phase == Phase::Finished) &&
         !group.killed && group.killAt > now)
       wait = std::min(wait, group.killAt - now);
   return std::min<Clock::duration>(wait, kPollEvery);
@@ -915,7 +954,8 @@ bool Supervisor::onOtherChild(pid_t pid, int status) {
 int Supervisor::finalExitCode() const {
   for (int64_t r : ranks) {
     auto it = groups.find(groupOf(r));
-    if (it != groups.end() && it->second.phase == Phase::GivenUp)
+    if (it != groups.end() && (it->second.phase == Phase::GivenUp ||
+                               it->second.phase == Phase::Finished))
       continue;
     auto s = lastStatus.find(r);
     if (s != lastStatus.end() && !exitedOk(s->second))

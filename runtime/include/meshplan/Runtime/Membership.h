@@ -210,6 +210,10 @@ public:
   /// last committed step (EpochRecord::stepsCommitted); 0 marks nothing.
   Result<bool> voteStep(int64_t epoch, int64_t step, int64_t rank, bool ok,
                         int64_t committingVotes = 0);
+  /// What `meshplan:{JOB}:finished` holds (the launcher writes it once every
+  /// rank of some replica group has exited 0, "replica 0"), or nothing: a
+  /// rank that is still rejoining then will never catch up.
+  Result<std::optional<std::string>> jobFinished();
   /// The store's epoch and the votes on (epoch, step), read atomically.
   Result<StepTally> stepTally(int64_t epoch, int64_t step);
 
