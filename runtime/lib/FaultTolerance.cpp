@@ -684,6 +684,7 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
         // collectives end now, and the rank waits for a quorum in
         // ensureQuorum, where the wait is bounded and explained.
         abortEpoch = true;
+        f.abandonedEpoch->store(epoch);
         auto p = store.proposeNextEpoch(epoch);
         ftLog(plan.rank,
               "watcher: groups " + groupList(*dead) + " dead, proposes epoch " +

@@ -101,6 +101,10 @@ struct FaultTolerance {
   Quorum quorum; ///< the epoch this rank trains in (0: none yet)
   /// The last epoch ensureQuorum examined: epochs are walked in order.
   int64_t walked = 0;
+  /// An epoch the watcher gave up (a member died and no quorum can form
+  /// without it): its rendezvous end too (GroupSpec::cancelled).
+  std::shared_ptr<std::atomic<int64_t>> abandonedEpoch =
+      std::make_shared<std::atomic<int64_t>>(0);
   /// Per instruction: runs after the commit (an optimizer update, or after
   /// one in its stream's, its communicator's or its deps' order).
   std::vector<char> afterCommit;

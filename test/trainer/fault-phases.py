@@ -63,8 +63,9 @@ class Run:
     SIGKILL; `times` is how often the trigger may fire."""
 
     def __init__(self, bin_dir, spec, data, work, name, env=(), flags=(),
-                 triggers=()):
+                 triggers=(), train=()):
         self.bin, self.spec, self.data, self.work = bin_dir, spec, data, work
+        self.train = list(train)
         self.name, self.env, self.flags = name, list(env), list(flags)
         self.triggers = [[re.compile(t[0]), t[1], t[2], t[3]] for t in triggers]
         self.kills = []  # (wall time, ranks)
@@ -91,7 +92,7 @@ class Run:
                os.path.join(self.bin, "meshplan-train"), "--spec", self.spec,
                "--data", self.data, "--batch", "2", "--seq-len", "32",
                "--log-every", "1", "--steps", str(STEPS),
-               "--save-params", params]
+               "--save-params", params, *self.train]
         start = time.time()
         launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
@@ -120,18 +121,38 @@ class Run:
         return self
 
     def recovery(self):
-        """Seconds from each kill to the next step a rank commits."""
+        """Seconds from each kill (the launcher's line saying a rank died of
+        SIGKILL, ours or the trainer's hook) to the next step any rank
+        commits (its trace line, stamped with the seconds of the hour)."""
         commits = []
         for _, line in self.lines:
             m = re.search(r"ft-log +([0-9.]+) rank \d+: commits step", line)
             if m:
                 commits.append(float(m.group(1)))
         out = []
-        for when, _ in self.kills:
+        for when, line in self.lines:
+            if not re.search(r"^meshplan run: rank \d+ exited with signal 9 "
+                             r"\(SIGKILL\)$", line):
+                continue
             hour = when % 3600
-            after = [c for c in commits if c >= hour]
+            after = [c + (3600 if c < hour - 1800 else 0) for c in commits]
+            after = [c for c in after if c >= hour]
             out.append(min(after) - hour if after else None)
         return out
+
+    def redone_commits(self):
+        """Steps committed in two epochs: a committed step thrown away."""
+        epochs = {}
+        for _, line in self.lines:
+            m = re.search(r"commits step (\d+) of epoch (\d+)", line)
+            if m:
+                epochs.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        return sorted(s for s, e in epochs.items() if len(e) > 1)
+
+    def failed_replicas(self):
+        return {int(m.group(1)) for _, l in self.lines
+                for m in [re.search(r"^meshplan run: replica (\d+) failed", l)]
+                if m}
 
 
 def compare(bin_dir, a, b):
@@ -140,61 +161,67 @@ def compare(bin_dir, a, b):
     return r.returncode == 0, (r.stdout + r.stderr).strip().splitlines()[:1]
 
 
-# name: (what, env, flags, triggers, expected exit, expected text)
+# name: (what, env, flags, triggers, expected exit, expected text, the
+# replicas that may fail: a bystander restarted is a failure)
 # Triggers' events: the ranks' trace lines (FaultTolerance.cpp, ftLog) and
 # the launcher's epoch lines.
 PHASES = {
     "startup": (
         "rank 4 killed as it registers, before the first quorum",
         [], [], [(r"\[rank 4\] ft-log .*registered", (0.0, 0.05), [4], 1)],
-        0, None),
+        0, None, {2}),
     "first-rendezvous": (
         "rank 4 killed 0-120 ms after epoch 1 (the fault-tolerant "
         "groups' first rendezvous)",
-        [], [], [(r"meshplan run: epoch 1:", (0.0, 0.12), [4], 1)], 0, None),
+        [], [], [(r"meshplan run: epoch 1:", (0.0, 0.12), [4], 1)], 0, None, {2}),
     "before-first-commit": (
         "rank 2 killed in step 1's forward (MESHPLAN_TEST_KILL=1:2)",
-        ["MESHPLAN_TEST_KILL=1:2"], [], [], 0, None),
+        ["MESHPLAN_TEST_KILL=1:2"], [], [], 0, None, {1}),
     "commit-vote": (
         "rank 4 killed right after its ok vote on step 3",
         [], [], [(r"\[rank 4\] ft-log .*votes ok on step 3 ", (0.0, 0.01), [4],
-                  1)], 0, None),
+                  1)], 0, None, {2}),
     "heal-source": (
         "group 1 killed at step 2; rank 4 (a heal source) killed 0-30 ms "
         "into the heal",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"\[rank 4\] ft-log .*heal in epoch \d+ starts as source",
-          (0.0, 0.03), [4], 1)], 0, None),
+          (0.0, 0.03), [4], 1)], 0, None, {1, 2}),
     "heal-joiner": (
         "group 1 killed at step 2; restarted rank 2 killed 0-30 ms into its "
         "heal",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"\[rank 2\] ft-log .*heal in epoch \d+ starts as joiner",
-          (0.0, 0.03), [2], 1)], 0, None),
+          (0.0, 0.03), [2], 1)], 0, None, {1}),
     "after-rejoin": (
         "group 1 killed at step 2; rank 2 killed 0-150 ms after the epoch "
         "it rejoined in",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"meshplan run: epoch \d+: replica 1 joined", (0.0, 0.15), [2], 1)],
-        0, None),
+        0, None, {1}),
     "two-groups": (
         "groups 1 and 2 killed at once at step 3 (no quorum until they are "
         "back)",
-        ["MESHPLAN_TEST_KILL=3:2,3,4,5"], [], [], 0, None),
+        ["MESHPLAN_TEST_KILL=3:2,3,4,5"], [], [], 0, None, {1, 2}),
     "two-ranks": (
         "ranks 3 and 4 (of groups 1 and 2) killed at once at step 3",
-        ["MESHPLAN_TEST_KILL=3:3,4"], [], [], 0, None),
+        ["MESHPLAN_TEST_KILL=3:3,4"], [], [], 0, None, {1, 2}),
     "max-restarts": (
         "group 1 killed at step 2 and then each time it rejoins, past "
         "--max-restarts 2: given up, the others finish",
         ["MESHPLAN_TEST_KILL=2:2,3"], ["--max-restarts", "2"],
         [(r"meshplan run: epoch \d+: replica 1 joined", (0.0, 0.05), [2], 2)],
-        0, "replica 1 failed and has used its 2 restarts"),
+        0, "replica 1 failed and has used its 2 restarts", {1}),
+    "tp-in-groups": (
+        "tensor parallel inside the groups (ft-hsdp3-tp2.json, synthetic "
+        "gradients): rank 2 killed in step 2's forward, the step redone",
+        ["MESHPLAN_TEST_KILL=2:2"], [], [], 0, None, {1},
+        {"spec": "ft-hsdp3-tp2.json", "train": ["--synthetic-grads"]}),
     "quorum-lost": (
         "group 1 killed with --max-restarts 0 --min-replicas 3: the job "
         "stops, saying why",
         ["MESHPLAN_TEST_KILL=2:2"], ["--max-restarts", "0", "--min-replicas",
-                                     "3"], [], 1, "quorum cannot be met"),
+                                     "3"], [], 1, "quorum cannot be met", {1}),
 }
 
 
@@ -210,25 +237,38 @@ def main():
         print("SKIPPED: redis-server is not installed")
         return 0
     work = tempfile.mkdtemp(prefix="meshplan-ft-phases-")
-    spec = os.path.join(a.src, "test/trainer/specs/ft-hsdp3x2.json")
     data = os.path.join(work, "data")
     shutil.copytree(os.path.join(a.src, "docs"), data)
     failures = 0
     try:
-        ref = os.path.join(work, "plain.params")
-        subprocess.run([os.path.join(a.bin, "meshplan"), "run", "-n", "6",
-                        "--timeout", "60", "--",
-                        os.path.join(a.bin, "meshplan-train"), "--spec", spec,
-                        "--data", data, "--batch", "2", "--seq-len", "32",
-                        "--log-every", str(STEPS), "--steps", str(STEPS),
-                        "--save-params", ref], check=True,
-                       stdout=subprocess.DEVNULL)
+        refs = {}
+
+        def reference(spec, train):
+            """The uninterrupted run (fault tolerance off), once per spec."""
+            k = (spec, tuple(train))
+            if k not in refs:
+                refs[k] = os.path.join(work, f"plain{len(refs)}.params")
+                subprocess.run(
+                    [os.path.join(a.bin, "meshplan"), "run", "-n", "6",
+                     "--timeout", "60", "--",
+                     os.path.join(a.bin, "meshplan-train"), "--spec", spec,
+                     "--data", data, "--batch", "2", "--seq-len", "32",
+                     "--log-every", str(STEPS), "--steps", str(STEPS),
+                     "--save-params", refs[k], *train], check=True,
+                    stdout=subprocess.DEVNULL)
+            return refs[k]
         for name in a.phase or PHASES:
-            what, env, flags, triggers, want_code, want_text = PHASES[name]
+            (what, env, flags, triggers, want_code, want_text,
+             may_fail) = PHASES[name][:7]
+            opts = PHASES[name][7] if len(PHASES[name]) > 7 else {}
+            spec = os.path.join(a.src, "test/trainer/specs",
+                                opts.get("spec", "ft-hsdp3x2.json"))
+            train = opts.get("train", [])
+            ref = reference(spec, train)
             print(f"== {name}: {what}", flush=True)
             for i in range(a.repeat):
                 r = Run(a.bin, spec, data, work, f"{name}.{i}", env, flags,
-                        [list(t) for t in triggers]).run()
+                        [list(t) for t in triggers], train).run()
                 text = "\n".join(l for _, l in r.lines)
                 rec = r.recovery()
                 problems = []
@@ -238,6 +278,13 @@ def main():
                     problems.append(f"no line saying \"{want_text}\"")
                 if triggers and not r.kills:
                     problems.append("the kill's event never came")
+                redone = r.redone_commits()
+                if redone:
+                    problems.append(f"steps {redone} committed twice")
+                bystanders = r.failed_replicas() - may_fail
+                if bystanders:
+                    problems.append(f"replicas {sorted(bystanders)} failed "
+                                    "(bystanders)")
                 if r.wall > RUN_BOUND_S:
                     problems.append(f"took {r.wall:.1f} s (bound "
                                     f"{RUN_BOUND_S:.0f} s)")

@@ -837,6 +837,18 @@ void Supervisor::checkQuorum() {
   control.stopJob(1);
 }
 
+bool Supervisor::runningCanFormQuorum() {
+  readConfig();
+  int64_t n = nominalGroups.value_or(0);
+  if (n <= 0)
+    return true;
+  int64_t m = configMinReplicas.value_or(config.minReplicas);
+  int64_t running = 0;
+  for (auto &[gid, g] : groups)
+    running += gid >= 0 && g.phase == Phase::Running;
+  return running >= m && 2 * running > n;
+}
+
 void Supervisor::advance(int64_t gid, Group &group) {
   if (group.phase != Phase::Stopping && group.phase != Phase::GivenUp &&
       group.phase != Phase::Finished)
@@ -912,7 +924,11 @@ void Supervisor::tick() {
     bool out = lastEpoch == 0 ||
                !std::binary_search(lastMembers.begin(), lastMembers.end(),
                                    static_cast<int>(gid));
-    if (out || Clock::now() >= group.restartBy)
+    // Nor need it wait when the groups still running cannot install an
+    // epoch without it (two groups of three lost at once): the restarted
+    // group carries its new incarnation into the store, so the survivors
+    // never take it for its predecessor either way.
+    if (out || !runningCanFormQuorum() || Clock::now() >= group.restartBy)
       restart(gid, group);
   }
 }

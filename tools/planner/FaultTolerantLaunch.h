@@ -192,6 +192,9 @@ private:
   void advance(int64_t gid, Group &group);
   void restart(int64_t gid, Group &group);
   void checkQuorum();
+  /// Whether the groups now running could form a quorum on their own (the
+  /// rule of Membership::proposeNextEpoch, over the nominal group count).
+  bool runningCanFormQuorum();
   std::string groupName(int64_t gid) const;
 
   Config config;
