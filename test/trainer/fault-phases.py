@@ -63,17 +63,25 @@ class Run:
     SIGKILL; `times` is how often the trigger may fire."""
 
     def __init__(self, bin_dir, spec, data, work, name, env=(), flags=(),
-                 triggers=(), train=()):
+                 triggers=(), train=(), hold=None):
         self.bin, self.spec, self.data, self.work = bin_dir, spec, data, work
         self.train = list(train)
+        # hold: the ranks wait before the last step until the fault has
+        # happened (MESHPLAN_TEST_HOLD): released on this line, or (True)
+        # once every trigger has fired and the launcher saw each kill.
+        self.hold = hold
+        self.gate = os.path.join(work, name + ".gate")
         self.name, self.env, self.flags = name, list(env), list(flags)
         self.triggers = [[re.compile(t[0]), t[1], t[2], t[3]] for t in triggers]
         self.kills = []  # (wall time, ranks)
+        self.fired = 0  # triggers fired (their kills may be pending)
+        self.unreaped = set()  # ranks killed whose exit the launcher owes
         self.lines = []
 
     def kill_later(self, launcher, delay, ranks):
         time.sleep(delay)
         pids = [rank_pid(launcher.pid, r) for r in ranks]
+        self.unreaped.update(r for r, p in zip(ranks, pids) if p)
         now = time.time()
         for p in pids:
             if p:
@@ -89,6 +97,8 @@ class Run:
                "--fault-tolerant", "--timeout", "60", *self.flags, "--",
                "env", "MESHPLAN_FT_LOG=1",
                f"MESHPLAN_TEST_STEP_DELAY_MS={DELAY_MS}", *self.env,
+               *([f"MESHPLAN_TEST_HOLD={STEPS - 1}:{self.gate}"]
+                 if self.hold else []),
                os.path.join(self.bin, "meshplan-train"), "--spec", self.spec,
                "--data", self.data, "--batch", "2", "--seq-len", "32",
                "--log-every", "1", "--steps", str(STEPS),
@@ -101,9 +111,22 @@ class Run:
         threads = []
         for line in launcher.stdout:
             self.lines.append((time.time(), line.rstrip("\n")))
+            m = re.search(r"^meshplan run: rank (\d+) exited", line)
+            if m:
+                self.unreaped.discard(int(m.group(1)))
+            if self.hold and not os.path.exists(self.gate):
+                if isinstance(self.hold, str):
+                    release = re.search(self.hold, line)
+                else:
+                    release = (all(t[3] == 0 for t in self.triggers) and
+                               self.fired == len(self.kills) and
+                               not self.unreaped)
+                if release:
+                    open(self.gate, "w").close()
             for t in self.triggers:
                 if t[3] > 0 and t[0].search(line):
                     t[3] -= 1
+                    self.fired += 1
                     th = threading.Thread(
                         target=self.kill_later,
                         args=(launcher, random.uniform(*t[1]), t[2]))
@@ -186,19 +209,20 @@ PHASES = {
         "into the heal",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"\[rank 4\] ft-log .*heal in epoch \d+ starts as source",
-          (0.0, 0.03), [4], 1)], 0, None, {1, 2}),
+          (0.0, 0.03), [4], 1)], 0, None, {1, 2},
+        {"hold": r"meshplan run: epoch \d+: replica 1 joined"}),
     "heal-joiner": (
         "group 1 killed at step 2; restarted rank 2 killed 0-30 ms into its "
         "heal",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"\[rank 2\] ft-log .*heal in epoch \d+ starts as joiner",
-          (0.0, 0.03), [2], 1)], 0, None, {1}),
+          (0.0, 0.03), [2], 1)], 0, None, {1}, {"hold": True}),
     "after-rejoin": (
         "group 1 killed at step 2; rank 2 killed 0-150 ms after the epoch "
         "it rejoined in",
         ["MESHPLAN_TEST_KILL=2:2,3"], [],
         [(r"meshplan run: epoch \d+: replica 1 joined", (0.0, 0.15), [2], 1)],
-        0, None, {1}),
+        0, None, {1}, {"hold": True}),
     "two-groups": (
         "groups 1 and 2 killed at once at step 3 (no quorum until they are "
         "back)",
@@ -211,7 +235,8 @@ PHASES = {
         "--max-restarts 2: given up, the others finish",
         ["MESHPLAN_TEST_KILL=2:2,3"], ["--max-restarts", "2"],
         [(r"meshplan run: epoch \d+: replica 1 joined", (0.0, 0.05), [2], 2)],
-        0, "replica 1 failed and has used its 2 restarts", {1}),
+        0, "replica 1 failed and has used its 2 restarts", {1},
+        {"hold": True}),
     "tp-in-groups": (
         "tensor parallel inside the groups (ft-hsdp3-tp2.json, synthetic "
         "gradients): rank 2 killed in step 2's forward, the step redone",
@@ -268,7 +293,8 @@ def main():
             print(f"== {name}: {what}", flush=True)
             for i in range(a.repeat):
                 r = Run(a.bin, spec, data, work, f"{name}.{i}", env, flags,
-                        [list(t) for t in triggers], train).run()
+                        [list(t) for t in triggers], train,
+                        opts.get("hold")).run()
                 text = "\n".join(l for _, l in r.lines)
                 rec = r.recovery()
                 problems = []
