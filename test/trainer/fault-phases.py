@@ -144,9 +144,9 @@ class Run:
         return self
 
     def recovery(self):
-        """Seconds from each kill (the launcher's line saying a rank died of
-        SIGKILL, ours or the trainer's hook) to the next step any rank
-        commits (its trace line, stamped with the seconds of the hour)."""
+        """Seconds from each failure (the launcher's line saying a replica
+        failed, whoever killed its rank) to the next step any rank commits
+        (its trace line, stamped with the seconds of the hour)."""
         commits = []
         for _, line in self.lines:
             m = re.search(r"ft-log +([0-9.]+) rank \d+: commits step", line)
@@ -154,8 +154,7 @@ class Run:
                 commits.append(float(m.group(1)))
         out = []
         for when, line in self.lines:
-            if not re.search(r"^meshplan run: rank \d+ exited with signal 9 "
-                             r"\(SIGKILL\)$", line):
+            if not re.search(r"^meshplan run: replica \d+ failed", line):
                 continue
             hour = when % 3600
             after = [c + (3600 if c < hour - 1800 else 0) for c in commits]
