@@ -208,6 +208,7 @@ std::optional<Config> ft::parseFlags(const RunOptions &o, int64_t nnodes) {
     return std::nullopt;
   }
   Config c;
+  c.nnodes = nnodes;
   if (o.maxRestarts)
     c.maxRestarts =
         parseFlagInt("--max-restarts", *o.maxRestarts, 0, kMaxRestarts);
@@ -279,8 +280,12 @@ std::optional<std::string> StoreServer::open(Config &config) {
     std::string error;
     std::optional<std::string> pong = ping(c, &error);
     bool exists = false;
+    // A job name in use: its config key on one node, its completion (which
+    // the other nodes' ranks never write before it ends) on several: their
+    // ranks may have recorded the job before this launcher looks.
     if (pong == "PONG" && config.jobGiven) {
-      std::string cfg = "meshplan:{" + config.job + "}:config";
+      std::string cfg = "meshplan:{" + config.job +
+                        "}:" + (config.nnodes > 1 ? "finished" : "config");
       auto *r = static_cast<redisReply *>(
           redisCommand(c, "EXISTS %b", cfg.data(), cfg.size()));
       exists = r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;

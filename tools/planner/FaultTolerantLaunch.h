@@ -66,6 +66,9 @@ struct Config {
   std::string job;
   /// Whether --job named it (then it may already be in use by another node).
   bool jobGiven = false;
+  /// --nnodes: with more than one, the other nodes' ranks may have written
+  /// the job's keys before this launcher looks.
+  int64_t nnodes = 1;
 };
 
 /// Checks the fault-tolerant flags; a CliError (exit 2) for a bad one, for
