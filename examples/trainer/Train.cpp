@@ -53,6 +53,7 @@
 #include <map>
 #include <thread>
 #include <tuple>
+#include <unistd.h>
 
 using namespace meshplan;
 using namespace meshplan::trainer;
@@ -256,6 +257,26 @@ static void delayStepForTests() {
   }();
   if (ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+/// Test hook (runtime.ft.phases): MESHPLAN_TEST_HOLD="S:PATH" makes a rank
+/// that has completed step S wait, before its next step, until PATH exists,
+/// which the test creates once the fault it injects has happened: the job
+/// cannot end before a restarted group has rejoined, however slowly it
+/// starts. An event, not a longer delay. Not for production use.
+static void holdStepForTests(int64_t stepsDone) {
+  static const std::optional<std::pair<int64_t, std::string>> hold =
+      []() -> std::optional<std::pair<int64_t, std::string>> {
+    const char *v = std::getenv("MESHPLAN_TEST_HOLD");
+    if (!v || !*v || !std::strchr(v, ':'))
+      return std::nullopt;
+    return std::pair{int64_t(std::atoll(v)),
+                     std::string(std::strchr(v, ':') + 1)};
+  }();
+  if (!hold || stepsDone != hold->first)
+    return;
+  while (::access(hold->second.c_str(), F_OK) != 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
 /// Test hook: MESHPLAN_TEST_NAN_GRAD_STEP=S writes NaN into the first
@@ -1007,6 +1028,7 @@ Result<RankTrainer::StepFigures> RankTrainer::runStep(int64_t &step) {
   lossCount = 0;
   tpSeconds = 0;
   delayStepForTests();
+  holdStepForTests(session->stepsDone());
   StepFigures f;
   // The plan's rate for this step (its lr_schedule): printed with it.
   f.lr = session->lr().value_or(0.0);

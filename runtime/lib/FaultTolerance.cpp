@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unistd.h>
 
 namespace meshplan::runtime {
 
@@ -44,6 +45,30 @@ std::string groupList(const std::vector<int> &groups) {
   return s;
 }
 } // namespace
+
+/// MESHPLAN_FT_LOG=1: one line per protocol event on stderr (the epoch a
+/// rank adopts, its heals, votes and their outcomes, the epochs it
+/// proposes), with the wall-clock time: what a person
+/// needs to follow a recovery across ranks (docs/fault-tolerance.md).
+static void ftLog(int64_t rank, const std::string &what) {
+  static const bool on = [] {
+    const char *v = std::getenv("MESHPLAN_FT_LOG");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (!on)
+    return;
+  // Wall-clock time (seconds within the hour), so that the lines of
+  // several ranks sort into one story.
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                std::chrono::system_clock::now().time_since_epoch())
+                .count() %
+            3600000000LL;
+  char head[64];
+  std::snprintf(head, sizeof head, "ft-log %9.4f rank %lld: ", us / 1e6,
+                static_cast<long long>(rank));
+  std::string line = head + what + "\n";
+  (void)!::write(2, line.data(), line.size());
+}
 
 /// A store call retried while it fails (the store unreachable from a
 /// partitioned group, or restarting) until `deadline`; then its last error,
@@ -184,6 +209,7 @@ Result<void> Session::Impl::setUpFaultTolerance() {
   mo.numGroups = static_cast<int>(f.numGroups);
   mo.minReplicas = o.minReplicas;
   mo.heartbeatExpiry = o.heartbeatExpiry;
+  mo.incarnation = o.incarnation;
   auto membership = Membership::connect(mo);
   if (!membership)
     return membership.error();
@@ -191,69 +217,88 @@ Result<void> Session::Impl::setUpFaultTolerance() {
   MESHPLAN_TRY((*membership)->startHeartbeat());
   f.membership = std::move(*membership);
   ft = std::move(f);
+  ftLog(plan.rank, "registered in replica group " + std::to_string(ft->group) +
+                       " (incarnation " + std::to_string(o.incarnation) + ")");
   return {};
 }
 
 Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   FaultTolerance &f = *ft;
   // A rank in a quorum keeps its epoch until a step is discarded: every rank
-  // sees the same outcome of the same vote, so all ranks of a group (and of
-  // the job) change epochs at the same step. They then walk to the next
-  // epoch, E + 1, whatever the store's latest is: the successor of E is
-  // unique, the latest is not the same for two ranks reading at different
-  // times.
+  // sees the same outcome of the same vote, so all ranks of the job change
+  // epochs at the same step.
   if (f.quorum.epoch > 0 && !moveOn)
     return {};
+  // Then it walks the epochs in order, from the one after the last it
+  // examined, and adopts the first that lists its group at its incarnation,
+  // however stale: never "the latest", which depends on when a rank reads.
+  // So every rank of a group adopts the same epochs in the same order and
+  // runs the same attempts (an attempt in an epoch that has ended fails
+  // fast and is discarded), and their group's own collectives, which no
+  // epoch change can abort, always meet (docs/fault-tolerance.md,
+  // "Epochs"). A restarted group (a new incarnation) skips every epoch that
+  // listed its predecessor, and joins through a new one.
   Membership &store = *f.membership;
   const auto expiry = options.faultTolerance->heartbeatExpiry;
   const auto poll = std::chrono::milliseconds(10);
   Clock::time_point start = Clock::now(), deadline = start + options.timeout;
-  // The first quorum waits for every group to be live, a group that moves on
-  // with nobody dead (a transient failure) for a dead group's heartbeat to
-  // expire first, at most this long.
+  // The first quorum waits for every group to be live, a member that moves
+  // on with nobody dead (a transient failure) for a dead group's heartbeat
+  // to expire first, at most this long.
   Clock::time_point grace = start + 2 * expiry;
+  Clock::time_point nextFinishedCheck = start;
   std::optional<Error> noQuorum;
   while (true) {
     auto q =
         untilDeadline(store, deadline, [&] { return store.currentQuorum(); });
     if (!q)
       return q.error();
+    if (f.walked < q->epoch) {
+      int64_t next = f.walked + 1;
+      auto rec = untilDeadline(store, deadline,
+                               [&] { return store.epochRecord(next); });
+      if (!rec)
+        return rec.error();
+      f.walked = next;
+      if (rec->hasMember(f.group, incarnation()))
+        return adopt(*rec);
+      if (f.quorum.epoch > 0)
+        ftLog(plan.rank, "not in epoch " + std::to_string(next));
+      continue;
+    }
+    // Every installed epoch examined: this rank waits for the next one, and
+    // proposes it when the job needs it.
     Clock::time_point now = Clock::now();
+    if (now >= nextFinishedCheck) {
+      MESHPLAN_TRY(checkJobFinished());
+      nextFinishedCheck = now + std::chrono::milliseconds(200);
+    }
     bool propose = false;
-    if (f.quorum.epoch > 0) {
-      int64_t next = f.quorum.epoch + 1;
-      if (q->epoch >= next) {
-        auto members = untilDeadline(store, deadline,
-                                     [&] { return store.membersOf(next); });
-        if (!members)
-          return members.error();
-        if (containsGroup(*members, f.group))
-          return adopt(Quorum{next, *members});
-        // The group was left out of the next epoch (it looked dead): it
-        // joins again as a new member, and heals.
-        f.quorum = Quorum{};
-        continue;
-      }
-      auto dead =
-          untilDeadline(store, deadline, [&] { return store.deadGroups(*q); });
-      if (!dead)
-        return dead.error();
-      propose = !dead->empty() || now >= grace;
-    } else if (q->epoch > 0 && containsGroup(q->members, f.group)) {
-      return adopt(*q);
-    } else if (q->epoch == 0) {
+    if (q->epoch == 0) {
       auto live =
           untilDeadline(store, deadline, [&] { return store.liveGroups(); });
       if (!live)
         return live.error();
       propose = int64_t(live->size()) == f.numGroups || now >= grace;
+    } else if (f.quorum.epoch == q->epoch) {
+      // A member of the latest epoch whose step was discarded.
+      auto dead =
+          untilDeadline(store, deadline, [&] { return store.deadGroups(*q); });
+      if (!dead)
+        return dead.error();
+      propose = !dead->empty() || now >= grace;
     } else {
-      propose = true; // this group joins
+      propose = true; // this group (at its incarnation) joins
     }
     if (propose) {
       auto proposal = store.proposeNextEpoch(q->epoch);
+      ftLog(plan.rank, "proposes epoch " + std::to_string(q->epoch + 1) + ": " +
+                           (proposal ? (proposal->won ? "won" : "lost")
+                                     : proposal.error().message));
       if (proposal)
         continue; // won or lost, the store has moved on: read it again
+      if (store.lostState())
+        return proposal.error();
       if (proposal.error().message.rfind("no quorum", 0) == 0)
         noQuorum = proposal.error();
       else if (now >= deadline)
@@ -269,17 +314,25 @@ Result<void> Session::Impl::ensureQuorum(bool moveOn) {
   }
 }
 
-Result<void> Session::Impl::adopt(const Quorum &q) {
+Result<void> Session::Impl::checkJobFinished() {
+  Membership &store = *ft->membership;
+  auto finished = store.jobFinished();
+  if (!finished || !*finished)
+    return {}; // a store that fails is reported by the callers' own calls
+  return makeError("fault tolerance: the job has finished (" + **finished +
+                   " completed every step) while replica group " +
+                   std::to_string(ft->group) +
+                   " was still rejoining; it has nothing left to do");
+}
+
+Result<void> Session::Impl::adopt(const EpochRecord &rec) {
   FaultTolerance &f = *ft;
+  Quorum q{rec.epoch, rec.members};
   // The sources: the members the store recorded, with the epoch, as
   // holding the committed state (Membership::syncedOf); the others heal.
-  auto synced = untilDeadline(*f.membership, Clock::now() + options.timeout,
-                              [&] { return f.membership->syncedOf(q.epoch); });
-  if (!synced)
-    return synced.error();
   std::vector<int> sources, joiners;
   for (int g : q.members)
-    (containsGroup(*synced, g) ? sources : joiners).push_back(g);
+    (containsGroup(rec.synced, g) ? sources : joiners).push_back(g);
   {
     // Only what changed is rebuilt: the fault_tolerant communicators of the
     // old epoch; every other group stays connected.
@@ -290,6 +343,17 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
   }
   f.quorum = q;
   f.healFailure.reset();
+  bool joining = containsGroup(joiners, f.group);
+  // A joiner's step counter is the job's, as the store recorded it with
+  // the epoch: the same on every rank of the group whether or not its heal
+  // succeeds, so that the group's ranks run the same step (the same share
+  // passes, below) in every attempt.
+  if (joining && rec.stepsCommitted)
+    steps = *rec.stepsCommitted;
+  ftLog(plan.rank, "adopts epoch " + std::to_string(q.epoch) + " (members " +
+                       groupList(q.members) + ", sources " +
+                       groupList(sources) + ") at step " +
+                       std::to_string(steps + 1));
   // The first quorum's members all start from the trainer's initial
   // parameters: nobody heals.
   if (joiners.empty())
@@ -304,24 +368,43 @@ Result<void> Session::Impl::adopt(const Quorum &q) {
   // joiner's buffers half written, which nothing reads: the joiner is no
   // source in the next epoch (it never voted a step of this one ok) and
   // trains only after a heal that succeeded. This rank votes the step failed,
-  // so that nobody commits it, and moves the job to the next epoch, where the
-  // heal starts again from the groups then live: a joiner whose counter never
-  // arrived votes on a step number of its own, which nobody else waits for. It
-  // first gives a dead peer's heartbeat the time to expire (at most twice the
-  // expiry, as ensureQuorum does), so that the next epoch leaves the dead
-  // source out instead of waiting for it in the heal group's rendezvous.
+  // so that nobody commits it. Unless the epoch has already ended, it moves
+  // the job to the next one, where the heal starts again from the groups
+  // then live; it first gives a dead peer's heartbeat the time to expire (at
+  // most twice the expiry, as ensureQuorum does), so that the next epoch
+  // leaves the dead source out instead of waiting for it in the heal group's
+  // rendezvous.
+  // A peer cut off mid-transfer sends nothing: the watcher ends the heal
+  // once the epoch moves, as it ends a step's collectives.
+  Stop stop;
+  std::thread watcher([&] { watchEpoch(q.epoch, stop); });
+  ftLog(plan.rank, "heal in epoch " + std::to_string(q.epoch) + " starts as " +
+                       (joining ? "joiner" : "source"));
   Result<void> healed = heal(q, sources, joiners);
+  {
+    std::lock_guard<std::mutex> lock(stop.mutex);
+    stop.stopped = true;
+  }
+  stop.wake.notify_all();
+  watcher.join();
+  ftLog(plan.rank, "heal in epoch " + std::to_string(q.epoch) + ": " +
+                       (healed ? "ok" : healed.error().message));
   if (!healed) {
     f.healFailure = healed.error();
     Clock::time_point until =
         Clock::now() + 2 * options.faultTolerance->heartbeatExpiry;
-    while (Clock::now() < until) {
+    while (Clock::now() < until && !f.membership->epochChangedSince(q.epoch)) {
       auto dead = f.membership->deadGroups(q);
       if (!dead || !dead->empty())
         break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    (void)f.membership->proposeNextEpoch(q.epoch);
+    if (!f.membership->epochChangedSince(q.epoch)) {
+      auto p = f.membership->proposeNextEpoch(q.epoch);
+      ftLog(plan.rank, "after the failed heal, proposes epoch " +
+                           std::to_string(q.epoch + 1) + ": " +
+                           (p ? (p->won ? "won" : "lost") : p.error().message));
+    }
   }
   return {};
 }
@@ -369,6 +452,7 @@ Result<void> Session::Impl::heal(const Quorum &q,
              std::to_string(q.epoch) + " died";
     return std::nullopt;
   };
+  spec.connectTimeout = options.faultTolerance->heartbeatExpiry;
   auto comm = backend->createCommunicator(spec);
   if (!comm)
     return comm.error().within("healing in epoch " + std::to_string(q.epoch));
@@ -387,19 +471,20 @@ Result<void> Session::Impl::heal(const Quorum &q,
            std::to_string(f.alongAxis[size_t(source)]) + " in epoch " +
            std::to_string(q.epoch);
   };
-  // The step counter first (the optimizer's bias correction and the
-  // stochastic rounding's key), from the first source.
-  int64_t count = steps;
-  if (joining) {
-    auto got = c.recv(&count, keyOf(sources[0]), 1, DType::Int64, "heal steps");
-    if (!got)
-      return got.error().within(where(sources[0], "the step counter"));
-  } else if (f.group == sources[0]) {
-    for (int j : joiners)
-      if (auto sent = c.send(&count, keyOf(j), 1, DType::Int64, "heal steps");
-          !sent)
-        return sent.error().within("healing group " + std::to_string(j));
+  // (The step counter, the optimizer's bias correction and the stochastic
+  // rounding's key, comes from the store with the epoch: adopt.)
+  {
+    std::lock_guard<std::mutex> lock(commMutex);
+    healComm = &c;
   }
+  // Unregistered before the communicator goes, on every way out.
+  struct Unregister {
+    Session::Impl &m;
+    ~Unregister() {
+      std::lock_guard<std::mutex> lock(m.commMutex);
+      m.healComm = nullptr;
+    }
+  } unregister{*this};
   // Striped: buffer i comes from source group i mod |sources|; each source
   // sends its buffers to every joiner in buffer order, and every joiner
   // receives in buffer order, so no two transfers wait on each other.
@@ -493,8 +578,6 @@ Result<void> Session::Impl::heal(const Quorum &q,
                   "\"" + buffers[size_t(persistent[i])].meta->id + "\"") +
             ": checksum mismatch (crc32c " + std::to_string(crcs[i]) +
             ", the source's " + std::to_string(expected[i]) + ")");
-    // Everything arrived and checked: the counter last.
-    steps = count;
   }
   ++f.heals;
   return {};
@@ -532,7 +615,13 @@ Result<bool> Session::Impl::awaitCommit(int64_t epoch, int64_t step) {
       if (!dead)
         return dead.error();
       if (!dead->empty()) {
+        MESHPLAN_TRY(checkJobFinished());
         auto proposal = store.proposeNextEpoch(epoch);
+        ftLog(plan.rank, "awaitCommit: groups " + groupList(*dead) +
+                             " dead, proposes epoch " +
+                             std::to_string(epoch + 1) + ": " +
+                             (proposal ? (proposal->won ? "won" : "lost")
+                                       : proposal.error().message));
         if (!proposal)
           noQuorum = proposal.error();
       }
@@ -557,7 +646,7 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
   const auto tick = std::chrono::milliseconds(10);
   const auto deadCheck = std::chrono::milliseconds(200);
   Clock::time_point nextDeadCheck = Clock::now() + deadCheck;
-  bool aborted = false;
+  bool aborted = false, abortEpoch = false;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(stop.mutex);
@@ -566,10 +655,14 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
     }
     // The heartbeat thread reads the epoch every period, and a proposal
     // below records what it installs: no store call here.
-    if (!aborted && store.epochChangedSince(epoch)) {
-      std::string why = "epoch " + std::to_string(epoch) +
-                        " ended (the job moved to epoch " +
-                        std::to_string(store.observedEpoch()) + ")";
+    if (!aborted && (abortEpoch || store.epochChangedSince(epoch))) {
+      std::string why = store.epochChangedSince(epoch)
+                            ? "epoch " + std::to_string(epoch) +
+                                  " ended (the job moved to epoch " +
+                                  std::to_string(store.observedEpoch()) + ")"
+                            : "a replica group of epoch " +
+                                  std::to_string(epoch) +
+                                  " died and no quorum can form without it";
       // A communicator being created holds commMutex through its
       // rendezvous, which abort cannot end: try again at the next tick.
       std::unique_lock<std::mutex> lock(commMutex, std::try_to_lock);
@@ -578,12 +671,26 @@ void Session::Impl::watchEpoch(int64_t epoch, Stop &stop) {
       for (size_t i = 0; i < comms.size(); ++i)
         if (comms[i] && plan.communicators[i].faultTolerant)
           comms[i]->abort(why);
+      if (healComm)
+        healComm->abort(why);
       aborted = true;
+      ftLog(plan.rank, "watcher aborts: " + why);
     }
     if (!aborted && Clock::now() >= nextDeadCheck) {
       auto dead = store.deadGroups(f.quorum);
-      if (dead && !dead->empty())
-        (void)store.proposeNextEpoch(epoch);
+      if (dead && !dead->empty()) {
+        // A dead member never votes: this epoch cannot commit a step, even
+        // when no next epoch can form (too few groups left). Its
+        // collectives end now, and the rank waits for a quorum in
+        // ensureQuorum, where the wait is bounded and explained.
+        abortEpoch = true;
+        f.abandonedEpoch->store(epoch);
+        auto p = store.proposeNextEpoch(epoch);
+        ftLog(plan.rank,
+              "watcher: groups " + groupList(*dead) + " dead, proposes epoch " +
+                  std::to_string(epoch + 1) + ": " +
+                  (p ? (p->won ? "won" : "lost") : p.error().message));
+      }
       nextDeadCheck = Clock::now() + deadCheck;
     }
   }
@@ -596,6 +703,7 @@ Result<void> Session::Impl::faultTolerantStep() {
     // This rank's own group cannot go on (a peer of the group failed, or
     // the store is gone): the group leaves now rather than at the expiry.
     broken = true;
+    ftLog(plan.rank, "fatal: " + e.message);
     (void)f.membership->leaveGroup();
     return e;
   };
@@ -678,7 +786,19 @@ Result<void> Session::Impl::faultTolerantStep() {
         });
     if (!voted)
       return fail(voted.error());
+    ftLog(plan.rank,
+          "votes " + std::string(ok ? "ok" : "failed") + " on step " +
+              std::to_string(step) + " of epoch " + std::to_string(epoch) +
+              " (" + std::to_string(passes) + " passes)" +
+              (*voted ? "" : ": stale") +
+              (before.faultTolerantFailure
+                   ? " [" + before.faultTolerantFailure->message + "]"
+                   : ""));
     Result<bool> commit = *voted ? awaitCommit(epoch, step) : false;
+    if (commit)
+      ftLog(plan.rank, std::string(*commit ? "commits" : "discards") +
+                           " step " + std::to_string(step) + " of epoch " +
+                           std::to_string(epoch));
     if (!commit)
       return fail(commit.error());
     if (!*commit) {

@@ -32,29 +32,36 @@ namespace {
 // The epoch compare-and-set. KEYS[1] is the epoch, KEYS[2..N+1] the N
 // groups' heartbeat keys in group order; ARGV: expected epoch, min_replicas,
 // nominal group count, the quorum key prefix, the synced key prefix, the
-// committed key prefix. Returns {status, epoch, members}: 1 = installed, 0 =
-// the epoch is not the expected one (the store's epoch and members), -1 = no
-// quorum (the live count and groups). The epoch is compared and stepped as a
-// string / by INCR, never as a Lua double.
+// committed key prefix, the incarnations' key prefix, the steps' key prefix
+// and the last committed step's key. Returns {status, epoch, members}: 1 =
+// installed, 0 = the epoch is not the expected one (the store's epoch and
+// members), -1 = no quorum (the live count and groups). The epoch is compared
+// and stepped as a string / by INCR, never as a Lua double.
 //
 // Installing epoch E + 1 also records, in the same script, which of its
 // members hold the job's committed state ("synced:E+1"): the first epoch's
 // members all start from the initial parameters; after that, the members
 // of E if a step committed in E (every rank of every member voted ok on it,
 // which a joiner whose heal failed never does), else E's own synced groups,
-// in both cases those still members. The others are joiners and heal.
-// Fixed at installation, so every rank reads the same sources; a group that
-// joined E and healed without a step committing in E heals again (a safe
-// over-estimate), a joiner whose heal failed is never taken for a source.
+// in both cases those still members at the same incarnation. The others are
+// joiners and heal. Fixed at installation, so every rank reads the same
+// sources; a group that joined E and healed without a step committing in E
+// heals again (a safe over-estimate), a joiner whose heal failed is never
+// taken for a source, and neither is a group restarted (a new incarnation,
+// read from its heartbeat's value) while the epoch still listed it.
+// "inc:E+1" records each member's incarnation, "steps:E+1" the steps the job
+// had committed ("" before the first): a joiner's step counter.
 constexpr const char *kProposeScript = R"lua(
 local cur = redis.call('GET', KEYS[1]) or '0'
 if cur ~= ARGV[1] then
   return {0, cur, redis.call('GET', ARGV[4] .. cur) or ''}
 end
-local live = {}
+local live, incs = {}, {}
 for i = 2, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
+  local hb = redis.call('GET', KEYS[i])
+  if hb then
     live[#live + 1] = tostring(i - 2)
+    incs[#incs + 1] = string.match(hb, '^incarnation (%d+)') or '0'
   end
 end
 local n = #live
@@ -63,27 +70,47 @@ if n < tonumber(ARGV[2]) or 2 * n <= tonumber(ARGV[3]) then
   return {-1, tostring(n), members}
 end
 local base = nil
+local baseInc = {}
 if cur ~= '0' then
   if redis.call('EXISTS', ARGV[6] .. cur) == 1 then
     base = redis.call('GET', ARGV[4] .. cur) or ''
   else
     base = redis.call('GET', ARGV[5] .. cur) or ''
   end
+  local m, k = {}, {}
+  for g in string.gmatch(redis.call('GET', ARGV[4] .. cur) or '', '[^,]+') do
+    m[#m + 1] = g
+  end
+  for c in string.gmatch(redis.call('GET', ARGV[7] .. cur) or '', '[^,]+') do
+    k[#k + 1] = c
+  end
+  for j, g in ipairs(m) do baseInc[g] = k[j] end
 end
 local synced = live
 if base then
   local had = {}
   for g in string.gmatch(base, '[^,]+') do had[g] = true end
   synced = {}
-  for _, g in ipairs(live) do
-    if had[g] then synced[#synced + 1] = g end
+  for j, g in ipairs(live) do
+    if had[g] and (baseInc[g] or '0') == incs[j] then
+      synced[#synced + 1] = g
+    end
   end
 end
 redis.call('INCR', KEYS[1])
 local nxt = redis.call('GET', KEYS[1])
 redis.call('SET', ARGV[4] .. nxt, members)
 redis.call('SET', ARGV[5] .. nxt, table.concat(synced, ','))
+redis.call('SET', ARGV[7] .. nxt, table.concat(incs, ','))
+redis.call('SET', ARGV[8] .. nxt, redis.call('GET', ARGV[9]) or '')
 return {1, nxt, members}
+)lua";
+
+// Everything a rank adopting epoch E needs, at one instant. KEYS: quorum:E,
+// synced:E, inc:E, steps:E.
+constexpr const char *kEpochScript = R"lua(
+return {redis.call('GET', KEYS[1]) or '', redis.call('GET', KEYS[2]) or '',
+        redis.call('GET', KEYS[3]) or '', redis.call('GET', KEYS[4]) or ''}
 )lua";
 
 // The current epoch and its members in one atomic read (two GETs could
@@ -103,10 +130,11 @@ return ttl
 // A step's commit vote. KEYS: the epoch, the step's ok set, its failed
 // flag, the epoch's committed flag; ARGV: the voter's epoch, its rank, "1"
 // (ok) or "0", the keys' expiry in seconds, the ok votes that commit the step
-// (0: not known). Recorded only while the epoch is the voter's: the compare-
-// and-set above moves the epoch in a script of its own, so a step's votes
-// are final once its epoch has moved. The vote that completes a step marks
-// the epoch committed (read when the next epoch is installed).
+// (0: not known), the step. Recorded only while the epoch is the voter's: the
+// compare-and-set above moves the epoch in a script of its own, so a step's
+// votes are final once its epoch has moved. The vote that completes a step
+// marks the epoch committed and records the step as the job's last
+// committed one (KEYS[5]; both read when the next epoch is installed).
 constexpr const char *kVoteScript = R"lua(
 local cur = redis.call('GET', KEYS[1]) or '0'
 if cur ~= ARGV[1] then return 0 end
@@ -117,6 +145,7 @@ if ARGV[3] == '1' then
   if need > 0 and redis.call('SCARD', KEYS[2]) >= need and
      redis.call('EXISTS', KEYS[3]) == 0 then
     redis.call('SET', KEYS[4], '1')
+    redis.call('SET', KEYS[5], ARGV[6])
   end
 else
   redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
@@ -238,7 +267,10 @@ Membership::Membership(const MembershipOptions &o) : opts(o) {
   // has its own pid.
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  holder = std::string(host) + " pid " + std::to_string(getpid());
+  // The incarnation leads: the epoch script reads it (a restarted group
+  // holds none of the state its predecessor had).
+  holder = "incarnation " + std::to_string(opts.incarnation) + " " +
+           std::string(host) + " pid " + std::to_string(getpid());
   period =
       opts.heartbeatPeriod.count() > 0
           ? opts.heartbeatPeriod
@@ -566,6 +598,9 @@ Result<EpochProposal> Membership::proposeNextEpoch(int64_t expectedEpoch) {
   args.push_back(key("quorum:"));
   args.push_back(key("synced:"));
   args.push_back(key("committed:"));
+  args.push_back(key("inc:"));
+  args.push_back(key("steps:"));
+  args.push_back(key("laststep"));
   auto r = run(main.ctx, store, opts.ioTimeout,
                "proposing epoch " + std::to_string(expectedEpoch + 1), args);
   if (!r)
@@ -694,6 +729,58 @@ Result<std::vector<int>> Membership::groupsOf(int64_t epoch, const char *prefix,
   return std::move(*members);
 }
 
+Result<EpochRecord> Membership::epochRecord(int64_t epoch) {
+  EpochRecord rec;
+  rec.epoch = epoch;
+  if (epoch <= 0)
+    return rec;
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  std::string e = std::to_string(epoch);
+  auto r = run(main.ctx, store, opts.ioTimeout, "reading epoch " + e,
+               {"EVAL", kEpochScript, "4", key("quorum:" + e),
+                key("synced:" + e), key("inc:" + e), key("steps:" + e)});
+  if (!r)
+    return r.error();
+  const redisReply *reply = r.value().get();
+  auto bad = [&] {
+    return makeError("membership store " + store + ": the record of epoch " +
+                     e + " is malformed");
+  };
+  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4)
+    return bad();
+  auto members = parseMembers(replyString(reply->element[0]));
+  auto synced = parseMembers(replyString(reply->element[1]));
+  if (!members || !synced)
+    return bad();
+  rec.members = std::move(*members);
+  rec.synced = std::move(*synced);
+  // Incarnations are listed in member order (not sorted); absent: all 0
+  // (an epoch recorded before incarnations were).
+  std::string incs = replyString(reply->element[2]);
+  for (size_t pos = 0; pos < incs.size();) {
+    size_t comma = incs.find(',', pos);
+    if (comma == std::string::npos)
+      comma = incs.size();
+    std::optional<int64_t> v = parseInt64(incs.substr(pos, comma - pos));
+    if (!v)
+      return bad();
+    rec.incarnations.push_back(*v);
+    pos = comma + 1;
+  }
+  if (rec.incarnations.empty())
+    rec.incarnations.assign(rec.members.size(), 0);
+  if (rec.incarnations.size() != rec.members.size())
+    return bad();
+  std::string steps = replyString(reply->element[3]);
+  if (!steps.empty()) {
+    rec.stepsCommitted = parseInt64(steps);
+    if (!rec.stepsCommitted)
+      return bad();
+  }
+  return rec;
+}
+
 Result<std::vector<int>> Membership::membersOf(int64_t epoch) {
   return groupsOf(epoch, "quorum:", "quorum");
 }
@@ -737,21 +824,35 @@ Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
                                   bool ok, int64_t committingVotes) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(
-      main.ctx, store, opts.ioTimeout,
-      "voting on step " + std::to_string(step) + " of epoch " +
-          std::to_string(epoch),
-      {"EVAL", kVoteScript, "4", key("epoch"), key(stepKey(epoch, step, "ok")),
-       key(stepKey(epoch, step, "failed")),
-       key("committed:" + std::to_string(epoch)), std::to_string(epoch),
-       std::to_string(rank), ok ? "1" : "0", std::to_string(kVoteExpirySeconds),
-       std::to_string(std::max<int64_t>(0, committingVotes))});
+  auto r =
+      run(main.ctx, store, opts.ioTimeout,
+          "voting on step " + std::to_string(step) + " of epoch " +
+              std::to_string(epoch),
+          {"EVAL", kVoteScript, "5", key("epoch"),
+           key(stepKey(epoch, step, "ok")), key(stepKey(epoch, step, "failed")),
+           key("committed:" + std::to_string(epoch)), key("laststep"),
+           std::to_string(epoch), std::to_string(rank), ok ? "1" : "0",
+           std::to_string(kVoteExpirySeconds),
+           std::to_string(std::max<int64_t>(0, committingVotes)),
+           std::to_string(step)});
   if (!r)
     return r.error();
   if (r.value()->type != REDIS_REPLY_INTEGER)
     return makeError("membership store " + store +
                      ": malformed reply to a step vote");
   return r.value()->integer == 1;
+}
+
+Result<std::optional<std::string>> Membership::jobFinished() {
+  std::lock_guard<std::mutex> lock(callMutex);
+  MESHPLAN_TRY(ensureConnected(main));
+  auto r = run(main.ctx, store, opts.ioTimeout, "reading whether the job ended",
+               {"GET", key("finished")});
+  if (!r)
+    return r.error();
+  if (r.value()->type == REDIS_REPLY_NIL)
+    return std::optional<std::string>();
+  return std::optional<std::string>(replyString(r.value().get()));
 }
 
 Result<StepTally> Membership::stepTally(int64_t epoch, int64_t step) {

@@ -163,8 +163,12 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
   // A member that died before the group's rendezvous never comes: the
   // rendezvous ends once the job has moved on (the watcher beside the step
   // proposes the next epoch when a group's heartbeat expires).
-  g.cancelled = [m = ft->membership.get(),
-                 epoch = g.epoch]() -> std::optional<std::string> {
+  g.cancelled = [m = ft->membership.get(), epoch = g.epoch,
+                 abandoned =
+                     ft->abandonedEpoch]() -> std::optional<std::string> {
+    if (abandoned->load() == epoch)
+      return "a replica group of epoch " + std::to_string(epoch) +
+             " died and no quorum can form without it";
     if (!m->epochChangedSince(epoch))
       return std::nullopt;
     return "epoch " + std::to_string(epoch) +
@@ -172,6 +176,9 @@ GroupSpec Session::Impl::groupSpecOf(int index) {
            std::to_string(m->observedEpoch()) + ")";
   };
   g.nominalSize = static_cast<int64_t>(c.ranks.size());
+  // A member that gave the rendezvous up after publishing its address (its
+  // epoch ended) never connects: bounded by the expiry, not the timeout.
+  g.connectTimeout = options.faultTolerance->heartbeatExpiry;
   return g;
 }
 
@@ -625,6 +632,18 @@ Session::Impl::runPass(StepState &state,
       state.spans[size_t(index)].first = Clock::now();
       Result<void> ok = skip ? Result<void>() : run ? run(b) : enqueue(b);
       state.spans[size_t(index)].second = Clock::now();
+      // A fault_tolerant collective skipped or failed leaves its outputs
+      // unwritten, and the part of the step before the commit may read
+      // them (a tensor-parallel norm's gradient is summed after its
+      // replicas' all-reduce): they are made live, zeroed, so that the pass
+      // runs on to the vote. The step cannot commit; nothing of it is kept.
+      if ((skip || !ok) && faultTolerantComm(b))
+        for (int x : b.outputs)
+          if (Result<void> made =
+                  ensure(x, dev->streams[size_t(
+                                dev->graph.steps[size_t(b.index)].stream)]);
+              !made && ok)
+            ok = made;
       std::unique_lock<std::mutex> lock(mutex);
       if (!ok) {
         if (faultTolerantComm(b)) {

@@ -99,6 +99,12 @@ struct FaultTolerance {
   /// by group (core's groupOf): where its data's and its heal's peers are.
   std::vector<int64_t> alongAxis;
   Quorum quorum; ///< the epoch this rank trains in (0: none yet)
+  /// The last epoch ensureQuorum examined: epochs are walked in order.
+  int64_t walked = 0;
+  /// An epoch the watcher gave up (a member died and no quorum can form
+  /// without it): its rendezvous end too (GroupSpec::cancelled).
+  std::shared_ptr<std::atomic<int64_t>> abandonedEpoch =
+      std::make_shared<std::atomic<int64_t>>(0);
   /// Per instruction: runs after the commit (an optimizer update, or after
   /// one in its stream's, its communicator's or its deps' order).
   std::vector<char> afterCommit;
@@ -260,7 +266,14 @@ struct Session::Impl {
   /// epoch adopted (and any joining group healed). `moveOn`: the adopted
   /// epoch failed; wait for (or install) a later one.
   Result<void> ensureQuorum(bool moveOn);
-  Result<void> adopt(const Quorum &q);
+  Result<void> adopt(const EpochRecord &rec);
+  /// An error once the launcher has recorded that a replica group completed
+  /// the job (Membership::jobFinished): a rank still waiting to rejoin then
+  /// has nothing left to rejoin.
+  Result<void> checkJobFinished();
+  /// The heal's communicator while a heal runs (under commMutex): the
+  /// watcher aborts it when the epoch moves.
+  Communicator *healComm = nullptr;
   Result<void> heal(const Quorum &q, const std::vector<int> &sources,
                     const std::vector<int> &joiners);
   /// The commit vote's outcome: true = commit.

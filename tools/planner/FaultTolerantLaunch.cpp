@@ -324,17 +324,31 @@ std::optional<std::string> StoreServer::open(Config &config) {
     std::string error;
     std::optional<std::string> pong = ping(c, &error);
     bool exists = false;
-    int64_t liveGroups = 0;
+    // One node: a job name with keys in the store is in use, refused. Several
+    // nodes: the other nodes' ranks may record the job (its config key)
+    // before this launcher looks, so only a finished job is refused (its
+    // completion key, which nothing writes before a group has ended), and
+    // a running one is joined (joinRunningJob: a restarted node).
     if (pong == "PONG" && config.jobGiven) {
-      std::string cfg = "meshplan:{" + config.job + "}:config";
-      auto *r = static_cast<redisReply *>(
-          redisCommand(c, "GET %b", cfg.data(), cfg.size()));
-      exists = r && r->type == REDIS_REPLY_STRING;
-      std::string value = exists ? std::string(r->str, r->len) : "";
-      if (r)
-        freeReplyObject(r);
-      if (exists && config.nnodes > 1)
-        liveGroups = joinRunningJob(c, config, value);
+      auto get = [&](const std::string &key) -> std::optional<std::string> {
+        auto *r = static_cast<redisReply *>(
+            redisCommand(c, "GET %b", key.data(), key.size()));
+        std::optional<std::string> value;
+        if (r && r->type == REDIS_REPLY_STRING)
+          value = std::string(r->str, r->len);
+        if (r)
+          freeReplyObject(r);
+        return value;
+      };
+      std::string prefix = "meshplan:{" + config.job + "}:";
+      if (config.nnodes > 1) {
+        exists = get(prefix + "finished").has_value();
+        if (!exists)
+          if (std::optional<std::string> cfg = get(prefix + "config"))
+            joinRunningJob(c, config, *cfg);
+      } else {
+        exists = get(prefix + "config").has_value();
+      }
     }
     if (c)
       redisFree(c);
@@ -345,12 +359,12 @@ std::optional<std::string> StoreServer::open(Config &config) {
     if (*pong != "PONG")
       throw CliError("--store: " + url() + " answered PING with " +
                      inQuotes(*pong) + ", not PONG");
-    if (exists && liveGroups == 0)
+    if (exists)
       throw CliError("--job: job " + inQuotes(config.job) +
                      " already has keys in " + url() +
                      (config.nnodes > 1
-                          ? " and none of its replica groups is alive (a "
-                            "finished run; a new run needs a new job name)"
+                          ? " and has finished (none of its replica groups is "
+                            "alive; a new run needs a new job name)"
                           : " (a new run needs a new job name)"));
     return std::nullopt;
   }
@@ -835,9 +849,26 @@ void Supervisor::onRankExit(int64_t rank, int status) {
       say(r + " " + exitText(status, true) + " (stopped by the launcher)");
     return;
   }
-  if (exitedOk(status))
+  if (exitedOk(status)) {
+    noteCompleted(gid, group);
     return;
+  }
   failGroup(gid, rank, status);
+}
+
+void Supervisor::noteCompleted(int64_t gid, Group &group) {
+  if (completedBy || gid < 0 || group.phase != Phase::Running)
+    return;
+  for (int64_t r : group.ranks) {
+    auto s = lastStatus.find(r);
+    if (control.running(r) || s == lastStatus.end() || !exitedOk(s->second))
+      return;
+  }
+  // Every rank of the group completed the job: a group still rejoining
+  // can never catch up. The ranks read this key while they wait for a
+  // quorum, and end; no group is restarted from now on.
+  completedBy = gid;
+  command({"SET", key("finished"), "replica " + std::to_string(gid)});
 }
 
 void Supervisor::failGroup(int64_t gid, int64_t rank, int status) {
@@ -874,6 +905,20 @@ void Supervisor::failGroup(int64_t gid, int64_t rank, int status) {
   for (int64_t o : group.ranks)
     if (o != rank && control.running(o))
       others.push_back(o);
+  if (completedBy) {
+    say("replica " + std::to_string(gid) + " failed after replica " +
+        std::to_string(*completedBy) + " completed the job: " +
+        (others.empty()
+             ? ""
+             : "stopping its other ranks (" + joinInts(others) + "), ") +
+        "not restarting it");
+    group.phase = Phase::Finished;
+    for (int64_t o : others)
+      control.signalRank(o, SIGTERM);
+    group.killed = false;
+    group.killAt = Clock::now() + grace;
+    return;
+  }
   bool giveUp = group.restarts >= config.maxRestarts;
   std::string stopping =
       others.empty() ? ""
@@ -925,8 +970,21 @@ void Supervisor::checkQuorum() {
   control.stopJob(1);
 }
 
+bool Supervisor::runningCanFormQuorum() {
+  readConfig();
+  int64_t n = nominalGroups.value_or(0);
+  if (n <= 0)
+    return true;
+  int64_t m = configMinReplicas.value_or(config.minReplicas);
+  int64_t running = 0;
+  for (auto &[gid, g] : groups)
+    running += gid >= 0 && g.phase == Phase::Running;
+  return running >= m && 2 * running > n;
+}
+
 void Supervisor::advance(int64_t gid, Group &group) {
-  if (group.phase != Phase::Stopping && group.phase != Phase::GivenUp)
+  if (group.phase != Phase::Stopping && group.phase != Phase::GivenUp &&
+      group.phase != Phase::Finished)
     return;
   if (gaveUpJob || control.stopping())
     return;
@@ -942,7 +1000,7 @@ void Supervisor::advance(int64_t gid, Group &group) {
     }
     return;
   }
-  if (group.phase == Phase::GivenUp) {
+  if (group.phase == Phase::GivenUp || group.phase == Phase::Finished) {
     // Every rank of it is gone: the survivors need not wait for the
     // heartbeat to expire.
     if (!group.heartbeatDeleted)
@@ -986,6 +1044,12 @@ void Supervisor::tick() {
     advance(gid, group);
     if (group.phase != Phase::Waiting)
       continue;
+    if (completedBy) {
+      say("replica " + std::to_string(gid) + " is not restarted: replica " +
+          std::to_string(*completedBy) + " completed the job");
+      group.phase = Phase::Finished;
+      continue;
+    }
     // Restart once the survivors have installed an epoch without the group
     // (or no quorum has formed yet, or two expiries have passed: the
     // survivors may be gone or not proposing), so that the loss and the
@@ -993,7 +1057,11 @@ void Supervisor::tick() {
     bool out = lastEpoch == 0 ||
                !std::binary_search(lastMembers.begin(), lastMembers.end(),
                                    static_cast<int>(gid));
-    if (out || Clock::now() >= group.restartBy)
+    // Nor need it wait when the groups still running cannot install an
+    // epoch without it (two groups of three lost at once): the restarted
+    // group carries its new incarnation into the store, so the survivors
+    // never take it for its predecessor either way.
+    if (out || !runningCanFormQuorum() || Clock::now() >= group.restartBy)
       restart(gid, group);
   }
 }
@@ -1002,7 +1070,8 @@ Clock::duration Supervisor::untilNextTick() const {
   Clock::time_point now = Clock::now();
   Clock::duration wait = std::max(Clock::duration(0), nextPoll - now);
   for (const auto &[gid, group] : groups)
-    if ((group.phase == Phase::Stopping || group.phase == Phase::GivenUp) &&
+    if ((group.phase == Phase::Stopping || group.phase == Phase::GivenUp ||
+         group.phase == Phase::Finished) &&
         !group.killed && group.killAt > now)
       wait = std::min(wait, group.killAt - now);
   return std::min<Clock::duration>(wait, kPollEvery);
@@ -1034,7 +1103,8 @@ bool Supervisor::onOtherChild(pid_t pid, int status) {
 int Supervisor::finalExitCode() const {
   for (int64_t r : ranks) {
     auto it = groups.find(groupOf(r));
-    if (it != groups.end() && it->second.phase == Phase::GivenUp)
+    if (it != groups.end() && (it->second.phase == Phase::GivenUp ||
+                               it->second.phase == Phase::Finished))
       continue;
     auto s = lastStatus.find(r);
     if (s != lastStatus.end() && !exitedOk(s->second))

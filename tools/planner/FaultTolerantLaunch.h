@@ -165,7 +165,10 @@ public:
   int finalExitCode() const;
 
 private:
-  enum class Phase { Running, Stopping, Waiting, GivenUp };
+  /// Finished: the group failed (or waited to be restarted) after another
+  /// group completed the job; it is not restarted, and its exit does not
+  /// count against the job's.
+  enum class Phase { Running, Stopping, Waiting, GivenUp, Finished };
   struct Group {
     std::vector<int64_t> ranks; ///< this node's ranks of the group
     Phase phase = Phase::Running;
@@ -196,9 +199,14 @@ private:
   /// rank has not registered (a group of one).
   int64_t groupOf(int64_t rank) const;
   void failGroup(int64_t gid, int64_t rank, int status);
+  /// A rank of group `gid` exited 0: once all have, the job is complete.
+  void noteCompleted(int64_t gid, Group &group);
   void advance(int64_t gid, Group &group);
   void restart(int64_t gid, Group &group);
   void checkQuorum();
+  /// Whether the groups now running could form a quorum on their own (the
+  /// rule of Membership::proposeNextEpoch, over the nominal group count).
+  bool runningCanFormQuorum();
   std::string groupName(int64_t gid) const;
 
   Config config;
@@ -223,6 +231,9 @@ private:
   std::set<int64_t> realign;
   std::optional<int64_t> nominalGroups;     ///< from the config key
   std::optional<int64_t> configMinReplicas; ///< from the config key
+  /// The first replica group every rank of which exited 0: the job is done,
+  /// and no group is restarted any more.
+  std::optional<int64_t> completedBy;
   int64_t lastEpoch = 0;
   std::vector<int> lastMembers;
   bool gaveUpJob = false;

@@ -426,6 +426,58 @@ TEST_F(MembershipTest, SyncedGroupsAreThoseHoldingTheCommittedState) {
   EXPECT_EQ(synced(7), (std::vector<int>{}));
 }
 
+// A group restarted while an epoch still lists it (two groups of three lost
+// at once: nobody could install the loss epoch) holds none of the job's
+// state: the next epoch records its new incarnation and never counts it
+// among the synced groups, and records the steps committed so far, which a
+// joiner takes as its counter (docs/fault-tolerance.md, "Epochs").
+TEST_F(MembershipTest, RestartedGroupIsNeverSyncedAndEpochsRecordSteps) {
+  std::vector<std::unique_ptr<Membership>> g;
+  for (int i = 0; i < 3; ++i) {
+    g.push_back(mustConnect(options(redis.port, "inc", i, 3, 1)));
+    ASSERT_TRUE(g.back());
+    ASSERT_TRUE(g.back()->startHeartbeat().ok());
+  }
+  auto p = g[0]->proposeNextEpoch(0);
+  ASSERT_TRUE(p.ok() && p->won);
+  auto r1 = g[0]->epochRecord(1);
+  ASSERT_TRUE(r1.ok()) << r1.error().message;
+  EXPECT_EQ(r1->members, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(r1->incarnations, (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(r1->synced, (std::vector<int>{0, 1, 2}));
+  EXPECT_FALSE(r1->stepsCommitted);
+  EXPECT_TRUE(r1->hasMember(1, 0));
+  EXPECT_FALSE(r1->hasMember(1, 1));
+  // Step 4 commits in epoch 1 (one rank per group).
+  for (int i = 0; i < 3; ++i) {
+    auto v = g[size_t(i)]->voteStep(1, 4, i, true, 3);
+    ASSERT_TRUE(v.ok() && *v);
+  }
+  // Groups 1 and 2 die and come back at incarnation 1 before any epoch
+  // could leave them out.
+  for (int i : {1, 2}) {
+    g[size_t(i)].reset();
+    auto o = options(redis.port, "inc", i, 3, 1);
+    o.incarnation = 1;
+    g[size_t(i)] = mustConnect(o);
+    ASSERT_TRUE(g[size_t(i)]);
+    ASSERT_TRUE(g[size_t(i)]->startHeartbeat().ok());
+  }
+  p = g[1]->proposeNextEpoch(1);
+  ASSERT_TRUE(p.ok() && p->won);
+  auto r2 = g[2]->epochRecord(2);
+  ASSERT_TRUE(r2.ok()) << r2.error().message;
+  EXPECT_EQ(r2->members, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(r2->incarnations, (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_EQ(r2->synced, (std::vector<int>{0}));
+  EXPECT_EQ(r2->stepsCommitted, std::optional<int64_t>(4));
+  EXPECT_TRUE(r2->hasMember(2, 1));
+  // An epoch never installed has no record.
+  auto r9 = g[0]->epochRecord(9);
+  ASSERT_TRUE(r9.ok());
+  EXPECT_TRUE(r9->members.empty());
+}
+
 TEST_F(MembershipTest, CompetingThreadsExactlyOneWinsEachEpoch) {
   constexpr int kGroups = 4, kRounds = 40;
   std::vector<std::unique_ptr<Membership>> ms;
@@ -819,7 +871,8 @@ TEST_F(MembershipTest, TwoJobsOnOneStoreDoNotInterfere) {
   EXPECT_EQ(all, (std::set<std::string>{
                      "meshplan:{job-a}:config", "meshplan:{job-a}:epoch",
                      "meshplan:{job-a}:hb:0", "meshplan:{job-a}:hb:1",
-                     "meshplan:{job-a}:quorum:1", "meshplan:{job-a}:synced:1",
+                     "meshplan:{job-a}:inc:1", "meshplan:{job-a}:quorum:1",
+                     "meshplan:{job-a}:steps:1", "meshplan:{job-a}:synced:1",
                      "meshplan:{job-b}:config", "meshplan:{job-b}:hb:0"}));
 
   // A process of job a with another group count is refused: the majority

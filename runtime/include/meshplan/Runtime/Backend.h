@@ -74,6 +74,11 @@ struct GroupSpec {
   /// known dead, would otherwise wait the whole timeout for members that
   /// never come. Unset: wait up to the timeout.
   std::function<std::optional<std::string>()> cancelled;
+  /// With `cancelled`: the bound on connecting to the members once their
+  /// addresses are known (0: the backend's timeout). A member that gives up
+  /// the rendezvous after publishing its address never connects, and its
+  /// peers would otherwise wait for it past the whole timeout.
+  std::chrono::milliseconds connectTimeout{0};
 };
 
 /// Where a communicator's buffers live and when its calls complete.

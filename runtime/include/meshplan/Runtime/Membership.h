@@ -74,6 +74,10 @@ struct MembershipOptions {
   std::chrono::milliseconds ioTimeout{2000};
   /// How often waitForChange polls the epoch.
   std::chrono::milliseconds pollInterval{20};
+  /// This process's group's incarnation (a restarted group's is higher),
+  /// written into the heartbeat's value: the epoch script never takes a
+  /// group restarted since the last epoch for one holding the job's state.
+  int64_t incarnation = 0;
 };
 
 /// One epoch's quorum. Epoch 0 is the state before any quorum formed; it has
@@ -98,6 +102,27 @@ struct StepTally {
   int64_t epoch = 0;   ///< the store's current epoch
   int64_t okVotes = 0; ///< ranks that voted ok on (votedEpoch, step)
   bool failed = false; ///< some rank voted failed
+};
+
+/// What the store recorded when it installed an epoch (Membership::
+/// epochRecord): everything a rank adopting it needs, read at one instant.
+struct EpochRecord {
+  int64_t epoch = 0;
+  std::vector<int> members; ///< ascending
+  /// Each member's incarnation when the epoch was installed, by member.
+  std::vector<int64_t> incarnations;
+  /// The members holding the job's committed state (see syncedOf).
+  std::vector<int> synced;
+  /// The last step the job had committed when the epoch was installed
+  /// (none before the first commit): a joiner's step counter.
+  std::optional<int64_t> stepsCommitted;
+  /// Whether group `g` at incarnation `inc` is a member.
+  bool hasMember(int g, int64_t inc) const {
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i] == g)
+        return incarnations[i] == inc;
+    return false;
+  }
 };
 
 /// A heartbeat key still alive, with how long it has left.
@@ -162,6 +187,10 @@ public:
   /// groups, in both cases the ones still members. Empty for epoch 0 or an
   /// epoch never installed.
   Result<std::vector<int>> syncedOf(int64_t epoch);
+  /// Epoch `epoch`'s members, their incarnations, its synced groups and the
+  /// steps committed before it, in one read (empty for epoch 0 or an epoch
+  /// never installed).
+  Result<EpochRecord> epochRecord(int64_t epoch);
 
   /// Records `meshplan:{JOB}:rank:{R}` = this process's group, which the
   /// launcher reads to know which processes make up a group.
@@ -177,9 +206,14 @@ public:
   /// votes are final). Returns false, recording nothing, when the epoch has
   /// already moved. `committingVotes` (every rank of every member): the ok
   /// vote that makes the step's ok votes reach it marks the epoch as one in
-  /// which a step committed (see syncedOf); 0 marks nothing.
+  /// which a step committed (see syncedOf) and records `step` as the job's
+  /// last committed step (EpochRecord::stepsCommitted); 0 marks nothing.
   Result<bool> voteStep(int64_t epoch, int64_t step, int64_t rank, bool ok,
                         int64_t committingVotes = 0);
+  /// What `meshplan:{JOB}:finished` holds (the launcher writes it once every
+  /// rank of some replica group has exited 0, "replica 0"), or nothing: a
+  /// rank that is still rejoining then will never catch up.
+  Result<std::optional<std::string>> jobFinished();
   /// The store's epoch and the votes on (epoch, step), read atomically.
   Result<StepTally> stepTally(int64_t epoch, int64_t step);
 

@@ -70,22 +70,29 @@ class CancellableStore : public gloo::rendezvous::Store {
 public:
   static constexpr std::chrono::milliseconds kCancelPollInterval{50};
 
+  /// `waitFor` bounds every wait, whatever Gloo asks for: the context's
+  /// timeout is kept short during a cancellable rendezvous (it bounds the
+  /// connects, below), and Gloo passes it to the store's waits too.
   CancellableStore(gloo::rendezvous::Store &inner,
-                   const std::function<std::optional<std::string>()> &cancelled)
-      : inner(inner), cancelled(cancelled) {}
+                   const std::function<std::optional<std::string>()> &cancelled,
+                   std::chrono::milliseconds waitFor)
+      : inner(inner), cancelled(cancelled), waitFor(waitFor) {}
 
   void set(const std::string &key, const std::vector<char> &data) override {
     inner.set(key, data);
   }
+  /// A get waits for its key inside the wrapped store (FileStore waits 30
+  /// s, uncancellable): wait here first, in slices.
   std::vector<char> get(const std::string &key) override {
+    wait({key});
     return inner.get(key);
   }
   void wait(const std::vector<std::string> &keys) override {
-    wait(keys, kDefaultTimeout);
+    wait(keys, waitFor);
   }
   void wait(const std::vector<std::string> &keys,
-            const std::chrono::milliseconds &timeout) override {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+            const std::chrono::milliseconds &) override {
+    auto deadline = std::chrono::steady_clock::now() + waitFor;
     while (true) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -108,6 +115,7 @@ public:
 private:
   gloo::rendezvous::Store &inner;
   const std::function<std::optional<std::string>()> &cancelled;
+  std::chrono::milliseconds waitFor;
 };
 
 //===----------------------------------------------------------------------===//
@@ -1250,8 +1258,19 @@ public:
           static_cast<int>(group.key), static_cast<int>(group.ranks.size()));
       context->setTimeout(options.timeout);
       if (group.cancelled) {
-        CancellableStore cancellable(scoped, group.cancelled);
+        // A member may give up the rendezvous after publishing its address
+        // (its group's epoch ended); a peer connecting to it would wait for
+        // Gloo's connect timeout, five times the context's. With
+        // GroupSpec::connectTimeout that wait is bounded by it instead,
+        // and the store's waits keep the whole timeout.
+        if (std::optional<std::string> why = group.cancelled())
+          throw gloo::IoException("rendezvous stopped: " + *why);
+        if (group.connectTimeout.count() > 0)
+          context->setTimeout(
+              std::max(std::chrono::milliseconds(1), group.connectTimeout / 5));
+        CancellableStore cancellable(scoped, group.cancelled, options.timeout);
         context->connectFullMesh(cancellable, device);
+        context->setTimeout(options.timeout);
       } else {
         context->connectFullMesh(scoped, device);
       }
