@@ -90,23 +90,23 @@ if len(fours) < 2 or fours[0] != (1, False) or fours[-1][1] is not True or fours
     fail(f"rank 0's attempts of step 4: {fours}")
 if [s["step"] for s in s0 if s["committed"]] != list(range(2, 17)):
     fail("rank 0's committed steps")
-# The fault_tolerant communicators' members per epoch, from every file.
-members = {}  # (epoch, comm) -> members
-for t in files.values():
-    for e, groups in t.get("epoch_communicators", {}).items():
-        for c, m in groups.items():
-            if members.setdefault((int(e), c), m) != m:
-                fail(f"epoch {e} {c}: members {m} and {members[(int(e), c)]}")
-ft_comms = {c for _, c in members}
-if not ft_comms:
-    fail("no epoch_communicators")
-e1 = [m for (e, c), m in members.items() if e == 1]
-e2 = [m for (e, c), m in members.items() if e == 2]
-if not e1 or any(2 not in m and 3 not in m for m in e1):
-    fail(f"epoch 1 members {e1}")
-if not e2 or any(2 in m or 3 in m for m in e2):
-    fail(f"epoch 2 members still hold replica 1: {e2}")
-
+# The fault_tolerant communicators' members per epoch, per process (the
+# same communicator id is another group on each shard coordinate).
+def members(rank, epoch, comm):
+    for (r, inc), t in files.items():
+        m = t.get("epoch_communicators", {}).get(str(epoch), {}).get(comm)
+        if r == rank and m is not None:
+            return m
+    return None
+ft_comms = {c for t in files.values() for g in t.get("epoch_communicators", {}).values() for c in g}
+if ft_comms != {"comm_mesh_dp_replicate"}:
+    fail(f"fault_tolerant communicators recorded: {ft_comms}")
+c = "comm_mesh_dp_replicate"
+if members(0, 1, c) != [0, 2, 4] or members(0, 2, c) != [0, 4] or members(5, 2, c) != [1, 5]:
+    fail(f"rank 0's members in epochs 1, 2: {members(0, 1, c)}, {members(0, 2, c)}; rank 5's in 2: {members(5, 2, c)}")
+last = max(int(e) for e in files[(2, 1)]["epoch_communicators"])
+if members(2, last, c) != [0, 2, 4] or members(0, last, c) != [0, 2, 4]:
+    fail(f"epoch {last}: rank 2 (restarted) and rank 0 disagree or miss a member")
 t = json.load(open(merged))
 ev = t["traceEvents"]
 names = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
@@ -143,10 +143,15 @@ for i, chain in chains.items():
     (epoch, step, comm), = epochs
     ranks = sorted(e["pid"] for e in chain)
     if comm in ft_comms:
+        # The flow's ranks are members of each one's group in that epoch;
+        # a committed attempt ran on every member, all traced, so its flow
+        # is the whole group. (A discarded one may miss the killed ranks.)
         crossed += 1
-        m = members.get((epoch, comm))
-        if m is None or not set(ranks) <= set(m):
-            fail(f"flow {i}: ranks {ranks} not members of {comm} in epoch {epoch}: {m}")
+        committed = sl[0]["args"]["committed"]
+        for r in ranks:
+            m = members(r, epoch, comm)
+            if m is None or not set(ranks) <= set(m) or (committed and m != ranks):
+                fail(f"flow {i} (committed: {committed}): ranks {ranks}, but rank {r}'s {comm} in epoch {epoch} is {m}")
 if crossed == 0:
     fail("no flow on a fault_tolerant communicator")
 print(f"merged: {len(slices)} slices, {len(chains)} flows ({crossed} on fault_tolerant "
