@@ -1130,7 +1130,8 @@ Result<void> RankTrainer::run() {
                   "its all-reduce, the scale) = %.2f%% of the median step\n",
                   median(clips) * 1e3, 100.0 * median(clips) / w);
     if (!traceRecordings.empty()) {
-      // Every traced step copies its times; the last also writes the file.
+      // Every traced step copies its times; the last also writes the file
+      // (a fault-tolerant process writes it after every step).
       double total = 0;
       for (double t : traceRecordings)
         total += t;
@@ -1257,7 +1258,8 @@ static void addTrainFlags(CLI::App &app, TrainFlags &flags,
       ->type_name("FILE");
   app.add_option("--trace", flags.traceDir,
                  "Record the executed steps' per-instruction times into "
-                 "DIR/rank<R>.json (meshplan trace --merge DIR)")
+                 "DIR/rank<R>.json, or rank<R>.inc<I>.json per process of "
+                 "a fault-tolerant run (meshplan trace --merge DIR)")
       ->type_name("DIR");
   app.add_option("--trace-steps", traceSteps,
                  "With --trace: the steps traced, A to B from 1 (default "

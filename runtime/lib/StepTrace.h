@@ -2,7 +2,8 @@
 //
 // SessionOptions::trace asks a session to record, for the steps in a
 // range, when every instruction became ready, started and ended, and to
-// write them as DIR/rank<R>.json (meshplan/Plan/ExecutedTrace.h;
+// write them as DIR/rank<R>.json or, fault tolerant, DIR/rank<R>.inc<I>.json
+// (meshplan/Plan/ExecutedTrace.h;
 // docs/observability.md). The executor already times every instruction of
 // every step for StepProfile; recording copies those times, so a session
 // that traces does no extra work inside a step, and one that does not

@@ -20,6 +20,12 @@
 // digest of the rank's plan, so that files of different runs or plans are
 // never merged into one picture.
 //
+// A fault-tolerant run (version 2 of the format) writes a file per process,
+// rank<R>.inc<I>.json for incarnation I, whose steps are attempts: a step
+// discarded in epoch E is redone in a later epoch under the same number, and
+// the members of a fault_tolerant communicator are recorded per epoch, so
+// that only members of one epoch's group are linked.
+//
 // Plain C++ on the plan layer; nothing here throws.
 //
 //===----------------------------------------------------------------------===//
