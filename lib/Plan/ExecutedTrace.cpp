@@ -136,7 +136,10 @@ std::string rankTraceFileName(const RankTrace &t) {
   return name + ".json";
 }
 
-std::string writeRankTrace(const RankTrace &t) {
+namespace {
+
+/// The rank file without its steps ("steps":[] last).
+std::string headerText(const RankTrace &t) {
   Json doc = Json::object();
   doc["format"] = kExecutedTraceFormat;
   doc["version"] = kExecutedTraceVersion;
@@ -157,16 +160,7 @@ std::string writeRankTrace(const RankTrace &t) {
   for (const auto &[id, members] : t.communicators)
     comms[id] = members;
   doc["communicators"] = std::move(comms);
-  if (!t.epochCommunicators.empty()) {
-    Json epochs = Json::object();
-    for (const auto &[epoch, groups] : t.epochCommunicators) {
-      Json g = Json::object();
-      for (const auto &[id, members] : groups)
-        g[id] = members;
-      epochs[std::to_string(epoch)] = std::move(g);
-    }
-    doc["epoch_communicators"] = std::move(epochs);
-  }
+
   Json ins = Json::array();
   for (const TracedInstruction &i : t.instructions) {
     Json j = Json::object();
@@ -183,31 +177,69 @@ std::string writeRankTrace(const RankTrace &t) {
     ins.push_back(std::move(j));
   }
   doc["instructions"] = std::move(ins);
-  Json steps = Json::array();
-  for (const ExecutedStep &s : t.steps) {
-    Json j = Json::object();
-    j["step"] = s.step;
-    if (t.faultTolerant) {
-      j["epoch"] = s.epoch;
-      j["committed"] = s.committed;
+  doc["steps"] = Json::array();
+  return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+} // namespace
+
+std::string writeRankTraceStep(const RankTrace &t, const ExecutedStep &s) {
+  Json j = Json::object();
+  j["step"] = s.step;
+  if (t.faultTolerant) {
+    j["epoch"] = s.epoch;
+    j["committed"] = s.committed;
+    // The epoch's fault_tolerant communicators: in the step, not the
+    // header, so that a recorder can append steps to a finished file.
+    if (auto e = t.epochCommunicators.find(s.epoch);
+        e != t.epochCommunicators.end()) {
+      Json members = Json::object();
+      for (const auto &[id, ranks] : e->second)
+        members[id] = ranks;
+      j["members"] = std::move(members);
     }
-    j["start_seconds"] = finiteOr0(s.start);
-    j["wall_seconds"] = finiteOr0(s.wall);
-    // Times from the step's start in microseconds, 3 decimals: what a
-    // trace viewer shows, and a third of the text of full doubles.
-    auto list = [](const std::vector<double> &v) {
-      Json a = Json::array();
-      for (double x : v)
-        a.push_back(std::round(finiteOr0(x) * kUs * 1e3) / 1e3);
-      return a;
-    };
-    j["ready_us"] = list(s.ready);
-    j["begin_us"] = list(s.begin);
-    j["end_us"] = list(s.end);
-    steps.push_back(std::move(j));
   }
-  doc["steps"] = std::move(steps);
-  return doc.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+  j["start_seconds"] = finiteOr0(s.start);
+  j["wall_seconds"] = finiteOr0(s.wall);
+  // Times from the step's start in microseconds, 3 decimals: what a
+  // trace viewer shows, and a third of the text of full doubles.
+  auto list = [](const std::vector<double> &v) {
+    Json a = Json::array();
+    for (double x : v)
+      a.push_back(std::round(finiteOr0(x) * kUs * 1e3) / 1e3);
+    return a;
+  };
+  j["ready_us"] = list(s.ready);
+  j["begin_us"] = list(s.begin);
+  j["end_us"] = list(s.end);
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string writeRankTraceWith(const RankTrace &header,
+                               const std::vector<std::string> &steps) {
+  // The header's text ends in "steps":[]}; the steps go between the
+  // brackets.
+  std::string text = headerText(header);
+  size_t size = text.size() + 1;
+  for (const std::string &step : steps)
+    size += step.size() + 1;
+  std::string out;
+  out.reserve(size);
+  out.append(text, 0, text.size() - 2);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (k)
+      out += ',';
+    out += steps[k];
+  }
+  out += "]}\n";
+  return out;
+}
+
+std::string writeRankTrace(const RankTrace &t) {
+  std::vector<std::string> steps;
+  for (const ExecutedStep &s : t.steps)
+    steps.push_back(writeRankTraceStep(t, s));
+  return writeRankTraceWith(t, steps);
 }
 
 //===----------------------------------------------------------------------===//
@@ -235,7 +267,6 @@ const SectionRule kRootRule = {
      {"incarnation", JsonType::Integer},
      {"streams", JsonType::Array, true, JsonType::String},
      {"communicators", JsonType::Object, true},
-     {"epoch_communicators", JsonType::Object},
      {"instructions", JsonType::Array, true, JsonType::Object},
      {"steps", JsonType::Array, true, JsonType::Object}}};
 const SectionRule kClockRule = {
@@ -256,6 +287,7 @@ const SectionRule kStepRule = {
     {{"step", JsonType::Integer, true},
      {"epoch", JsonType::Integer},
      {"committed", JsonType::Boolean},
+     {"members", JsonType::Object},
      {"start_seconds", JsonType::Number, true},
      {"wall_seconds", JsonType::Number, true},
      {"ready_us", JsonType::Array, true, JsonType::Number},
@@ -337,26 +369,6 @@ Result<RankTrace> parseDocument(const Json &doc) {
       return i.error();
     t.incarnation = *i;
   }
-  if (const Json *epochs = json::member(doc, "epoch_communicators")) {
-    for (const auto &[key, groups] : epochs->items()) {
-      std::string ptr = childPointer("/epoch_communicators", key);
-      char *end = nullptr;
-      long long epoch = std::strtoll(key.c_str(), &end, 10);
-      if (key.empty() || *end != '\0' || epoch < 1)
-        return json::errorAt(ptr, "expected an epoch number from 1");
-      if (!groups.is_object())
-        return json::errorAt(ptr, "expected an object of communicators");
-      for (const auto &[id, members] : groups.items()) {
-        std::string p = childPointer(ptr, id);
-        if (!t.communicators.count(id))
-          return json::errorAt(p, "unknown communicator " + quote(id));
-        auto ranks = json::readIntArray(members, p, 0, t.worldSize - 1);
-        if (!ranks)
-          return ranks.error();
-        t.epochCommunicators[epoch][id] = *ranks;
-      }
-    }
-  }
   const Json &ins = doc["instructions"];
   for (size_t i = 0; i < ins.size(); ++i) {
     std::string ptr = childPointer("/instructions", i);
@@ -421,6 +433,25 @@ Result<RankTrace> parseDocument(const Json &doc) {
       if (!committed)
         return committed.error();
       s.committed = *committed;
+    }
+    if (const Json *groups = json::member(j, "members")) {
+      // Every attempt of one epoch names the same members.
+      std::string mptr = childPointer(ptr, "members");
+      std::map<std::string, std::vector<int64_t>> members;
+      for (const auto &[id, list] : groups->items()) {
+        std::string p = childPointer(mptr, id);
+        if (!t.communicators.count(id))
+          return json::errorAt(p, "unknown communicator " + quote(id));
+        auto ranks = json::readIntArray(list, p, 0, t.worldSize - 1);
+        if (!ranks)
+          return ranks.error();
+        members[id] = *ranks;
+      }
+      auto [at, fresh] = t.epochCommunicators.emplace(s.epoch, members);
+      if (!fresh && at->second != members)
+        return json::errorAt(mptr, "other members than an earlier step of "
+                                   "epoch " +
+                                       std::to_string(s.epoch));
     }
     // A discarded attempt is redone under the same number in a later
     // epoch; otherwise steps increase.

@@ -2,8 +2,10 @@
 
 #include "StepTrace.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -198,7 +200,9 @@ Result<void> StepTraceRecorder::record(int64_t step,
   s.ready.resize(n, 0);
   s.begin.resize(n, 0);
   s.end.resize(n, 0);
-  trace.steps.push_back(std::move(s));
+  // Kept as text: a fault-tolerant process rewrites its file after every
+  // attempt, and formats each step once, not at every rewrite.
+  steps.push_back(plan::writeRankTraceStep(trace, s));
   written = false;
   // A fault-tolerant process may be killed at any step: what it finished
   // is on disk after each attempt.
@@ -211,13 +215,36 @@ Result<void> StepTraceRecorder::finish() {
   return written ? Result<void>() : write();
 }
 
+StepTraceRecorder::~StepTraceRecorder() {
+  if (appendFd >= 0)
+    ::close(appendFd);
+}
+
 Result<void> StepTraceRecorder::write() {
   std::string path =
       (fs::path(options.dir) / plan::rankTraceFileName(trace)).string();
+  if (appendFd >= 0) {
+    // A fault-tolerant file after its first write: the new steps replace
+    // its closing "]}\n" in one write() (a rewrite and rename of the
+    // whole file cost 1.3 ms a step on ext4, 8-11% of the tiny run's step).
+    std::string tail;
+    for (size_t k = inFile; k < steps.size(); ++k)
+      tail += "," + steps[k];
+    tail += "]}\n";
+    ssize_t n = ::pwrite(appendFd, tail.data(), tail.size(), fileSize - 3);
+    if (n != ssize_t(tail.size()))
+      return makeError("trace: cannot write " + path + ": " +
+                       (n < 0 ? std::strerror(errno) : "short write"));
+    fileSize += int64_t(tail.size()) - 3;
+    inFile = steps.size();
+    written = true;
+    return {};
+  }
+  std::string text = plan::writeRankTraceWith(trace, steps);
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << plan::writeRankTrace(trace);
+    out << text;
     out.flush();
     if (!out.good()) {
       std::error_code ec;
@@ -232,6 +259,16 @@ Result<void> StepTraceRecorder::write() {
     return makeError("trace: cannot write " + path + ": " + ec.message());
   }
   written = true;
+  // A fault-tolerant process appends its later steps to this file (the
+  // header, epoch members included, never changes once written).
+  if (trace.faultTolerant && !steps.empty()) {
+    appendFd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (appendFd < 0)
+      return makeError("trace: cannot write " + path + ": " +
+                       std::strerror(errno));
+    fileSize = int64_t(text.size());
+    inFile = steps.size();
+  }
   return {};
 }
 

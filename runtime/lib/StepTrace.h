@@ -17,12 +17,12 @@
 // half that round trip, which is written into the file).
 //
 // A fault-tolerant process (docs/observability.md, "Fault-tolerant runs")
-// writes rank<R>.inc<I>.json, its incarnation's own file, rewritten after
-// every traced attempt so that a process killed mid-run leaves the steps it
-// finished. A restarted process (incarnation > 0) reads the run's nonce from
-// the store, where it stays; rank 0 answered pings only at the job's open,
-// so it takes the clock offset its incarnation 0 measured on the same host
-// (one CLOCK_MONOTONIC), and marks it unknown on another host.
+// writes rank<R>.inc<I>.json, its incarnation's own file, and appends every
+// traced attempt to it at once, so that a process killed mid-run leaves the
+// steps it finished. A restarted process (incarnation > 0) reads the run's
+// nonce from the store, where it stays; rank 0 answered pings only at the job's
+// open, so it takes the clock offset its incarnation 0 measured on the same
+// host (one CLOCK_MONOTONIC), and marks it unknown on another host.
 //
 //===----------------------------------------------------------------------===//
 #ifndef MESHPLAN_RUNTIME_STEPTRACE_H
@@ -70,13 +70,22 @@ public:
   /// Writes the file if some recorded step is not in it yet (a run that
   /// stopped inside the range).
   Result<void> finish();
+  ~StepTraceRecorder();
+  StepTraceRecorder(const StepTraceRecorder &) = delete;
+  StepTraceRecorder &operator=(const StepTraceRecorder &) = delete;
 
 private:
   StepTraceRecorder(plan::RankTrace header, StepTraceOptions options)
       : trace(std::move(header)), options(std::move(options)) {}
   Result<void> write();
 
-  plan::RankTrace trace;
+  plan::RankTrace trace;          ///< the header (its steps are in `steps`)
+  std::vector<std::string> steps; ///< writeRankTraceStep of each
+  /// A fault-tolerant file once written: open for appending steps, its
+  /// size and how many of `steps` it holds.
+  int appendFd = -1;
+  int64_t fileSize = 0;
+  size_t inFile = 0;
   StepTraceOptions options;
   bool written = true;
 };

@@ -7,12 +7,12 @@
 #   - ranks 0, 1, 4, 5 wrote rank<R>.inc0.json, ranks 2 and 3 one file per
 #     incarnation (the killed one's steps before the kill survive it);
 #   - the survivors hold step 4 twice: discarded in epoch 1, committed in
-#     a later epoch, and the fault_tolerant communicator's members per epoch
-#     (the live groups' ranks);
+#     a later epoch, and every attempt names the fault_tolerant
+#     communicator's members in its epoch (the live groups' ranks);
 #   - `meshplan trace --merge` marks the discarded attempt (DISCARDED, cat
 #     "discarded"), names both incarnations in rank 2's process, and every
 #     flow links only ranks of one epoch that are members of the
-#     communicator in that epoch (the rank files' epoch_communicators);
+#     communicator in that epoch (the steps' members in the rank files);
 #   - `--summary` counts committed steps only and lists the discarded
 #     attempts.
 #
@@ -94,17 +94,18 @@ if [s["step"] for s in s0 if s["committed"]] != list(range(2, 17)):
 # same communicator id is another group on each shard coordinate).
 def members(rank, epoch, comm):
     for (r, inc), t in files.items():
-        m = t.get("epoch_communicators", {}).get(str(epoch), {}).get(comm)
-        if r == rank and m is not None:
-            return m
+        for st in t["steps"]:
+            m = st.get("members", {}).get(comm)
+            if r == rank and st["epoch"] == epoch and m is not None:
+                return m
     return None
-ft_comms = {c for t in files.values() for g in t.get("epoch_communicators", {}).values() for c in g}
+ft_comms = {c for t in files.values() for st in t["steps"] for c in st.get("members", {})}
 if ft_comms != {"comm_mesh_dp_replicate"}:
     fail(f"fault_tolerant communicators recorded: {ft_comms}")
 c = "comm_mesh_dp_replicate"
 if members(0, 1, c) != [0, 2, 4] or members(0, 2, c) != [0, 4] or members(5, 2, c) != [1, 5]:
     fail(f"rank 0's members in epochs 1, 2: {members(0, 1, c)}, {members(0, 2, c)}; rank 5's in 2: {members(5, 2, c)}")
-last = max(int(e) for e in files[(2, 1)]["epoch_communicators"])
+last = files[(2, 1)]["steps"][-1]["epoch"]
 if members(2, last, c) != [0, 2, 4] or members(0, last, c) != [0, 2, 4]:
     fail(f"epoch {last}: rank 2 (restarted) and rank 0 disagree or miss a member")
 t = json.load(open(merged))

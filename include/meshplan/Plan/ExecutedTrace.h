@@ -131,6 +131,12 @@ RankTrace rankTraceOf(const Plan &plan);
 
 /// The rank file's JSON text.
 std::string writeRankTrace(const RankTrace &trace);
+/// The same in parts, for a recorder that rewrites the file after each
+/// step: one step's text (an element of "steps"), and the file of
+/// `header` (its own steps ignored) with `steps` as its steps.
+std::string writeRankTraceStep(const RankTrace &trace, const ExecutedStep &s);
+std::string writeRankTraceWith(const RankTrace &header,
+                               const std::vector<std::string> &steps);
 
 /// Parses a rank file. `path` prefixes every error ("DIR/rank3.json:
 /// /steps/4/begin: expected ..."); a truncated file is "line L, column C:
