@@ -14,7 +14,9 @@
 #     flow links only ranks of one epoch that are members of the
 #     communicator in that epoch (the steps' members in the rank files);
 #   - `--summary` counts committed steps only and lists the discarded
-#     attempts.
+#     attempts;
+#   - a restarted process with an unknown clock offset is marked in both;
+#     a redo in the same epoch as its discarded attempt is a located error.
 #
 #   trace-ft.sh BIN_DIR SOURCE_DIR
 set -euo pipefail
@@ -158,4 +160,31 @@ if crossed == 0:
 print(f"merged: {len(slices)} slices, {len(chains)} flows ({crossed} on fault_tolerant "
       f"communicators), {len(disc)} discarded step slices")
 PY
+# A restarted process whose clock could not be aligned (restarted on a host
+# where its rank never ran) is marked, not an error; a redo that does not
+# come in a later epoch is a located error.
+cp -r "$work/t" "$work/u"
+python3 - "$work/u/rank2.inc1.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["clock"] = {"offset_seconds": 0, "uncertainty_seconds": 0, "method": "unknown"}
+json.dump(t, open(sys.argv[1], "w"))
+PY
+"$bin/meshplan" trace --summary "$work/u" | grep -q "NOT ALIGNED (restarted on another host than rank 0's): rank 2 incarnation 1" ||
+  fail "unknown clock not marked in the summary"
+"$bin/meshplan" trace --merge "$work/u" -o "$work/u.json" >/dev/null || fail "merge of an unknown clock"
+grep -q '"incarnation 1 (clock unknown: times on its own clock)"' "$work/u.json" ||
+  fail "unknown clock not marked in the merged trace"
+python3 - "$work/u/rank0.inc0.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+fours = [i for i, s in enumerate(t["steps"]) if s["step"] == 4]
+first, k = fours[0], fours[-1]
+t["steps"][k]["epoch"] = 1
+t["steps"][k]["members"] = t["steps"][first]["members"]
+json.dump(t, open(sys.argv[1], "w"))
+PY
+if "$bin/meshplan" trace --summary "$work/u" >"$work/bad" 2>&1; then fail "a redo in the same epoch was accepted"; fi
+grep -qE "^meshplan: error: --summary: .*/u/rank0.inc0.json: /steps/[0-9]+/epoch: step 4 is redone in epoch 1, not after its discarded attempt's epoch 1$" \
+  "$work/bad" || fail "redo error: $(cat "$work/bad")"
 echo "trainer.trace.ft: OK"
