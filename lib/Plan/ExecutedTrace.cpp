@@ -294,6 +294,96 @@ const SectionRule kStepRule = {
      {"begin_us", JsonType::Array, true, JsonType::Number},
      {"end_us", JsonType::Array, true, JsonType::Number}}};
 
+/// The rank file's "steps" into `t`, whose header is read.
+Result<void> parseSteps(const Json &steps, RankTrace &t) {
+  int64_t previous = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    std::string ptr = childPointer("/steps", k);
+    const Json &j = steps[k];
+    MESHPLAN_TRY(json::checkObject(j, ptr, kStepRule));
+    ExecutedStep s;
+    if (const Json *e = json::member(j, "epoch")) {
+      auto epoch = json::readInt(*e, childPointer(ptr, "epoch"), 0);
+      if (!epoch)
+        return epoch.error();
+      s.epoch = *epoch;
+    }
+    if (const Json *c = json::member(j, "committed")) {
+      auto committed = json::readBool(*c, childPointer(ptr, "committed"));
+      if (!committed)
+        return committed.error();
+      s.committed = *committed;
+    }
+    if (const Json *groups = json::member(j, "members")) {
+      // Every attempt of one epoch names the same members.
+      std::string mptr = childPointer(ptr, "members");
+      std::map<std::string, std::vector<int64_t>> members;
+      for (const auto &[id, list] : groups->items()) {
+        std::string p = childPointer(mptr, id);
+        if (!t.communicators.count(id))
+          return json::errorAt(p, "unknown communicator " + quote(id));
+        auto ranks = json::readIntArray(list, p, 0, t.worldSize - 1);
+        if (!ranks)
+          return ranks.error();
+        members[id] = *ranks;
+      }
+      auto [at, fresh] = t.epochCommunicators.emplace(s.epoch, members);
+      if (!fresh && at->second != members)
+        return json::errorAt(mptr, "other members than an earlier step of "
+                                   "epoch " +
+                                       std::to_string(s.epoch));
+    }
+    // A discarded attempt is redone under the same number in a later
+    // epoch; otherwise steps increase.
+    const ExecutedStep *last = t.steps.empty() ? nullptr : &t.steps.back();
+    bool redo = last && !last->committed;
+    auto step = json::readInt(j["step"], childPointer(ptr, "step"),
+                              redo ? previous : previous + 1);
+    if (!step)
+      return Error{step.error().message +
+                   (redo ? " (a step is redone or followed by later ones)"
+                         : " (steps increase)")};
+    if (redo && *step == previous && s.epoch <= last->epoch)
+      return json::errorAt(childPointer(ptr, "epoch"),
+                           "step " + std::to_string(*step) +
+                               " is redone in epoch " +
+                               std::to_string(s.epoch) +
+                               ", not after its discarded attempt's epoch " +
+                               std::to_string(last->epoch));
+    s.step = previous = *step;
+    auto start = json::readNumber(j["start_seconds"],
+                                  childPointer(ptr, "start_seconds"));
+    auto wall =
+        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds"));
+    if (!start)
+      return start.error();
+    if (!wall)
+      return wall.error();
+    s.start = *start;
+    s.wall = *wall;
+    for (auto [key, out] :
+         {std::pair{"ready_us", &s.ready}, std::pair{"begin_us", &s.begin},
+          std::pair{"end_us", &s.end}}) {
+      std::string p = childPointer(ptr, key);
+      const Json &a = j[key];
+      if (a.size() != t.instructions.size())
+        return json::errorAt(p, "has " + std::to_string(a.size()) +
+                                    " entries but the trace has " +
+                                    std::to_string(t.instructions.size()) +
+                                    " instructions");
+      out->reserve(a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        auto v = json::readNumber(a[i], childPointer(p, i));
+        if (!v)
+          return v.error();
+        out->push_back(*v / kUs);
+      }
+    }
+    t.steps.push_back(std::move(s));
+  }
+  return {};
+}
+
 Result<RankTrace> parseDocument(const Json &doc) {
   MESHPLAN_TRY(json::checkObject(doc, "", kRootRule));
   RankTrace t;
@@ -415,92 +505,7 @@ Result<RankTrace> parseDocument(const Json &doc) {
     }
     t.instructions.push_back(std::move(ti));
   }
-  const Json &steps = doc["steps"];
-  int64_t previous = 0;
-  for (size_t k = 0; k < steps.size(); ++k) {
-    std::string ptr = childPointer("/steps", k);
-    const Json &j = steps[k];
-    MESHPLAN_TRY(json::checkObject(j, ptr, kStepRule));
-    ExecutedStep s;
-    if (const Json *e = json::member(j, "epoch")) {
-      auto epoch = json::readInt(*e, childPointer(ptr, "epoch"), 0);
-      if (!epoch)
-        return epoch.error();
-      s.epoch = *epoch;
-    }
-    if (const Json *c = json::member(j, "committed")) {
-      auto committed = json::readBool(*c, childPointer(ptr, "committed"));
-      if (!committed)
-        return committed.error();
-      s.committed = *committed;
-    }
-    if (const Json *groups = json::member(j, "members")) {
-      // Every attempt of one epoch names the same members.
-      std::string mptr = childPointer(ptr, "members");
-      std::map<std::string, std::vector<int64_t>> members;
-      for (const auto &[id, list] : groups->items()) {
-        std::string p = childPointer(mptr, id);
-        if (!t.communicators.count(id))
-          return json::errorAt(p, "unknown communicator " + quote(id));
-        auto ranks = json::readIntArray(list, p, 0, t.worldSize - 1);
-        if (!ranks)
-          return ranks.error();
-        members[id] = *ranks;
-      }
-      auto [at, fresh] = t.epochCommunicators.emplace(s.epoch, members);
-      if (!fresh && at->second != members)
-        return json::errorAt(mptr, "other members than an earlier step of "
-                                   "epoch " +
-                                       std::to_string(s.epoch));
-    }
-    // A discarded attempt is redone under the same number in a later
-    // epoch; otherwise steps increase.
-    const ExecutedStep *last = t.steps.empty() ? nullptr : &t.steps.back();
-    bool redo = last && !last->committed;
-    auto step = json::readInt(j["step"], childPointer(ptr, "step"),
-                              redo ? previous : previous + 1);
-    if (!step)
-      return Error{step.error().message +
-                   (redo ? " (a step is redone or followed by later ones)"
-                         : " (steps increase)")};
-    if (redo && *step == previous && s.epoch <= last->epoch)
-      return json::errorAt(childPointer(ptr, "epoch"),
-                           "step " + std::to_string(*step) +
-                               " is redone in epoch " +
-                               std::to_string(s.epoch) +
-                               ", not after its discarded attempt's epoch " +
-                               std::to_string(last->epoch));
-    s.step = previous = *step;
-    auto start = json::readNumber(j["start_seconds"],
-                                  childPointer(ptr, "start_seconds"));
-    auto wall =
-        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds"));
-    if (!start)
-      return start.error();
-    if (!wall)
-      return wall.error();
-    s.start = *start;
-    s.wall = *wall;
-    for (auto [key, out] :
-         {std::pair{"ready_us", &s.ready}, std::pair{"begin_us", &s.begin},
-          std::pair{"end_us", &s.end}}) {
-      std::string p = childPointer(ptr, key);
-      const Json &a = j[key];
-      if (a.size() != t.instructions.size())
-        return json::errorAt(p, "has " + std::to_string(a.size()) +
-                                    " entries but the trace has " +
-                                    std::to_string(t.instructions.size()) +
-                                    " instructions");
-      out->reserve(a.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        auto v = json::readNumber(a[i], childPointer(p, i));
-        if (!v)
-          return v.error();
-        out->push_back(*v / kUs);
-      }
-    }
-    t.steps.push_back(std::move(s));
-  }
+  MESHPLAN_TRY(parseSteps(doc["steps"], t));
   return t;
 }
 
@@ -693,6 +698,117 @@ std::string nameOf(const TracedInstruction &in) {
 // Merging
 //===----------------------------------------------------------------------===//
 
+namespace {
+
+/// A process per rank, its tracks named. The incarnations of a
+/// fault-tolerant rank (a file each) share its process and tracks: one
+/// starts after the previous one died. Fills otherData's `incarnations`
+/// (per rank) and `clockUnknown` (the processes whose clock offset is not
+/// known).
+void addProcesses(Json &events, const std::vector<RankTrace> &traces,
+                  Json &incarnations, Json &clockUnknown) {
+  auto meta = [&](const char *name, int64_t pid, int64_t tid, Json args) {
+    events.push_back(Json{{"name", name},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", tid},
+                          {"args", std::move(args)}});
+  };
+  std::map<int64_t, std::vector<const RankTrace *>> byRank;
+  for (const RankTrace &rt : traces)
+    byRank[rt.rank].push_back(&rt);
+  for (const auto &[rank, list] : byRank) {
+    const RankTrace &first = *list.front();
+    std::string name = "rank " + std::to_string(rank) +
+                       (first.host.empty() ? "" : " (" + first.host + ")");
+    if (first.faultTolerant) {
+      Json incs = Json::array();
+      std::string text;
+      for (const RankTrace *rt : list) {
+        incs.push_back(rt->incarnation);
+        text += (text.empty() ? "" : ", ") + std::to_string(rt->incarnation);
+        if (rt->clockUnknown()) {
+          clockUnknown.push_back(
+              Json{{"rank", rank}, {"incarnation", rt->incarnation}});
+          text += " (clock unknown)";
+        }
+      }
+      incarnations[std::to_string(rank)] = std::move(incs);
+      name +=
+          list.size() > 1 ? ", incarnations " + text : ", incarnation " + text;
+    }
+    meta("process_name", rank, 0, {{"name", name}});
+    meta("process_sort_index", rank, 0, {{"sort_index", rank}});
+    for (size_t s = 0; s < first.streams.size(); ++s) {
+      meta("thread_name", rank, int64_t(s), {{"name", first.streams[s]}});
+      meta("thread_sort_index", rank, int64_t(s), {{"sort_index", s}});
+    }
+    int64_t stepTid = int64_t(first.streams.size());
+    meta("thread_name", rank, stepTid, {{"name", "steps"}});
+    meta("thread_sort_index", rank, stepTid, {{"sort_index", -1}});
+  }
+}
+
+} // namespace
+
+namespace {
+
+/// The cost model beside the measurement: process world + rank, starting
+/// where the rank's first traced step did (`origin`: the merged trace's
+/// time 0 on the aligned clock).
+Result<void> addPredictions(Json &events, const std::vector<RankTrace> &traces,
+                            const std::map<int64_t, Prediction> &predictions,
+                            double origin) {
+  int64_t world = traces.front().worldSize;
+  auto us = [&](double aligned) { return (aligned - origin) * kUs; };
+  auto meta = [&](const char *name, int64_t pid, int64_t tid, Json args) {
+    events.push_back(Json{{"name", name},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", tid},
+                          {"args", std::move(args)}});
+  };
+  for (const auto &[rank, p] : predictions) {
+    auto own = std::find_if(traces.begin(), traces.end(),
+                            [&](const RankTrace &t) { return t.rank == rank; });
+    if (own == traces.end())
+      return makeError("--predict: rank " + std::to_string(rank) +
+                       " has no trace file to compare with");
+    if (!p.plan)
+      return makeError("internal error: a prediction without its plan");
+    std::string digest = planDigest(*p.plan);
+    if (digest != own->planDigest)
+      return makeError("rank " + std::to_string(rank) +
+                       ": the trace was recorded from another plan (digest " +
+                       own->planDigest + ") than the one predicted (" + digest +
+                       "); give the spec and flags the run was planned with");
+    int64_t pid = world + rank;
+    meta(
+        "process_name", pid, 0,
+        {{"name", "rank " + std::to_string(rank) + " predicted (cost model)"}});
+    meta("process_sort_index", pid, 0, {{"sort_index", pid}});
+    for (size_t s = 0; s < p.plan->streams.size(); ++s)
+      meta("thread_name", pid, int64_t(s), {{"name", p.plan->streams[s]}});
+    double at = own->steps.empty() ? origin : own->steps.front().start;
+    const Schedule &sc = p.schedule;
+    for (size_t i = 0; i < p.plan->program.size() && i < sc.start.size(); ++i) {
+      const Instruction &in = p.plan->program[i];
+      events.push_back(
+          Json{{"name", in.label.empty() ? in.id : in.label},
+               {"cat", "predicted"},
+               {"ph", "X"},
+               {"ts", us(at) + sc.start[i] * kUs},
+               {"dur", std::max(0.0, (sc.end[i] - sc.start[i]) * kUs)},
+               {"pid", pid},
+               {"tid", sc.streamIndex[i]},
+               {"args", {{"id", in.id}, {"op", opKindName(in.op)}}}});
+    }
+  }
+  return {};
+}
+
+} // namespace
+
 Result<std::string>
 mergeTraces(const std::vector<RankTrace> &traces,
             const std::map<int64_t, Prediction> &predictions) {
@@ -724,43 +840,9 @@ mergeTraces(const std::vector<RankTrace> &traces,
                           {"args", std::move(args)}});
   };
   int64_t world = traces.front().worldSize;
-  // The incarnations of a fault-tolerant rank (a file each) share its
-  // process and tracks: one starts after the previous one died.
-  std::map<int64_t, std::vector<const RankTrace *>> byRank;
-  for (const RankTrace &rt : traces)
-    byRank[rt.rank].push_back(&rt);
   Json incarnations = Json::object(), clockUnknown = Json::array();
+  addProcesses(events, traces, incarnations, clockUnknown);
   int64_t discarded = 0;
-  for (const auto &[rank, list] : byRank) {
-    const RankTrace &first = *list.front();
-    std::string name = "rank " + std::to_string(rank) +
-                       (first.host.empty() ? "" : " (" + first.host + ")");
-    if (first.faultTolerant) {
-      Json incs = Json::array();
-      std::string text;
-      for (const RankTrace *rt : list) {
-        incs.push_back(rt->incarnation);
-        text += (text.empty() ? "" : ", ") + std::to_string(rt->incarnation);
-        if (rt->clockUnknown()) {
-          clockUnknown.push_back(
-              Json{{"rank", rank}, {"incarnation", rt->incarnation}});
-          text += " (clock unknown)";
-        }
-      }
-      incarnations[std::to_string(rank)] = std::move(incs);
-      name +=
-          list.size() > 1 ? ", incarnations " + text : ", incarnation " + text;
-    }
-    meta("process_name", rank, 0, {{"name", name}});
-    meta("process_sort_index", rank, 0, {{"sort_index", rank}});
-    for (size_t s = 0; s < first.streams.size(); ++s) {
-      meta("thread_name", rank, int64_t(s), {{"name", first.streams[s]}});
-      meta("thread_sort_index", rank, int64_t(s), {{"sort_index", s}});
-    }
-    int64_t stepTid = int64_t(first.streams.size());
-    meta("thread_name", rank, stepTid, {{"name", "steps"}});
-    meta("thread_sort_index", rank, stepTid, {{"sort_index", -1}});
-  }
   for (size_t t = 0; t < traces.size(); ++t) {
     const RankTrace &rt = traces[t];
     int64_t stepTid = int64_t(rt.streams.size());
@@ -878,44 +960,7 @@ mergeTraces(const std::vector<RankTrace> &traces,
   for (int64_t r : missing)
     meta("process_name", r, 0,
          {{"name", "rank " + std::to_string(r) + ": NO TRACE FILE"}});
-  // The cost model beside the measurement: process world + rank, starting
-  // where the rank's first traced step did.
-  for (const auto &[rank, p] : predictions) {
-    auto own = std::find_if(traces.begin(), traces.end(),
-                            [&](const RankTrace &t) { return t.rank == rank; });
-    if (own == traces.end())
-      return makeError("--predict: rank " + std::to_string(rank) +
-                       " has no trace file to compare with");
-    if (!p.plan)
-      return makeError("internal error: a prediction without its plan");
-    std::string digest = planDigest(*p.plan);
-    if (digest != own->planDigest)
-      return makeError("rank " + std::to_string(rank) +
-                       ": the trace was recorded from another plan (digest " +
-                       own->planDigest + ") than the one predicted (" + digest +
-                       "); give the spec and flags the run was planned with");
-    int64_t pid = world + rank;
-    meta(
-        "process_name", pid, 0,
-        {{"name", "rank " + std::to_string(rank) + " predicted (cost model)"}});
-    meta("process_sort_index", pid, 0, {{"sort_index", pid}});
-    for (size_t s = 0; s < p.plan->streams.size(); ++s)
-      meta("thread_name", pid, int64_t(s), {{"name", p.plan->streams[s]}});
-    double at = own->steps.empty() ? origin : own->steps.front().start;
-    const Schedule &sc = p.schedule;
-    for (size_t i = 0; i < p.plan->program.size() && i < sc.start.size(); ++i) {
-      const Instruction &in = p.plan->program[i];
-      events.push_back(
-          Json{{"name", in.label.empty() ? in.id : in.label},
-               {"cat", "predicted"},
-               {"ph", "X"},
-               {"ts", us(at) + sc.start[i] * kUs},
-               {"dur", std::max(0.0, (sc.end[i] - sc.start[i]) * kUs)},
-               {"pid", pid},
-               {"tid", sc.streamIndex[i]},
-               {"args", {{"id", in.id}, {"op", opKindName(in.op)}}}});
-    }
-  }
+  MESHPLAN_TRY(addPredictions(events, traces, predictions, origin));
   Json other = Json::object();
   other["generator"] = "meshplan trace --merge";
   other["run"] = traces.front().run;
