@@ -1130,8 +1130,7 @@ Result<void> RankTrainer::run() {
                   "its all-reduce, the scale) = %.2f%% of the median step\n",
                   median(clips) * 1e3, 100.0 * median(clips) / w);
     if (!traceRecordings.empty()) {
-      // Every traced step copies its times; the last also writes the file
-      // (a fault-tolerant process writes it after every step).
+      // Every traced step copies its times; the last also writes the file.
       double total = 0;
       for (double t : traceRecordings)
         total += t;
