@@ -1328,7 +1328,8 @@ static void addTrainFlags(CLI::App &app, TrainFlags &flags,
       ->type_name("FILE");
   app.add_option("--trace", flags.traceDir,
                  "Record the executed steps' per-instruction times into "
-                 "DIR/rank<R>.json (meshplan trace --merge DIR)")
+                 "DIR/rank<R>.json, or rank<R>.inc<I>.json per process of "
+                 "a fault-tolerant run (meshplan trace --merge DIR)")
       ->type_name("DIR");
   app.add_option("--trace-steps", traceSteps,
                  "With --trace: the steps traced, A to B from 1 (default "

@@ -121,7 +121,25 @@ RankTrace rankTraceOf(const Plan &plan) {
   return t;
 }
 
-std::string writeRankTrace(const RankTrace &t) {
+const std::vector<int64_t> &RankTrace::membersOf(const std::string &comm,
+                                                 int64_t epoch) const {
+  if (auto e = epochCommunicators.find(epoch); e != epochCommunicators.end())
+    if (auto c = e->second.find(comm); c != e->second.end())
+      return c->second;
+  return communicators.at(comm);
+}
+
+std::string rankTraceFileName(const RankTrace &t) {
+  std::string name = "rank" + std::to_string(t.rank);
+  if (t.faultTolerant)
+    name += ".inc" + std::to_string(t.incarnation);
+  return name + ".json";
+}
+
+namespace {
+
+/// The rank file without its steps ("steps":[] last).
+std::string headerText(const RankTrace &t) {
   Json doc = Json::object();
   doc["format"] = kExecutedTraceFormat;
   doc["version"] = kExecutedTraceVersion;
@@ -133,11 +151,16 @@ std::string writeRankTrace(const RankTrace &t) {
   doc["clock"] = Json{{"offset_seconds", finiteOr0(t.clockOffset)},
                       {"uncertainty_seconds", finiteOr0(t.clockUncertainty)},
                       {"method", t.clockMethod}};
+  if (t.faultTolerant) {
+    doc["fault_tolerant"] = true;
+    doc["incarnation"] = t.incarnation;
+  }
   doc["streams"] = t.streams;
   Json comms = Json::object();
   for (const auto &[id, members] : t.communicators)
     comms[id] = members;
   doc["communicators"] = std::move(comms);
+
   Json ins = Json::array();
   for (const TracedInstruction &i : t.instructions) {
     Json j = Json::object();
@@ -154,27 +177,69 @@ std::string writeRankTrace(const RankTrace &t) {
     ins.push_back(std::move(j));
   }
   doc["instructions"] = std::move(ins);
-  Json steps = Json::array();
-  for (const ExecutedStep &s : t.steps) {
-    Json j = Json::object();
-    j["step"] = s.step;
-    j["start_seconds"] = finiteOr0(s.start);
-    j["wall_seconds"] = finiteOr0(s.wall);
-    // Times from the step's start in microseconds, 3 decimals: what a
-    // trace viewer shows, and a third of the text of full doubles.
-    auto list = [](const std::vector<double> &v) {
-      Json a = Json::array();
-      for (double x : v)
-        a.push_back(std::round(finiteOr0(x) * kUs * 1e3) / 1e3);
-      return a;
-    };
-    j["ready_us"] = list(s.ready);
-    j["begin_us"] = list(s.begin);
-    j["end_us"] = list(s.end);
-    steps.push_back(std::move(j));
+  doc["steps"] = Json::array();
+  return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+} // namespace
+
+std::string writeRankTraceStep(const RankTrace &t, const ExecutedStep &s) {
+  Json j = Json::object();
+  j["step"] = s.step;
+  if (t.faultTolerant) {
+    j["epoch"] = s.epoch;
+    j["committed"] = s.committed;
+    // The epoch's fault_tolerant communicators: in the step, not the
+    // header, so that a recorder can append steps to a finished file.
+    if (auto e = t.epochCommunicators.find(s.epoch);
+        e != t.epochCommunicators.end()) {
+      Json members = Json::object();
+      for (const auto &[id, ranks] : e->second)
+        members[id] = ranks;
+      j["members"] = std::move(members);
+    }
   }
-  doc["steps"] = std::move(steps);
-  return doc.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
+  j["start_seconds"] = finiteOr0(s.start);
+  j["wall_seconds"] = finiteOr0(s.wall);
+  // Times from the step's start in microseconds, 3 decimals: what a
+  // trace viewer shows, and a third of the text of full doubles.
+  auto list = [](const std::vector<double> &v) {
+    Json a = Json::array();
+    for (double x : v)
+      a.push_back(std::round(finiteOr0(x) * kUs * 1e3) / 1e3);
+    return a;
+  };
+  j["ready_us"] = list(s.ready);
+  j["begin_us"] = list(s.begin);
+  j["end_us"] = list(s.end);
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string writeRankTraceWith(const RankTrace &header,
+                               const std::vector<std::string> &steps) {
+  // The header's text ends in "steps":[]}; the steps go between the
+  // brackets.
+  std::string text = headerText(header);
+  size_t size = text.size() + 1;
+  for (const std::string &step : steps)
+    size += step.size() + 1;
+  std::string out;
+  out.reserve(size);
+  out.append(text, 0, text.size() - 2);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    if (k)
+      out += ',';
+    out += steps[k];
+  }
+  out += "]}\n";
+  return out;
+}
+
+std::string writeRankTrace(const RankTrace &t) {
+  std::vector<std::string> steps;
+  for (const ExecutedStep &s : t.steps)
+    steps.push_back(writeRankTraceStep(t, s));
+  return writeRankTraceWith(t, steps);
 }
 
 //===----------------------------------------------------------------------===//
@@ -198,6 +263,8 @@ const SectionRule kRootRule = {
      {"world_size", JsonType::Integer, true},
      {"host", JsonType::String, true},
      {"clock", JsonType::Object, true},
+     {"fault_tolerant", JsonType::Boolean},
+     {"incarnation", JsonType::Integer},
      {"streams", JsonType::Array, true, JsonType::String},
      {"communicators", JsonType::Object, true},
      {"instructions", JsonType::Array, true, JsonType::Object},
@@ -218,11 +285,104 @@ const SectionRule kInstructionRule = {"instruction",
 const SectionRule kStepRule = {
     "step",
     {{"step", JsonType::Integer, true},
+     {"epoch", JsonType::Integer},
+     {"committed", JsonType::Boolean},
+     {"members", JsonType::Object},
      {"start_seconds", JsonType::Number, true},
      {"wall_seconds", JsonType::Number, true},
      {"ready_us", JsonType::Array, true, JsonType::Number},
      {"begin_us", JsonType::Array, true, JsonType::Number},
      {"end_us", JsonType::Array, true, JsonType::Number}}};
+
+/// The rank file's "steps" into `t`, whose header is read.
+Result<void> parseSteps(const Json &steps, RankTrace &t) {
+  int64_t previous = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    std::string ptr = childPointer("/steps", k);
+    const Json &j = steps[k];
+    MESHPLAN_TRY(json::checkObject(j, ptr, kStepRule));
+    ExecutedStep s;
+    if (const Json *e = json::member(j, "epoch")) {
+      auto epoch = json::readInt(*e, childPointer(ptr, "epoch"), 0);
+      if (!epoch)
+        return epoch.error();
+      s.epoch = *epoch;
+    }
+    if (const Json *c = json::member(j, "committed")) {
+      auto committed = json::readBool(*c, childPointer(ptr, "committed"));
+      if (!committed)
+        return committed.error();
+      s.committed = *committed;
+    }
+    if (const Json *groups = json::member(j, "members")) {
+      // Every attempt of one epoch names the same members.
+      std::string mptr = childPointer(ptr, "members");
+      std::map<std::string, std::vector<int64_t>> members;
+      for (const auto &[id, list] : groups->items()) {
+        std::string p = childPointer(mptr, id);
+        if (!t.communicators.count(id))
+          return json::errorAt(p, "unknown communicator " + quote(id));
+        auto ranks = json::readIntArray(list, p, 0, t.worldSize - 1);
+        if (!ranks)
+          return ranks.error();
+        members[id] = *ranks;
+      }
+      auto [at, fresh] = t.epochCommunicators.emplace(s.epoch, members);
+      if (!fresh && at->second != members)
+        return json::errorAt(mptr, "other members than an earlier step of "
+                                   "epoch " +
+                                       std::to_string(s.epoch));
+    }
+    // A discarded attempt is redone under the same number in a later
+    // epoch; otherwise steps increase.
+    const ExecutedStep *last = t.steps.empty() ? nullptr : &t.steps.back();
+    bool redo = last && !last->committed;
+    auto step = json::readInt(j["step"], childPointer(ptr, "step"),
+                              redo ? previous : previous + 1);
+    if (!step)
+      return Error{step.error().message +
+                   (redo ? " (a step is redone or followed by later ones)"
+                         : " (steps increase)")};
+    if (redo && *step == previous && s.epoch <= last->epoch)
+      return json::errorAt(childPointer(ptr, "epoch"),
+                           "step " + std::to_string(*step) +
+                               " is redone in epoch " +
+                               std::to_string(s.epoch) +
+                               ", not after its discarded attempt's epoch " +
+                               std::to_string(last->epoch));
+    s.step = previous = *step;
+    auto start = json::readNumber(j["start_seconds"],
+                                  childPointer(ptr, "start_seconds"));
+    auto wall =
+        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds"));
+    if (!start)
+      return start.error();
+    if (!wall)
+      return wall.error();
+    s.start = *start;
+    s.wall = *wall;
+    for (auto [key, out] :
+         {std::pair{"ready_us", &s.ready}, std::pair{"begin_us", &s.begin},
+          std::pair{"end_us", &s.end}}) {
+      std::string p = childPointer(ptr, key);
+      const Json &a = j[key];
+      if (a.size() != t.instructions.size())
+        return json::errorAt(p, "has " + std::to_string(a.size()) +
+                                    " entries but the trace has " +
+                                    std::to_string(t.instructions.size()) +
+                                    " instructions");
+      out->reserve(a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        auto v = json::readNumber(a[i], childPointer(p, i));
+        if (!v)
+          return v.error();
+        out->push_back(*v / kUs);
+      }
+    }
+    t.steps.push_back(std::move(s));
+  }
+  return {};
+}
 
 Result<RankTrace> parseDocument(const Json &doc) {
   MESHPLAN_TRY(json::checkObject(doc, "", kRootRule));
@@ -237,10 +397,10 @@ Result<RankTrace> parseDocument(const Json &doc) {
   auto version = json::readInt(doc["version"], "/version");
   if (!version)
     return version.error();
-  if (*version != kExecutedTraceVersion)
+  if (*version < 1 || *version > kExecutedTraceVersion)
     return json::errorAt("/version",
                          "version " + std::to_string(*version) +
-                             " is not supported (this build reads " +
+                             " is not supported (this build reads 1 to " +
                              std::to_string(kExecutedTraceVersion) + ")");
   auto str = [&](const char *key, std::string &out) -> Result<void> {
     auto v = json::readString(doc[key], std::string("/") + key);
@@ -286,6 +446,18 @@ Result<RankTrace> parseDocument(const Json &doc) {
     if (!ranks)
       return ranks.error();
     t.communicators[id] = *ranks;
+  }
+  if (const Json *ft = json::member(doc, "fault_tolerant")) {
+    auto b = json::readBool(*ft, "/fault_tolerant");
+    if (!b)
+      return b.error();
+    t.faultTolerant = *b;
+  }
+  if (const Json *inc = json::member(doc, "incarnation")) {
+    auto i = json::readInt(*inc, "/incarnation", 0);
+    if (!i)
+      return i.error();
+    t.incarnation = *i;
   }
   const Json &ins = doc["instructions"];
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -333,48 +505,7 @@ Result<RankTrace> parseDocument(const Json &doc) {
     }
     t.instructions.push_back(std::move(ti));
   }
-  const Json &steps = doc["steps"];
-  int64_t previous = 0;
-  for (size_t k = 0; k < steps.size(); ++k) {
-    std::string ptr = childPointer("/steps", k);
-    const Json &j = steps[k];
-    MESHPLAN_TRY(json::checkObject(j, ptr, kStepRule));
-    ExecutedStep s;
-    auto step =
-        json::readInt(j["step"], childPointer(ptr, "step"), previous + 1);
-    if (!step)
-      return Error{step.error().message + " (steps increase)"};
-    s.step = previous = *step;
-    auto start = json::readNumber(j["start_seconds"],
-                                  childPointer(ptr, "start_seconds"));
-    auto wall =
-        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds"));
-    if (!start)
-      return start.error();
-    if (!wall)
-      return wall.error();
-    s.start = *start;
-    s.wall = *wall;
-    for (auto [key, out] :
-         {std::pair{"ready_us", &s.ready}, std::pair{"begin_us", &s.begin},
-          std::pair{"end_us", &s.end}}) {
-      std::string p = childPointer(ptr, key);
-      const Json &a = j[key];
-      if (a.size() != t.instructions.size())
-        return json::errorAt(p, "has " + std::to_string(a.size()) +
-                                    " entries but the trace has " +
-                                    std::to_string(t.instructions.size()) +
-                                    " instructions");
-      out->reserve(a.size());
-      for (size_t i = 0; i < a.size(); ++i) {
-        auto v = json::readNumber(a[i], childPointer(p, i));
-        if (!v)
-          return v.error();
-        out->push_back(*v / kUs);
-      }
-    }
-    t.steps.push_back(std::move(s));
-  }
+  MESHPLAN_TRY(parseSteps(doc["steps"], t));
   return t;
 }
 
@@ -396,20 +527,34 @@ Result<std::vector<RankTrace>> readTraceDirectory(const std::string &dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return makeError(dir + ": not a directory of executed-step traces");
-  std::vector<std::pair<int64_t, std::string>> files;
-  for (const fs::directory_entry &e : fs::directory_iterator(dir, ec)) {
-    // rank<R>.json, R in decimal without leading zeros.
-    std::string base = e.path().filename().string();
-    std::string_view digits(base);
-    if (!digits.starts_with("rank") || !digits.ends_with(".json"))
-      continue;
-    digits = digits.substr(4, digits.size() - 9);
+  // (rank, incarnation or -1 for rank<R>.json) -> path
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::string>> files;
+  auto number = [](std::string_view digits) -> std::optional<int64_t> {
+    // Decimal without leading zeros.
     if (digits.empty() || digits.size() > 9 ||
         (digits.size() > 1 && digits[0] == '0') ||
         !std::all_of(digits.begin(), digits.end(),
                      [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;
+    return std::stoll(std::string(digits));
+  };
+  for (const fs::directory_entry &e : fs::directory_iterator(dir, ec)) {
+    // rank<R>.json, or rank<R>.inc<I>.json (a fault-tolerant process).
+    std::string base = e.path().filename().string();
+    std::string_view name(base);
+    if (!name.starts_with("rank") || !name.ends_with(".json"))
       continue;
-    files.emplace_back(std::stoll(std::string(digits)), e.path().string());
+    name = name.substr(4, name.size() - 9);
+    std::optional<int64_t> rank, incarnation = -1;
+    if (size_t dot = name.find(".inc"); dot != std::string_view::npos) {
+      rank = number(name.substr(0, dot));
+      incarnation = number(name.substr(dot + 4));
+    } else {
+      rank = number(name);
+    }
+    if (!rank || !incarnation)
+      continue;
+    files.push_back({{*rank, *incarnation}, e.path().string()});
   }
   if (ec)
     return makeError(dir + ": " + ec.message());
@@ -421,7 +566,8 @@ Result<std::vector<RankTrace>> readTraceDirectory(const std::string &dir) {
   std::sort(files.begin(), files.end());
   std::vector<RankTrace> out;
   std::string text;
-  for (const auto &[r, path] : files) {
+  for (const auto &[key, path] : files) {
+    const auto &[r, inc] = key;
     MESHPLAN_TRY(json::readFileInto(path, text));
     auto t = parseRankTrace(text, path);
     if (!t)
@@ -429,6 +575,13 @@ Result<std::vector<RankTrace>> readTraceDirectory(const std::string &dir) {
     if (t->rank != r)
       return makeError(path + ": /rank: the file holds rank " +
                        std::to_string(t->rank) + "'s trace");
+    if ((inc >= 0) != t->faultTolerant || (inc >= 0 && t->incarnation != inc))
+      return makeError(
+          path + ": /incarnation: the file holds " +
+          (t->faultTolerant
+               ? "incarnation " + std::to_string(t->incarnation) +
+                     " of a fault-tolerant rank (rank<R>.inc<I>.json)"
+               : std::string("a rank without fault tolerance (rank<R>.json)")));
     if (!out.empty()) {
       const RankTrace &first = out.front();
       if (t->run != first.run)
@@ -474,9 +627,12 @@ struct Arrival {
   double end;
 };
 
-/// (step number, communicator id, members, ordinal) -> members' arrivals.
+/// (epoch, step number, communicator id, members, ordinal) -> members'
+/// arrivals. The epoch keeps a redone step's attempts apart; the members are
+/// the epoch's (a fault_tolerant communicator's change between epochs), so
+/// only members of one epoch's group are linked.
 using InstanceKey =
-    std::tuple<int64_t, std::string, std::vector<int64_t>, int64_t>;
+    std::tuple<int64_t, int64_t, std::string, std::vector<int64_t>, int64_t>;
 
 struct Instance {
   std::vector<Arrival> arrivals; ///< in rank order
@@ -495,8 +651,8 @@ matchCollectives(const std::vector<RankTrace> &traces) {
         const TracedInstruction &in = rt.instructions[i];
         if (in.ordinal < 0 || !ran(st, i))
           continue;
-        const std::vector<int64_t> &members = rt.communicators.at(in.comm);
-        Instance &inst = out[{st.step, in.comm, members, in.ordinal}];
+        const std::vector<int64_t> &members = rt.membersOf(in.comm, st.epoch);
+        Instance &inst = out[{st.epoch, st.step, in.comm, members, in.ordinal}];
         if (!inst.arrivals.empty()) {
           const Arrival &a = inst.arrivals.front();
           const TracedInstruction &other =
@@ -542,29 +698,15 @@ std::string nameOf(const TracedInstruction &in) {
 // Merging
 //===----------------------------------------------------------------------===//
 
-Result<std::string>
-mergeTraces(const std::vector<RankTrace> &traces,
-            const std::map<int64_t, Prediction> &predictions) {
-  if (traces.empty())
-    return makeError("no rank traces to merge");
-  auto instances = matchCollectives(traces);
-  if (!instances)
-    return instances.error();
-  double origin = INFINITY;
-  for (const RankTrace &t : traces)
-    for (const ExecutedStep &s : t.steps)
-      origin = std::min(origin, s.start);
-  if (!std::isfinite(origin))
-    origin = 0;
-  auto us = [&](double aligned) { return (aligned - origin) * kUs; };
+namespace {
 
-  // Per (trace, step, instruction): the instance it belongs to.
-  std::map<std::tuple<size_t, size_t, size_t>, const Instance *> instanceOf;
-  for (const auto &[key, inst] : *instances)
-    for (const Arrival &a : inst.arrivals)
-      instanceOf[{a.trace, a.step, a.instr}] = &inst;
-
-  Json events = Json::array();
+/// A process per rank, its tracks named. The incarnations of a
+/// fault-tolerant rank (a file each) share its process and tracks: one
+/// starts after the previous one died. Fills otherData's `incarnations`
+/// (per rank) and `clockUnknown` (the processes whose clock offset is not
+/// known).
+void addProcesses(Json &events, const std::vector<RankTrace> &traces,
+                  Json &incarnations, Json &clockUnknown) {
   auto meta = [&](const char *name, int64_t pid, int64_t tid, Json args) {
     events.push_back(Json{{"name", name},
                           {"ph", "M"},
@@ -572,103 +714,60 @@ mergeTraces(const std::vector<RankTrace> &traces,
                           {"tid", tid},
                           {"args", std::move(args)}});
   };
-  int64_t world = traces.front().worldSize;
-  for (size_t t = 0; t < traces.size(); ++t) {
-    const RankTrace &rt = traces[t];
-    meta("process_name", rt.rank, 0,
-         {{"name", "rank " + std::to_string(rt.rank) +
-                       (rt.host.empty() ? "" : " (" + rt.host + ")")}});
-    meta("process_sort_index", rt.rank, 0, {{"sort_index", rt.rank}});
-    for (size_t s = 0; s < rt.streams.size(); ++s) {
-      meta("thread_name", rt.rank, int64_t(s), {{"name", rt.streams[s]}});
-      meta("thread_sort_index", rt.rank, int64_t(s), {{"sort_index", s}});
-    }
-    int64_t stepTid = int64_t(rt.streams.size());
-    meta("thread_name", rt.rank, stepTid, {{"name", "steps"}});
-    meta("thread_sort_index", rt.rank, stepTid, {{"sort_index", -1}});
-    for (size_t s = 0; s < rt.steps.size(); ++s) {
-      const ExecutedStep &st = rt.steps[s];
-      events.push_back(Json{{"name", "step " + std::to_string(st.step)},
-                            {"cat", "step"},
-                            {"ph", "X"},
-                            {"ts", us(st.start)},
-                            {"dur", st.wall * kUs},
-                            {"pid", rt.rank},
-                            {"tid", stepTid},
-                            {"args", {{"step", st.step}}}});
-      for (size_t i = 0; i < rt.instructions.size(); ++i) {
-        if (!ran(st, i))
-          continue;
-        const TracedInstruction &in = rt.instructions[i];
-        Json args = Json::object();
-        args["id"] = in.id;
-        args["op"] = in.op;
-        args["step"] = st.step;
-        if (!in.comm.empty())
-          args["comm"] = in.comm;
-        args["bytes"] = in.bytes;
-        args["handoff_us"] = std::max(0.0, (st.begin[i] - st.ready[i]) * kUs);
-        auto found = instanceOf.find({t, s, i});
-        if (found != instanceOf.end()) {
-          const Instance &inst = *found->second;
-          const Arrival &last = inst.arrivals[inst.straggler];
-          args["waited_for_peers_us"] =
-              (last.begin - (st.start + st.begin[i])) * kUs;
-          args["last_to_arrive"] = traces[last.trace].rank;
-          const std::vector<int64_t> &members = rt.communicators.at(in.comm);
-          if (inst.arrivals.size() < members.size()) {
-            Json absent = Json::array();
-            std::set<int64_t> here;
-            for (const Arrival &a : inst.arrivals)
-              here.insert(traces[a.trace].rank);
-            for (int64_t m : members)
-              if (!here.count(m))
-                absent.push_back(m);
-            args["members_without_trace"] = std::move(absent);
-          }
+  std::map<int64_t, std::vector<const RankTrace *>> byRank;
+  for (const RankTrace &rt : traces)
+    byRank[rt.rank].push_back(&rt);
+  for (const auto &[rank, list] : byRank) {
+    const RankTrace &first = *list.front();
+    std::string name = "rank " + std::to_string(rank) +
+                       (first.host.empty() ? "" : " (" + first.host + ")");
+    if (first.faultTolerant) {
+      Json incs = Json::array();
+      std::string text;
+      for (const RankTrace *rt : list) {
+        incs.push_back(rt->incarnation);
+        text += (text.empty() ? "" : ", ") + std::to_string(rt->incarnation);
+        if (rt->clockUnknown()) {
+          clockUnknown.push_back(
+              Json{{"rank", rank}, {"incarnation", rt->incarnation}});
+          text += " (clock unknown)";
         }
-        events.push_back(
-            Json{{"name", nameOf(in)},
-                 {"cat",
-                  in.ordinal >= 0 || !in.comm.empty() ? "collective" : "local"},
-                 {"ph", "X"},
-                 {"ts", us(st.start + st.begin[i])},
-                 {"dur", std::max(0.0, (st.end[i] - st.begin[i]) * kUs)},
-                 {"pid", rt.rank},
-                 {"tid", in.stream},
-                 {"args", std::move(args)}});
       }
+      incarnations[std::to_string(rank)] = std::move(incs);
+      name +=
+          list.size() > 1 ? ", incarnations " + text : ", incarnation " + text;
     }
-  }
-  // Flow events: each collective's members, in rank order, one arrow chain.
-  int64_t flowId = 0;
-  for (const auto &[key, inst] : *instances) {
-    if (inst.arrivals.size() < 2)
-      continue;
-    ++flowId;
-    for (size_t a = 0; a < inst.arrivals.size(); ++a) {
-      const Arrival &ar = inst.arrivals[a];
-      const RankTrace &rt = traces[ar.trace];
-      const char *ph = a == 0 ? "s" : a + 1 == inst.arrivals.size() ? "f" : "t";
-      Json e{{"name", rt.instructions[ar.instr].op},
-             {"cat", "collective"},
-             {"ph", ph},
-             {"id", flowId},
-             {"ts", us(ar.begin)},
-             {"pid", rt.rank},
-             {"tid", rt.instructions[ar.instr].stream}};
-      if (a != 0)
-        e["bp"] = "e";
-      events.push_back(std::move(e));
+    meta("process_name", rank, 0, {{"name", name}});
+    meta("process_sort_index", rank, 0, {{"sort_index", rank}});
+    for (size_t s = 0; s < first.streams.size(); ++s) {
+      meta("thread_name", rank, int64_t(s), {{"name", first.streams[s]}});
+      meta("thread_sort_index", rank, int64_t(s), {{"sort_index", s}});
     }
+    int64_t stepTid = int64_t(first.streams.size());
+    meta("thread_name", rank, stepTid, {{"name", "steps"}});
+    meta("thread_sort_index", rank, stepTid, {{"sort_index", -1}});
   }
-  // Gaps: ranks of the world with no file.
-  std::vector<int64_t> missing = missingRanks(traces);
-  for (int64_t r : missing)
-    meta("process_name", r, 0,
-         {{"name", "rank " + std::to_string(r) + ": NO TRACE FILE"}});
-  // The cost model beside the measurement: process world + rank, starting
-  // where the rank's first traced step did.
+}
+
+} // namespace
+
+namespace {
+
+/// The cost model beside the measurement: process world + rank, starting
+/// where the rank's first traced step did (`origin`: the merged trace's
+/// time 0 on the aligned clock).
+Result<void> addPredictions(Json &events, const std::vector<RankTrace> &traces,
+                            const std::map<int64_t, Prediction> &predictions,
+                            double origin) {
+  int64_t world = traces.front().worldSize;
+  auto us = [&](double aligned) { return (aligned - origin) * kUs; };
+  auto meta = [&](const char *name, int64_t pid, int64_t tid, Json args) {
+    events.push_back(Json{{"name", name},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", tid},
+                          {"args", std::move(args)}});
+  };
   for (const auto &[rank, p] : predictions) {
     auto own = std::find_if(traces.begin(), traces.end(),
                             [&](const RankTrace &t) { return t.rank == rank; });
@@ -705,15 +804,178 @@ mergeTraces(const std::vector<RankTrace> &traces,
                {"args", {{"id", in.id}, {"op", opKindName(in.op)}}}});
     }
   }
+  return {};
+}
+
+} // namespace
+
+Result<std::string>
+mergeTraces(const std::vector<RankTrace> &traces,
+            const std::map<int64_t, Prediction> &predictions) {
+  if (traces.empty())
+    return makeError("no rank traces to merge");
+  auto instances = matchCollectives(traces);
+  if (!instances)
+    return instances.error();
+  double origin = INFINITY;
+  for (const RankTrace &t : traces)
+    for (const ExecutedStep &s : t.steps)
+      origin = std::min(origin, s.start);
+  if (!std::isfinite(origin))
+    origin = 0;
+  auto us = [&](double aligned) { return (aligned - origin) * kUs; };
+
+  // Per (trace, step, instruction): the instance it belongs to.
+  std::map<std::tuple<size_t, size_t, size_t>, const Instance *> instanceOf;
+  for (const auto &[key, inst] : *instances)
+    for (const Arrival &a : inst.arrivals)
+      instanceOf[{a.trace, a.step, a.instr}] = &inst;
+
+  Json events = Json::array();
+  auto meta = [&](const char *name, int64_t pid, int64_t tid, Json args) {
+    events.push_back(Json{{"name", name},
+                          {"ph", "M"},
+                          {"pid", pid},
+                          {"tid", tid},
+                          {"args", std::move(args)}});
+  };
+  int64_t world = traces.front().worldSize;
+  Json incarnations = Json::object(), clockUnknown = Json::array();
+  addProcesses(events, traces, incarnations, clockUnknown);
+  int64_t discarded = 0;
+  for (size_t t = 0; t < traces.size(); ++t) {
+    const RankTrace &rt = traces[t];
+    int64_t stepTid = int64_t(rt.streams.size());
+    if (rt.faultTolerant && !rt.steps.empty())
+      events.push_back(Json{
+          {"name", "incarnation " + std::to_string(rt.incarnation) +
+                       (rt.clockUnknown() ? " (clock unknown: times on its "
+                                            "own clock)"
+                                          : "")},
+          {"cat", "incarnation"},
+          {"ph", "i"},
+          {"s", "p"},
+          {"ts", us(rt.steps.front().start)},
+          {"pid", rt.rank},
+          {"tid", stepTid}});
+    for (size_t s = 0; s < rt.steps.size(); ++s) {
+      const ExecutedStep &st = rt.steps[s];
+      // A fault-tolerant step's attempts: "step 4 (epoch 1): DISCARDED",
+      // then "step 4 (epoch 2)".
+      std::string stepName = "step " + std::to_string(st.step);
+      Json stepArgs{{"step", st.step}};
+      if (rt.faultTolerant) {
+        stepName += " (epoch " + std::to_string(st.epoch) + ")";
+        stepArgs["epoch"] = st.epoch;
+        stepArgs["committed"] = st.committed;
+        stepArgs["incarnation"] = rt.incarnation;
+      }
+      if (!st.committed) {
+        stepName += ": DISCARDED";
+        ++discarded;
+      }
+      const char *discardedCat = st.committed ? "" : ",discarded";
+      events.push_back(Json{{"name", stepName},
+                            {"cat", std::string("step") + discardedCat},
+                            {"ph", "X"},
+                            {"ts", us(st.start)},
+                            {"dur", st.wall * kUs},
+                            {"pid", rt.rank},
+                            {"tid", stepTid},
+                            {"args", std::move(stepArgs)}});
+      for (size_t i = 0; i < rt.instructions.size(); ++i) {
+        if (!ran(st, i))
+          continue;
+        const TracedInstruction &in = rt.instructions[i];
+        Json args = Json::object();
+        args["id"] = in.id;
+        args["op"] = in.op;
+        args["step"] = st.step;
+        if (rt.faultTolerant) {
+          args["epoch"] = st.epoch;
+          args["committed"] = st.committed;
+        }
+        if (!in.comm.empty())
+          args["comm"] = in.comm;
+        args["bytes"] = in.bytes;
+        args["handoff_us"] = std::max(0.0, (st.begin[i] - st.ready[i]) * kUs);
+        auto found = instanceOf.find({t, s, i});
+        if (found != instanceOf.end()) {
+          const Instance &inst = *found->second;
+          const Arrival &last = inst.arrivals[inst.straggler];
+          args["waited_for_peers_us"] =
+              (last.begin - (st.start + st.begin[i])) * kUs;
+          args["last_to_arrive"] = traces[last.trace].rank;
+          const std::vector<int64_t> &members = rt.membersOf(in.comm, st.epoch);
+          if (inst.arrivals.size() < members.size()) {
+            Json absent = Json::array();
+            std::set<int64_t> here;
+            for (const Arrival &a : inst.arrivals)
+              here.insert(traces[a.trace].rank);
+            for (int64_t m : members)
+              if (!here.count(m))
+                absent.push_back(m);
+            args["members_without_trace"] = std::move(absent);
+          }
+        }
+        events.push_back(
+            Json{{"name", nameOf(in)},
+                 {"cat",
+                  std::string(in.ordinal >= 0 || !in.comm.empty() ? "collective"
+                                                                  : "local") +
+                      discardedCat},
+                 {"ph", "X"},
+                 {"ts", us(st.start + st.begin[i])},
+                 {"dur", std::max(0.0, (st.end[i] - st.begin[i]) * kUs)},
+                 {"pid", rt.rank},
+                 {"tid", in.stream},
+                 {"args", std::move(args)}});
+      }
+    }
+  }
+  // Flow events: each collective's members, in rank order, one arrow chain.
+  int64_t flowId = 0;
+  for (const auto &[key, inst] : *instances) {
+    if (inst.arrivals.size() < 2)
+      continue;
+    ++flowId;
+    for (size_t a = 0; a < inst.arrivals.size(); ++a) {
+      const Arrival &ar = inst.arrivals[a];
+      const RankTrace &rt = traces[ar.trace];
+      const char *ph = a == 0 ? "s" : a + 1 == inst.arrivals.size() ? "f" : "t";
+      Json e{{"name", rt.instructions[ar.instr].op},
+             {"cat", "collective"},
+             {"ph", ph},
+             {"id", flowId},
+             {"ts", us(ar.begin)},
+             {"pid", rt.rank},
+             {"tid", rt.instructions[ar.instr].stream}};
+      if (a != 0)
+        e["bp"] = "e";
+      events.push_back(std::move(e));
+    }
+  }
+  // Gaps: ranks of the world with no file.
+  std::vector<int64_t> missing = missingRanks(traces);
+  for (int64_t r : missing)
+    meta("process_name", r, 0,
+         {{"name", "rank " + std::to_string(r) + ": NO TRACE FILE"}});
+  MESHPLAN_TRY(addPredictions(events, traces, predictions, origin));
   Json other = Json::object();
   other["generator"] = "meshplan trace --merge";
   other["run"] = traces.front().run;
   other["world_size"] = world;
   other["ranks_traced"] = int64_t(traces.size());
   other["missing_ranks"] = missing;
+  if (!incarnations.empty()) {
+    other["incarnations"] = std::move(incarnations);
+    other["discarded_attempts"] = discarded;
+    other["clock_unknown"] = std::move(clockUnknown);
+  }
   double uncertainty = 0;
   for (const RankTrace &t : traces)
-    uncertainty = std::max(uncertainty, t.clockUncertainty);
+    if (!t.clockUnknown())
+      uncertainty = std::max(uncertainty, t.clockUncertainty);
   other["clock_uncertainty_us"] = uncertainty * kUs;
   Json doc = Json::object();
   doc["traceEvents"] = std::move(events);
@@ -756,37 +1018,85 @@ std::string summarizeTraces(const std::vector<RankTrace> &traces) {
   if (traces.empty())
     return "no traces\n";
   auto instances = matchCollectives(traces);
+  // Only committed steps count below; a fault-tolerant run's discarded
+  // attempts are listed on their own.
   int64_t firstStep = INT64_MAX, lastStep = 0;
-  for (const RankTrace &t : traces)
+  std::vector<std::string> discardedText;
+  std::map<int64_t, std::vector<const RankTrace *>> byRank;
+  for (const RankTrace &t : traces) {
+    byRank[t.rank].push_back(&t);
     for (const ExecutedStep &s : t.steps) {
+      if (!s.committed) {
+        discardedText.push_back("rank " + std::to_string(t.rank) + " step " +
+                                std::to_string(s.step) + " (epoch " +
+                                std::to_string(s.epoch) + ", incarnation " +
+                                std::to_string(t.incarnation) + ")");
+        continue;
+      }
       firstStep = std::min(firstStep, s.step);
       lastStep = std::max(lastStep, s.step);
     }
-  out << "run " << traces.front().run << ": " << traces.size() << " of "
+  }
+  out << "run " << traces.front().run << ": " << byRank.size() << " of "
       << traces.front().worldSize << " ranks traced";
   if (lastStep > 0)
     out << ", steps " << firstStep << ".." << lastStep;
   out << "\n";
+  if (traces.front().faultTolerant) {
+    std::string restarted;
+    for (const auto &[rank, list] : byRank)
+      if (list.size() > 1 || list.front()->incarnation > 0) {
+        restarted += (restarted.empty() ? "" : "; ") + std::string("rank ") +
+                     std::to_string(rank) + ":";
+        for (const RankTrace *t : list)
+          restarted += " " + std::to_string(t->incarnation);
+      }
+    out << "fault tolerant: " << traces.size() << " process files";
+    if (!restarted.empty())
+      out << "; incarnations of restarted ranks: " << restarted;
+    out << "\n";
+    out << "discarded attempts (not counted below): " << discardedText.size();
+    for (size_t k = 0; k < discardedText.size(); ++k)
+      out << (k ? ", " : ": ") << discardedText[k];
+    out << "\n";
+  }
   std::vector<int64_t> missing = missingRanks(traces);
   if (!missing.empty())
     out << "GAP: no trace file for ranks " << ranksText(missing)
         << "; their collectives' waits are not counted\n";
   double uncertainty = 0;
-  for (const RankTrace &t : traces)
-    uncertainty = std::max(uncertainty, t.clockUncertainty);
-  out << "clocks aligned to rank 0's within " << ms(uncertainty, 3)
-      << " ms\n\n";
+  std::string unknown;
+  for (const RankTrace &t : traces) {
+    if (t.clockUnknown())
+      unknown += (unknown.empty() ? "" : ", ") + std::string("rank ") +
+                 std::to_string(t.rank) + " incarnation " +
+                 std::to_string(t.incarnation);
+    else
+      uncertainty = std::max(uncertainty, t.clockUncertainty);
+  }
+  out << "clocks aligned to rank 0's within " << ms(uncertainty, 3) << " ms";
+  if (!unknown.empty())
+    out << "; NOT ALIGNED (restarted on another host than rank 0's): "
+        << unknown << ": their waits compare times of two clocks";
+  out << "\n\n";
 
   // Per rank (per step medians).
   out << "per rank (median per step, ms):\n"
       << "  rank       step    compute  collectives    exposed\n";
-  for (const RankTrace &t : traces) {
+  for (const auto &[rank, list] : byRank) {
+    const RankTrace &t = *list.front();
     std::vector<double> wall, compute, coll, exposed;
     int computeStream = 0;
     for (size_t s = 0; s < t.streams.size(); ++s)
       if (t.streams[s] == "compute")
         computeStream = int(s);
-    for (const ExecutedStep &st : t.steps) {
+    std::vector<const ExecutedStep *> committed;
+    for (const RankTrace *inc : list)
+      for (const ExecutedStep &st : inc->steps)
+        if (st.committed)
+          committed.push_back(&st);
+    for (const ExecutedStep *stp : committed) {
+      const ExecutedStep &st = *stp;
       std::vector<Interval> c, local, onCompute;
       for (size_t i = 0; i < t.instructions.size(); ++i) {
         if (!ran(st, i))
@@ -820,12 +1130,20 @@ std::string summarizeTraces(const std::vector<RankTrace> &traces) {
     int64_t collectives = 0;
     double time = 0, waited = 0;
     std::map<int64_t, std::pair<int64_t, double>> lastCount; // rank -> n, wait
+    std::set<std::pair<int64_t, int64_t>> steps;             // (epoch, step)
+  };
+  auto committedInstance = [&](const Instance &inst) {
+    const Arrival &a = inst.arrivals.front();
+    return traces[a.trace].steps[a.step].committed;
   };
   std::map<std::pair<std::string, std::vector<int64_t>>, GroupStats> groups;
   for (const auto &[key, inst] : *instances) {
-    const auto &[step, comm, members, ordinal] = key;
+    if (!committedInstance(inst))
+      continue;
+    const auto &[epoch, step, comm, members, ordinal] = key;
     GroupStats &g = groups[{comm, members}];
     ++g.collectives;
+    g.steps.emplace(epoch, step);
     for (const Arrival &a : inst.arrivals)
       g.time += a.end - a.begin;
     g.waited += inst.waited;
@@ -836,10 +1154,12 @@ std::string summarizeTraces(const std::vector<RankTrace> &traces) {
       w += inst.waited;
     }
   }
-  int64_t steps = std::max<int64_t>(1, lastStep - firstStep + 1);
   out << "\nper communicator (ms per step, summed over the members traced):\n";
   for (const auto &[key, g] : groups) {
     const auto &[comm, members] = key;
+    // A fault_tolerant communicator's member sets each count the steps
+    // they ran in.
+    int64_t steps = std::max<int64_t>(1, int64_t(g.steps.size()));
     out << "  " << comm << " " << ranksText(members) << ": "
         << g.collectives / steps << " collectives, " << ms(g.time / steps)
         << " in them, " << ms(g.waited / steps) << " waiting for the last";
@@ -857,7 +1177,7 @@ std::string summarizeTraces(const std::vector<RankTrace> &traces) {
   std::vector<std::pair<double, const Instance *>> worst;
   std::map<const Instance *, const InstanceKey *> keyOf;
   for (const auto &[key, inst] : *instances)
-    if (inst.arrivals.size() > 1) {
+    if (inst.arrivals.size() > 1 && committedInstance(inst)) {
       worst.emplace_back(inst.waited, &inst);
       keyOf[&inst] = &key;
     }
@@ -867,10 +1187,13 @@ std::string summarizeTraces(const std::vector<RankTrace> &traces) {
     out << "\nlongest waits (collective: straggler, others' total wait, ms):\n";
     for (size_t k = 0; k < worst.size() && k < 5; ++k) {
       const Instance &inst = *worst[k].second;
-      const auto &[step, comm, members, ordinal] = *keyOf[&inst];
+      const auto &[epoch, step, comm, members, ordinal] = *keyOf[&inst];
       const Arrival &last = inst.arrivals[inst.straggler];
       const RankTrace &lt = traces[last.trace];
-      out << "  step " << step << " " << comm << " #" << ordinal << " "
+      out << "  step " << step;
+      if (epoch > 0)
+        out << " (epoch " << epoch << ")";
+      out << " " << comm << " #" << ordinal << " "
           << quote(nameOf(lt.instructions[last.instr])) << ": rank " << lt.rank
           << ", " << ms(worst[k].first, 3) << "\n";
     }

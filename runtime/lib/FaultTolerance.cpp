@@ -803,6 +803,7 @@ Result<void> Session::Impl::faultTolerantStep() {
       return fail(commit.error());
     if (!*commit) {
       ++f.discarded;
+      MESHPLAN_TRY(traceAttempt(step, epoch, false, start, state));
       moveOn = true;
       continue;
     }
@@ -814,7 +815,7 @@ Result<void> Session::Impl::faultTolerantStep() {
                         Clock::now());
     profile.needlessWakeups = state.needlessWakeups;
     reportOptimizerStep(profile);
-    return {};
+    return traceAttempt(step, epoch, true, start, state);
   }
 }
 

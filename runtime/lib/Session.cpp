@@ -254,13 +254,13 @@ Result<std::unique_ptr<Session>> Session::open(plan::Plan p,
                      "(SessionOptions::device; docs/cuda.md)");
   impl->backend = std::move(*backend);
   if (options.trace) {
-    // A fault-tolerant step redoes steps and changes groups between
-    // epochs; the trace format has no place for either yet.
-    if (options.faultTolerance)
-      return makeError("trace: fault-tolerant sessions are not traced (yet); "
-                       "trace a run without --fault-tolerant");
-    auto recorder =
-        StepTraceRecorder::start(impl->plan, *options.trace, *impl->backend);
+    // A fault-tolerant process records its incarnation, and each attempt
+    // with its epoch (traceAttempt).
+    auto recorder = StepTraceRecorder::start(
+        impl->plan, *options.trace, *impl->backend,
+        options.faultTolerance
+            ? std::optional<int64_t>(options.faultTolerance->incarnation)
+            : std::nullopt);
     if (!recorder)
       return recorder.error();
     impl->trace = std::move(*recorder);
@@ -723,6 +723,37 @@ Result<void> Session::step() {
     m.profile.traceRecording =
         std::chrono::duration<double>(Clock::now() - recording).count();
   }
+  return {};
+}
+
+Result<void> Session::Impl::traceAttempt(int64_t step, int64_t epoch,
+                                         bool committed,
+                                         Clock::time_point start,
+                                         const StepState &state) {
+  if (!trace || !trace->wants(step))
+    return {};
+  Clock::time_point recording = Clock::now();
+  if (!trace->knowsEpoch(epoch)) {
+    // The epoch's fault_tolerant communicators over its live groups, as
+    // this rank creates them (groupSpecOf), so that merge links only
+    // members of one epoch's group.
+    std::map<std::string, std::vector<int64_t>> members;
+    for (size_t c = 0; c < plan.communicators.size(); ++c)
+      if (plan.communicators[c].faultTolerant)
+        members[plan.communicators[c].id] = groupSpecOf(int(c)).ranks;
+    trace->setEpochMembers(epoch, std::move(members));
+  }
+  // A committed step's profile is the session's; a discarded attempt's
+  // (its part before the commit) is made here, only when traced.
+  StepProfile discarded;
+  if (!committed)
+    discarded = profileOf(program, state.spans, streams, commSequence, start,
+                          Clock::now());
+  MESHPLAN_TRY(trace->record(step, start, committed ? profile : discarded,
+                             epoch, committed));
+  if (committed)
+    profile.traceRecording =
+        std::chrono::duration<double>(Clock::now() - recording).count();
   return {};
 }
 

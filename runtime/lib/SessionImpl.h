@@ -262,6 +262,11 @@ struct Session::Impl {
                       const std::function<Result<void>(Bound &)> &run = {});
   Result<void> setUpFaultTolerance();
   Result<void> faultTolerantStep();
+  /// Records a fault-tolerant attempt of step `step` in epoch `epoch` when
+  /// it is traced (SessionOptions::trace): a committed one from `profile`,
+  /// a discarded one from `state`'s spans since `start`.
+  Result<void> traceAttempt(int64_t step, int64_t epoch, bool committed,
+                            Clock::time_point start, const StepState &state);
   /// Returns once this rank is in the store's current quorum, with that
   /// epoch adopted (and any joining group healed). `moveOn`: the adopted
   /// epoch failed; wait for (or install) a later one.

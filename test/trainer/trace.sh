@@ -11,8 +11,10 @@
 #   - the same run on the host device (the device executor) traces too.
 # Bad input, each one located line, exit 2, nothing written: a truncated
 # file, files of two runs, a malformed value, a spec of another plan, a
-# directory with no trace, --trace-steps outside --steps. A missing rank
-# file is a marked gap, not an error.
+# directory with no trace, --trace-steps outside --steps, a trace format
+# version this build does not read, a file named for an incarnation that
+# holds a rank without fault tolerance. A missing rank file is a marked gap,
+# not an error; a version 1 file (before fault-tolerant traces) reads.
 #
 #   trace.sh BIN_DIR SOURCE_DIR
 set -euo pipefail
@@ -152,6 +154,25 @@ bad malformed "^meshplan: error: --summary: .*/malformed/rank2.json: /steps/1/be
   "$bin/meshplan" trace --summary "$work/malformed"
 bad "another plan" "^meshplan: error: --spec: rank 0: the trace was recorded from another plan" \
   "$bin/meshplan" trace --merge "$work/a" -o "$work/bad.json" --spec "$src/examples/specs/fsdp-fp8-3d.json" --model tiny
+# A version 1 file (before fault-tolerant traces: no incarnation, epoch or
+# commit flag) still reads; a later version and a file under another
+# incarnation's name do not.
+mkdir "$work/v1" && cp "$work/a"/rank*.json "$work/v1/"
+python3 - "$work/v1/rank1.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+assert t["version"] == 2 and "incarnation" not in t and "epoch" not in t["steps"][0]
+t["version"] = 1
+json.dump(t, open(sys.argv[1], "w"))
+PY
+"$bin/meshplan" trace --summary "$work/v1" | grep -q "8 of 8 ranks traced, steps 2..4" ||
+  fail "a version 1 file did not read"
+sed -i 's/"version": *1/"version":3/' "$work/v1/rank1.json"
+bad "version 3" "^meshplan: error: --summary: .*/v1/rank1.json: /version: version 3 is not supported \(this build reads 1 to 2\)" \
+  "$bin/meshplan" trace --summary "$work/v1"
+mkdir "$work/inc" && cp "$work/a"/rank*.json "$work/inc/" && mv "$work/inc/rank4.json" "$work/inc/rank4.inc1.json"
+bad "incarnation name" "^meshplan: error: --summary: .*/inc/rank4.inc1.json: /incarnation: the file holds a rank without fault tolerance" \
+  "$bin/meshplan" trace --summary "$work/inc"
 mkdir "$work/empty"
 bad "no trace" "^meshplan: error: --merge: .*/empty: no rank<R>.json trace file" \
   "$bin/meshplan" trace --merge "$work/empty" -o "$work/bad.json"

@@ -62,7 +62,8 @@ meshplan::cli::runExecutedTraceCommand(const ExecutedTraceOptions &options) {
   if (!options.spec.spec.empty()) {
     std::vector<int64_t> ranks;
     for (const plan::RankTrace &t : traces)
-      ranks.push_back(t.rank);
+      if (ranks.empty() || ranks.back() != t.rank) // incarnations of one rank
+        ranks.push_back(t.rank);
     predicted = predictRanks(options.spec, options.cost, ranks);
     for (RankPrediction &p : predicted)
       predictions[p.plan.rank] = {&p.plan, p.schedule};
@@ -75,12 +76,26 @@ meshplan::cli::runExecutedTraceCommand(const ExecutedTraceOptions &options) {
     return *merged;
   writeAtomically(options.output, *merged);
   std::ostringstream out;
-  int64_t steps = 0;
+  // Committed steps (a fault-tolerant rank's over its incarnations); the
+  // discarded attempts are counted apart.
+  std::map<int64_t, int64_t> stepsOf;
+  int64_t discarded = 0;
   for (const plan::RankTrace &t : traces)
-    steps = std::max<int64_t>(steps, int64_t(t.steps.size()));
+    for (const plan::ExecutedStep &s : t.steps)
+      (s.committed ? stepsOf[t.rank] : discarded) += 1;
+  int64_t steps = 0;
+  for (const auto &[rank, n] : stepsOf)
+    steps = std::max(steps, n);
   std::vector<int64_t> missing = plan::missingRanks(traces);
-  out << "wrote " << options.output << ": " << traces.size() << " of "
-      << traces.front().worldSize << " ranks, " << steps << " steps"
+  out << "wrote " << options.output << ": "
+      << traces.front().worldSize - int64_t(missing.size()) << " of "
+      << traces.front().worldSize << " ranks";
+  if (traces.front().faultTolerant)
+    out << " (" << traces.size() << " process files)";
+  out << ", " << steps << " steps"
+      << (traces.front().faultTolerant
+              ? " (" + std::to_string(discarded) + " discarded attempts)"
+              : "")
       << (predictions.empty() ? ""
                               : ", " + std::to_string(predictions.size()) +
                                     " predicted beside them")

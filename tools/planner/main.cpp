@@ -215,7 +215,8 @@ int main(int argc, char **argv) {
                        "Trace file (\"-\" writes it to stdout)");
   CLI::Option *mergeOpt = traceCmd->add_option(
       "--merge", executedOptions.merge,
-      "Merge a run's executed-step traces (the rank<R>.json files "
+      "Merge a run's executed-step traces (the rank<R>.json files, "
+      "rank<R>.inc<I>.json in a fault-tolerant run, that "
       "meshplan-train --trace DIR wrote) into one Perfetto trace; with "
       "--spec, the cost model's prediction of the same plans beside them");
   CLI::Option *summaryOpt = traceCmd->add_option(

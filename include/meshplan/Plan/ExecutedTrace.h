@@ -20,6 +20,12 @@
 // digest of the rank's plan, so that files of different runs or plans are
 // never merged into one picture.
 //
+// A fault-tolerant run (version 2 of the format) writes a file per process,
+// rank<R>.inc<I>.json for incarnation I, whose steps are attempts: a step
+// discarded in epoch E is redone in a later epoch under the same number, and
+// the members of a fault_tolerant communicator are recorded per epoch, so
+// that only members of one epoch's group are linked.
+//
 // Plain C++ on the plan layer; nothing here throws.
 //
 //===----------------------------------------------------------------------===//
@@ -40,7 +46,11 @@ namespace meshplan::plan {
 
 /// The format's name and version, written into every rank file.
 inline constexpr const char *kExecutedTraceFormat = "meshplan-executed-trace";
-inline constexpr int kExecutedTraceVersion = 1;
+/// Version 2 added what a fault-tolerant run needs (an incarnation per
+/// file, an epoch and a commit flag per step, the members of the
+/// fault_tolerant communicators per epoch); version 1 files still read,
+/// as incarnation 0 with every step committed.
+inline constexpr int kExecutedTraceVersion = 2;
 
 /// One instruction of the traced plan, as the trace needs it.
 struct TracedInstruction {
@@ -60,6 +70,13 @@ struct TracedInstruction {
 /// aligned clock (rank 0's monotonic clock), the rest from `start`.
 struct ExecutedStep {
   int64_t step = 0; ///< 1-based, as Session::stepsDone after it
+  /// A fault-tolerant run's epoch the attempt ran in (0: not fault
+  /// tolerant). A step is attempted at most once per epoch: a discarded
+  /// step is redone in a later epoch, so (epoch, step) names an attempt.
+  int64_t epoch = 0;
+  /// False for an attempt the commit vote discarded (its part before the
+  /// commit ran; the step was redone later under the same number).
+  bool committed = true;
   double start = 0;
   double wall = 0;
   /// Parallel to the plan's program; an instruction that did not run has
@@ -80,9 +97,25 @@ struct RankTrace {
   double clockOffset = 0;
   double clockUncertainty = 0;
   std::string clockMethod = "same host";
+  /// A fault-tolerant rank's process: the launcher's restart count of its
+  /// replica group (each incarnation writes its own file); 0 otherwise.
+  int64_t incarnation = 0;
+  bool faultTolerant = false;
   std::vector<std::string> streams;
   /// Communicator id -> members (ranks in key order).
   std::map<std::string, std::vector<int64_t>> communicators;
+  /// Epoch -> fault_tolerant communicator id -> its members in that epoch
+  /// (the live replica groups' ranks); they override `communicators` for
+  /// the steps of that epoch.
+  std::map<int64_t, std::map<std::string, std::vector<int64_t>>>
+      epochCommunicators;
+  /// The members of `comm` in `epoch`.
+  const std::vector<int64_t> &membersOf(const std::string &comm,
+                                        int64_t epoch) const;
+  /// The clock offset could not be measured (a restarted process on a host
+  /// other than rank 0's, where nobody answers a ping any more): its times
+  /// are on its own clock.
+  bool clockUnknown() const { return clockMethod == "unknown"; }
   std::vector<TracedInstruction> instructions;
   std::vector<ExecutedStep> steps;
 };
@@ -98,6 +131,12 @@ RankTrace rankTraceOf(const Plan &plan);
 
 /// The rank file's JSON text.
 std::string writeRankTrace(const RankTrace &trace);
+/// The same in parts, for a recorder that rewrites the file after each
+/// step: one step's text (an element of "steps"), and the file of
+/// `header` (its own steps ignored) with `steps` as its steps.
+std::string writeRankTraceStep(const RankTrace &trace, const ExecutedStep &s);
+std::string writeRankTraceWith(const RankTrace &header,
+                               const std::vector<std::string> &steps);
 
 /// Parses a rank file. `path` prefixes every error ("DIR/rank3.json:
 /// /steps/4/begin: expected ..."); a truncated file is "line L, column C:
@@ -105,9 +144,15 @@ std::string writeRankTrace(const RankTrace &trace);
 Result<RankTrace> parseRankTrace(std::string_view text,
                                  const std::string &path);
 
-/// Every rank<R>.json of `dir`, in rank order. Errors: a directory without
-/// one, an unreadable or malformed file (named), files of different runs
-/// or world sizes, two files of one rank, a rank outside the world.
+/// The file a rank's trace is written to: rank<R>.json, or for a
+/// fault-tolerant process rank<R>.inc<I>.json (a restarted process must not
+/// overwrite its predecessor's).
+std::string rankTraceFileName(const RankTrace &trace);
+
+/// Every rank<R>.json and rank<R>.inc<I>.json of `dir`, in (rank,
+/// incarnation) order. Errors: a directory without one, an unreadable or
+/// malformed file (named), files of different runs or world sizes, a file
+/// whose name and contents disagree.
 Result<std::vector<RankTrace>> readTraceDirectory(const std::string &dir);
 
 /// The ranks of the world with no file in `traces` (a gap the merged trace
