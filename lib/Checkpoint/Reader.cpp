@@ -442,10 +442,18 @@ Result<std::vector<std::byte>> loadBox(const CheckpointMetadata &meta,
   return out;
 }
 
-Result<VerifyReport> verifyCheckpoint(const std::string &dir) {
+Result<VerifyReport>
+verifyCheckpoint(const std::string &dir,
+                 const std::function<void(int64_t, int64_t)> &progress) {
   Result<CheckpointMetadata> meta = readCheckpointMetadata(dir);
   if (!meta)
     return meta.error();
+  // Progress by bytes, not chunks: one large tensor's chunks dominate.
+  int64_t total = 0;
+  for (const TensorEntry &t : meta->tensors)
+    for (const Chunk &c : t.chunks)
+      total += c.length;
+  int64_t checked = 0;
   VerifyReport report;
   WindowBuffer buffer;
   for (const TensorEntry &t : meta->tensors) {
@@ -462,6 +470,9 @@ Result<VerifyReport> verifyCheckpoint(const std::string &dir) {
         pos += piece->second;
       }
       report.bytes += reader.bytesRead;
+      checked += c.length;
+      if (progress)
+        progress(checked, total);
     }
   }
   return report;

@@ -324,8 +324,9 @@ meshplan::cli::runCkptVerifyCommand(const CkptVerifyOptions &options) {
   // Unreadable or inconsistent metadata (including a gap or overlap in the
   // tiling and a truncated file) is bad input: exit 2, as everywhere.
   readOrThrow(options.dir);
+  ProgressBar bar(progressOrThrow(options.progress), "checking bytes");
   CommandOutput result;
-  auto report = ckpt::verifyCheckpoint(options.dir);
+  auto report = ckpt::verifyCheckpoint(options.dir, std::ref(bar));
   if (!report) {
     // Well-formed but the data does not match its checksums: exit 1, as
     // `meshplan verify` for a plan set that fails.

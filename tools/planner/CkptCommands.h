@@ -30,6 +30,7 @@ CommandOutput runCkptInspectCommand(const CkptInspectOptions &options);
 /// 2: no readable checkpoint.
 struct CkptVerifyOptions {
   std::string dir;
+  std::string progress = "auto"; ///< auto | always | never
 };
 CommandOutput runCkptVerifyCommand(const CkptVerifyOptions &options);
 

@@ -314,6 +314,8 @@ int main(int argc, char **argv) {
                 "input)");
   ckptVerifyCmd->add_option("dir", ckptVerifyOptions.dir, "Checkpoint")
       ->required();
+  ckptVerifyCmd->add_option("--progress", ckptVerifyOptions.progress,
+                            kProgressHelp);
   CkptReshardOptions ckptReshardOptions;
   CLI::App *ckptReshardCmd = ckptCmd->add_subcommand(
       "reshard", "Rewrite a checkpoint for the layout of another spec, "

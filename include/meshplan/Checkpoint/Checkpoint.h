@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -384,8 +385,11 @@ struct VerifyReport {
   int64_t bytes = 0; ///< data bytes read and checksummed
 };
 /// Reads the metadata (tiling, sizes) and checksums every block of every
-/// chunk.
-Result<VerifyReport> verifyCheckpoint(const std::string &dir);
+/// chunk. `progress`, when given, is called with (bytes checked, bytes in
+/// all) after each chunk, in order, ending at (total, total).
+Result<VerifyReport>
+verifyCheckpoint(const std::string &dir,
+                 const std::function<void(int64_t, int64_t)> &progress = {});
 
 } // namespace meshplan::ckpt
 
