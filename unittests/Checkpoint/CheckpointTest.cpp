@@ -789,7 +789,8 @@ TEST_F(Corruption, MetadataChecksumCatchesConsistentEdits) {
   writeText(metaPath, reordered.dump(2));
   Result<CheckpointMetadata> m = readCheckpointMetadata(dir);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  EXPECT_EQ(metadataChecksumOf(*m), orig["metadata_checksum"]);
+  EXPECT_EQ(metadataChecksumOf(*m),
+            orig["metadata_checksum"].get<std::string>());
 
   // The checksum itself: missing, malformed, or on a version 1 document.
   doc = orig;
