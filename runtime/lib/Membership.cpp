@@ -16,13 +16,10 @@
 
 #include "meshplan/Runtime/Membership.h"
 
-#include <hiredis.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <sys/time.h>
 #include <unistd.h>
 
 namespace meshplan::runtime {
@@ -163,17 +160,7 @@ return {redis.call('GET', KEYS[1]) or '0', redis.call('SCARD', KEYS[2]),
 /// a long job does not fill the store.
 constexpr int kVoteExpirySeconds = 3600;
 
-struct ReplyDeleter {
-  void operator()(redisReply *r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
-
-timeval toTimeval(std::chrono::milliseconds ms) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(ms.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((ms.count() % 1000) * 1000);
-  return tv;
-}
+using Reply = RedisReply;
 
 bool validJobName(const std::string &job) {
   if (job.empty() || job.size() > 128)
@@ -213,15 +200,6 @@ std::optional<std::vector<int>> parseMembers(const std::string &s) {
   return out;
 }
 
-std::string replyString(const redisReply *r) {
-  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS ||
-      r->type == REDIS_REPLY_ERROR)
-    return std::string(r->str, r->len);
-  if (r->type == REDIS_REPLY_INTEGER)
-    return std::to_string(r->integer);
-  return "";
-}
-
 std::string joinGroups(const std::vector<int> &groups) {
   std::string s;
   for (int g : groups)
@@ -234,31 +212,6 @@ std::string joinGroups(const std::vector<int> &groups) {
 //===----------------------------------------------------------------------===//
 // Connections and commands
 //===----------------------------------------------------------------------===//
-
-Membership::Connection::~Connection() { reset(); }
-
-void Membership::Connection::reset() {
-  if (ctx)
-    redisFree(ctx);
-  ctx = nullptr;
-}
-
-namespace {
-
-/// The reason a context failed, in words a user can act on.
-std::string contextError(const redisContext *c, std::chrono::milliseconds io) {
-  if (!c)
-    return "out of memory";
-  std::string why = c->errstr;
-  // hiredis reports a read that hit SO_RCVTIMEO as EAGAIN's text.
-  if (c->err == REDIS_ERR_IO &&
-      (why == std::strerror(EAGAIN) || why == std::strerror(EWOULDBLOCK)))
-    return "no reply within " + std::to_string(io.count()) +
-           " ms (the store is hung or unreachable)";
-  return why;
-}
-
-} // namespace
 
 Membership::Membership(const MembershipOptions &o) : opts(o) {
   store = "redis://" + opts.host + ":" + std::to_string(opts.port);
@@ -293,82 +246,58 @@ std::string Membership::configValue() const {
 
 namespace {
 
-/// Runs one command on a connected context. A transport failure drops the
-/// context (hiredis cannot use it again) and is an error naming the store.
-Result<Reply> run(redisContext *&ctx, const std::string &store,
-                  std::chrono::milliseconds io, const std::string &what,
+/// Runs one command on a connected connection. A transport failure drops
+/// the connection and is an error naming the store, as is an error reply.
+Result<Reply> run(RedisConnection &c, const std::string &store,
+                  const std::string &what,
                   const std::vector<std::string> &args) {
-  std::vector<const char *> argv;
-  std::vector<size_t> lens;
-  for (const std::string &a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto *r = static_cast<redisReply *>(redisCommandArgv(
-      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (!r) {
-    std::string why = contextError(ctx, io);
-    redisFree(ctx);
-    ctx = nullptr;
-    return makeError("membership store " + store + ": " + what + ": " + why);
-  }
-  Reply reply(r);
-  if (reply->type == REDIS_REPLY_ERROR)
+  Result<Reply> reply = c.command(args);
+  if (!reply)
+    return makeError("membership store " + store + ": " + what + ": " +
+                     reply.error().message);
+  if (reply.value().isError())
     return makeError("membership store " + store + ": " + what +
-                     ": the store replied: " + replyString(reply.get()));
+                     ": the store replied: " + reply.value().text());
   return reply;
 }
 
 } // namespace
 
 Result<void> Membership::ensureConnected(Connection &c, bool firstConnect) {
-  if (c.ctx)
+  if (c.connected())
     return {};
-  redisContext *ctx = redisConnectWithTimeout(opts.host.c_str(), opts.port,
-                                              toTimeval(opts.connectTimeout));
-  if (!ctx || ctx->err) {
-    std::string why = contextError(ctx, opts.ioTimeout);
-    if (ctx)
-      redisFree(ctx);
-    return makeError("cannot reach the membership store " + store + ": " + why +
-                     " (connect timeout " +
-                     std::to_string(opts.connectTimeout.count()) + " ms)");
-  }
-  if (redisSetTimeout(ctx, toTimeval(opts.ioTimeout)) != REDIS_OK) {
-    std::string why = contextError(ctx, opts.ioTimeout);
-    redisFree(ctx);
-    return makeError("membership store " + store +
-                     ": cannot set the I/O timeout: " + why);
-  }
   // Keep-alive probes notice a peer that vanished without closing the
   // connection (a partition) even when we are not waiting on a reply.
-  redisEnableKeepAlive(ctx);
-  c.ctx = ctx;
+  Result<void> up = c.connect(opts.host, opts.port, opts.connectTimeout,
+                              opts.ioTimeout, /*keepAlive=*/true);
+  if (!up)
+    return makeError("cannot reach the membership store " + store + ": " +
+                     up.error().message + " (connect timeout " +
+                     std::to_string(opts.connectTimeout.count()) + " ms)");
 
   std::string cfgKey = key("config");
   if (firstConnect) {
     // The first process of the job records its configuration; the others
     // must agree (NX: never overwritten).
-    auto set = run(c.ctx, store, opts.ioTimeout, "recording the job",
+    auto set = run(c, store, "recording the job",
                    {"SET", cfgKey, configValue(), "NX"});
     if (!set)
       return set.error();
   }
-  auto got =
-      run(c.ctx, store, opts.ioTimeout, "reading the job", {"GET", cfgKey});
+  auto got = run(c, store, "reading the job", {"GET", cfgKey});
   if (!got)
     return got.error();
-  if (got.value()->type == REDIS_REPLY_NIL) {
-    c.reset();
+  if (got.value().isNil()) {
+    c.close();
     lost = true;
     return makeError(
         "membership store " + store + " no longer holds job \"" + opts.job +
         "\" (its keys are gone: the store was restarted without persistence "
         "or flushed); the job's epoch and quorum are lost");
   }
-  std::string recorded = replyString(got.value().get());
+  std::string recorded = got.value().text();
   if (recorded != configValue()) {
-    c.reset();
+    c.close();
     return makeError("membership store " + store + ": job \"" + opts.job +
                      "\" was started with " + recorded + ", this process has " +
                      configValue() +
@@ -438,7 +367,7 @@ Membership::connect(const MembershipOptions &o) {
   // raises SIGPIPE, whose default action kills the process before the error
   // below could name the store. Ignore it unless the program chose its own
   // handler (as GlooBackend does).
-  struct sigaction current {};
+  struct sigaction current{};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
       current.sa_handler == SIG_DFL)
     signal(SIGPIPE, SIG_IGN);
@@ -459,33 +388,24 @@ Result<void> Membership::refreshHeartbeat(Connection &c) {
   std::string ms = std::to_string(opts.heartbeatExpiry.count());
   std::string epochKey = key("epoch");
   // One round trip: refresh the key and read the epoch.
-  const char *setArgv[] = {"SET", hb.c_str(), holder.c_str(), "PX", ms.c_str()};
-  const char *getArgv[] = {"GET", epochKey.c_str()};
-  redisAppendCommandArgv(c.ctx, 5, setArgv, nullptr);
-  redisAppendCommandArgv(c.ctx, 2, getArgv, nullptr);
-  Reply replies[2];
-  for (Reply &r : replies) {
-    void *raw = nullptr;
-    if (redisGetReply(c.ctx, &raw) != REDIS_OK) {
-      std::string why = contextError(c.ctx, opts.ioTimeout);
-      c.reset();
-      return makeError("membership store " + store + ": heartbeat of group " +
-                       std::to_string(opts.replicaGroup) + ": " + why);
-    }
-    r.reset(static_cast<redisReply *>(raw));
-  }
-  for (Reply &r : replies)
-    if (r->type == REDIS_REPLY_ERROR)
-      return makeError("membership store " + store + ": heartbeat of group " +
-                       std::to_string(opts.replicaGroup) +
-                       ": the store replied: " + replyString(r.get()));
+  std::string what = "heartbeat of group " + std::to_string(opts.replicaGroup);
+  Result<std::vector<Reply>> got =
+      c.pipeline({{"SET", hb, holder, "PX", ms}, {"GET", epochKey}});
+  if (!got)
+    return makeError("membership store " + store + ": " + what + ": " +
+                     got.error().message);
+  const std::vector<Reply> &replies = got.value();
+  for (const Reply &r : replies)
+    if (r.isError())
+      return makeError("membership store " + store + ": " + what +
+                       ": the store replied: " + r.text());
   int64_t epoch = 0;
-  if (replies[1]->type != REDIS_REPLY_NIL) {
-    std::optional<int64_t> e = parseInt64(replyString(replies[1].get()));
+  if (!replies[1].isNil()) {
+    std::optional<int64_t> e = parseInt64(replies[1].text());
     if (!e)
       return makeError("membership store " + store +
-                       ": the epoch key holds \"" +
-                       replyString(replies[1].get()) + "\", not an integer");
+                       ": the epoch key holds \"" + replies[1].text() +
+                       "\", not an integer");
     epoch = *e;
   }
   return noteEpoch(epoch);
@@ -537,7 +457,7 @@ void Membership::stopHeartbeat() {
   if (t.joinable())
     t.join();
   std::lock_guard<std::mutex> lock(hbMutex);
-  heartbeatConn.reset();
+  heartbeatConn.close();
 }
 
 std::optional<Error> Membership::heartbeatError() const {
@@ -552,18 +472,18 @@ std::optional<Error> Membership::heartbeatError() const {
 namespace {
 
 /// Reads the {epoch, members} pair both scripts return.
-Result<Quorum> parseQuorumPair(const redisReply *r, size_t first,
+Result<Quorum> parseQuorumPair(const Reply *r, size_t first,
                                const std::string &store) {
   auto bad = [&] {
     return makeError("membership store " + store +
                      ": malformed quorum reply (the job's keys were "
                      "overwritten by something else?)");
   };
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < first + 2)
+  if (!r->isArray() || r->elements.size() < first + 2)
     return bad();
-  std::optional<int64_t> epoch = parseInt64(replyString(r->element[first]));
+  std::optional<int64_t> epoch = parseInt64(r->elements[first].text());
   std::optional<std::vector<int>> members =
-      parseMembers(replyString(r->element[first + 1]));
+      parseMembers(r->elements[first + 1].text());
   if (!epoch || *epoch < 0 || !members)
     return bad();
   return Quorum{*epoch, std::move(*members)};
@@ -574,11 +494,11 @@ Result<Quorum> parseQuorumPair(const redisReply *r, size_t first,
 Result<Quorum> Membership::currentQuorum() {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout, "reading the quorum",
+  auto r = run(main, store, "reading the quorum",
                {"EVAL", kReadQuorumScript, "1", key("epoch"), key("quorum:")});
   if (!r)
     return r.error();
-  Result<Quorum> q = parseQuorumPair(r.value().get(), 0, store);
+  Result<Quorum> q = parseQuorumPair(&r.value(), 0, store);
   if (!q)
     return q;
   MESHPLAN_TRY(noteEpoch(q->epoch));
@@ -601,19 +521,19 @@ Result<EpochProposal> Membership::proposeNextEpoch(int64_t expectedEpoch) {
   args.push_back(key("inc:"));
   args.push_back(key("steps:"));
   args.push_back(key("laststep"));
-  auto r = run(main.ctx, store, opts.ioTimeout,
+  auto r = run(main, store,
                "proposing epoch " + std::to_string(expectedEpoch + 1), args);
   if (!r)
     return r.error();
-  const redisReply *reply = r.value().get();
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 3 ||
-      reply->element[0]->type != REDIS_REPLY_INTEGER)
+  const Reply *reply = &r.value();
+  if (!reply->isArray() || reply->elements.size() != 3 ||
+      !reply->elements[0].isInteger())
     return makeError("membership store " + store +
                      ": malformed reply to the epoch proposal");
-  int64_t status = reply->element[0]->integer;
+  int64_t status = reply->elements[0].integer;
   if (status == -1) {
     std::optional<std::vector<int>> live =
-        parseMembers(replyString(reply->element[2]));
+        parseMembers(reply->elements[2].text());
     size_t n = live ? live->size() : 0;
     std::string msg = "no quorum: " + std::to_string(n) + " of " +
                       std::to_string(opts.numGroups) +
@@ -671,18 +591,18 @@ Result<std::vector<LiveGroup>> Membership::liveGroups() {
                                    std::to_string(opts.numGroups)};
   for (int g = 0; g < opts.numGroups; ++g)
     args.push_back(key("hb:" + std::to_string(g)));
-  auto r = run(main.ctx, store, opts.ioTimeout, "reading the heartbeats", args);
+  auto r = run(main, store, "reading the heartbeats", args);
   if (!r)
     return r.error();
-  const redisReply *reply = r.value().get();
-  if (reply->type != REDIS_REPLY_ARRAY ||
-      reply->elements != static_cast<size_t>(opts.numGroups))
+  const Reply *reply = &r.value();
+  if (!reply->isArray() ||
+      reply->elements.size() != static_cast<size_t>(opts.numGroups))
     return makeError("membership store " + store +
                      ": malformed reply to the heartbeat read");
   std::vector<LiveGroup> live;
   for (int g = 0; g < opts.numGroups; ++g) {
-    const redisReply *e = reply->element[g];
-    if (e->type != REDIS_REPLY_INTEGER)
+    const Reply *e = &reply->elements[g];
+    if (!e->isInteger())
       return makeError("membership store " + store +
                        ": malformed reply to the heartbeat read");
     // -2: no key (expired or never written). -1: a key without expiry,
@@ -713,16 +633,15 @@ Result<std::vector<int>> Membership::groupsOf(int64_t epoch, const char *prefix,
     return std::vector<int>{};
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout,
+  auto r = run(main, store,
                std::string("reading the ") + what + " of epoch " +
                    std::to_string(epoch),
                {"GET", key(prefix + std::to_string(epoch))});
   if (!r)
     return r.error();
-  if (r.value()->type == REDIS_REPLY_NIL)
+  if (r.value().isNil())
     return std::vector<int>{};
-  std::optional<std::vector<int>> members =
-      parseMembers(replyString(r.value().get()));
+  std::optional<std::vector<int>> members = parseMembers(r.value().text());
   if (!members)
     return makeError("membership store " + store + ": the " + what +
                      " of epoch " + std::to_string(epoch) + " is malformed");
@@ -737,27 +656,27 @@ Result<EpochRecord> Membership::epochRecord(int64_t epoch) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
   std::string e = std::to_string(epoch);
-  auto r = run(main.ctx, store, opts.ioTimeout, "reading epoch " + e,
+  auto r = run(main, store, "reading epoch " + e,
                {"EVAL", kEpochScript, "4", key("quorum:" + e),
                 key("synced:" + e), key("inc:" + e), key("steps:" + e)});
   if (!r)
     return r.error();
-  const redisReply *reply = r.value().get();
+  const Reply *reply = &r.value();
   auto bad = [&] {
     return makeError("membership store " + store + ": the record of epoch " +
                      e + " is malformed");
   };
-  if (reply->type != REDIS_REPLY_ARRAY || reply->elements != 4)
+  if (!reply->isArray() || reply->elements.size() != 4)
     return bad();
-  auto members = parseMembers(replyString(reply->element[0]));
-  auto synced = parseMembers(replyString(reply->element[1]));
+  auto members = parseMembers(reply->elements[0].text());
+  auto synced = parseMembers(reply->elements[1].text());
   if (!members || !synced)
     return bad();
   rec.members = std::move(*members);
   rec.synced = std::move(*synced);
   // Incarnations are listed in member order (not sorted); absent: all 0
   // (an epoch recorded before incarnations were).
-  std::string incs = replyString(reply->element[2]);
+  std::string incs = reply->elements[2].text();
   for (size_t pos = 0; pos < incs.size();) {
     size_t comma = incs.find(',', pos);
     if (comma == std::string::npos)
@@ -772,7 +691,7 @@ Result<EpochRecord> Membership::epochRecord(int64_t epoch) {
     rec.incarnations.assign(rec.members.size(), 0);
   if (rec.incarnations.size() != rec.members.size())
     return bad();
-  std::string steps = replyString(reply->element[3]);
+  std::string steps = reply->elements[3].text();
   if (!steps.empty()) {
     rec.stepsCommitted = parseInt64(steps);
     if (!rec.stepsCommitted)
@@ -792,8 +711,7 @@ Result<std::vector<int>> Membership::syncedOf(int64_t epoch) {
 Result<void> Membership::registerRank(int64_t rank) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout,
-               "registering rank " + std::to_string(rank),
+  auto r = run(main, store, "registering rank " + std::to_string(rank),
                {"SET", key("rank:" + std::to_string(rank)),
                 std::to_string(opts.replicaGroup)});
   if (!r)
@@ -805,9 +723,9 @@ Result<void> Membership::leaveGroup() {
   stopHeartbeat();
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout,
-               "leaving group " + std::to_string(opts.replicaGroup),
-               {"DEL", key("hb:" + std::to_string(opts.replicaGroup))});
+  auto r =
+      run(main, store, "leaving group " + std::to_string(opts.replicaGroup),
+          {"DEL", key("hb:" + std::to_string(opts.replicaGroup))});
   if (!r)
     return r.error();
   return {};
@@ -825,7 +743,7 @@ Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
   auto r =
-      run(main.ctx, store, opts.ioTimeout,
+      run(main, store,
           "voting on step " + std::to_string(step) + " of epoch " +
               std::to_string(epoch),
           {"EVAL", kVoteScript, "5", key("epoch"),
@@ -837,46 +755,44 @@ Result<bool> Membership::voteStep(int64_t epoch, int64_t step, int64_t rank,
            std::to_string(step)});
   if (!r)
     return r.error();
-  if (r.value()->type != REDIS_REPLY_INTEGER)
+  if (!r.value().isInteger())
     return makeError("membership store " + store +
                      ": malformed reply to a step vote");
-  return r.value()->integer == 1;
+  return r.value().integer == 1;
 }
 
 Result<std::optional<std::string>> Membership::jobFinished() {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout, "reading whether the job ended",
+  auto r = run(main, store, "reading whether the job ended",
                {"GET", key("finished")});
   if (!r)
     return r.error();
-  if (r.value()->type == REDIS_REPLY_NIL)
+  if (r.value().isNil())
     return std::optional<std::string>();
-  return std::optional<std::string>(replyString(r.value().get()));
+  return std::optional<std::string>(r.value().text());
 }
 
 Result<StepTally> Membership::stepTally(int64_t epoch, int64_t step) {
   std::lock_guard<std::mutex> lock(callMutex);
   MESHPLAN_TRY(ensureConnected(main));
-  auto r = run(main.ctx, store, opts.ioTimeout,
-               "reading the votes on step " + std::to_string(step),
+  auto r = run(main, store, "reading the votes on step " + std::to_string(step),
                {"EVAL", kTallyScript, "3", key("epoch"),
                 key(stepKey(epoch, step, "ok")),
                 key(stepKey(epoch, step, "failed"))});
   if (!r)
     return r.error();
-  const redisReply *reply = r.value().get();
+  const Reply *reply = &r.value();
   std::optional<int64_t> current;
-  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == 3 &&
-      reply->element[1]->type == REDIS_REPLY_INTEGER &&
-      reply->element[2]->type == REDIS_REPLY_INTEGER)
-    current = parseInt64(replyString(reply->element[0]));
+  if (reply->isArray() && reply->elements.size() == 3 &&
+      reply->elements[1].isInteger() && reply->elements[2].isInteger())
+    current = parseInt64(reply->elements[0].text());
   if (!current)
     return makeError("membership store " + store +
                      ": malformed reply to a step tally");
   MESHPLAN_TRY(noteEpoch(*current));
-  return StepTally{*current, reply->element[1]->integer,
-                   reply->element[2]->integer == 1};
+  return StepTally{*current, reply->elements[1].integer,
+                   reply->elements[2].integer == 1};
 }
 
 } // namespace meshplan::runtime

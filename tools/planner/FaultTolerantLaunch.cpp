@@ -11,8 +11,6 @@
 #include "MeshSetup.h"
 #include "RunOptions.h"
 
-#include <hiredis/hiredis.h>
-
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
@@ -35,6 +33,8 @@
 using namespace meshplan::cli;
 using namespace meshplan::cli::ft;
 namespace fs = std::filesystem;
+using meshplan::runtime::RedisConnection;
+using meshplan::runtime::RedisReply;
 
 namespace {
 
@@ -84,13 +84,6 @@ std::string freshJobName() {
          suffix;
 }
 
-/// hiredis wants an IPv6 address without its brackets.
-std::string bareHost(const std::string &host) {
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    return host.substr(1, host.size() - 2);
-  return host;
-}
-
 std::string joinInts(const std::vector<int64_t> &xs) {
   std::string s;
   for (size_t i = 0; i < xs.size(); ++i)
@@ -124,30 +117,22 @@ bool exitedOk(int status) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
-/// A short-lived connection for the checks before anything starts.
-redisContext *connectTo(const std::string &host, int port,
-                        std::chrono::milliseconds timeout) {
-  timeval tv{static_cast<time_t>(timeout.count() / 1000),
-             static_cast<suseconds_t>((timeout.count() % 1000) * 1000)};
-  redisContext *c = redisConnectWithTimeout(bareHost(host).c_str(), port, tv);
-  if (c && !c->err)
-    redisSetTimeout(c, tv);
-  return c;
-}
-
-std::optional<std::string> ping(redisContext *c, std::string *error) {
-  if (!c || c->err) {
-    *error = c ? c->errstr : "cannot allocate a connection";
+/// A short-lived connection for the checks before anything starts: its
+/// answer to PING, or nullopt with the reason in `error`.
+std::optional<std::string> ping(RedisConnection &c, const std::string &host,
+                                int port, std::chrono::milliseconds timeout,
+                                std::string *error) {
+  meshplan::Result<void> up = c.connect(host, port, timeout, timeout);
+  if (!up) {
+    *error = up.error().message;
     return std::nullopt;
   }
-  auto *r = static_cast<redisReply *>(redisCommand(c, "PING"));
+  meshplan::Result<RedisReply> r = c.command({"PING"});
   if (!r) {
-    *error = c->err ? c->errstr : "no reply";
+    *error = r.error().message;
     return std::nullopt;
   }
-  std::string s(r->str ? r->str : "", r->str ? r->len : 0);
-  freeReplyObject(r);
-  return s;
+  return r.value().str;
 }
 
 std::optional<std::vector<int>> parseMembers(const std::string &text) {
@@ -181,7 +166,7 @@ std::optional<int64_t> parseInt64(const std::string &text) {
 /// "groups=N min_replicas=M"). When some do, this node joins, and
 /// config.joinIncarnation is set from a per-job counter, so that two nodes
 /// that rejoin never pick the same incarnation.
-int64_t joinRunningJob(redisContext *c, Config &config,
+int64_t joinRunningJob(RedisConnection &c, Config &config,
                        const std::string &configValue) {
   std::optional<int64_t> groups;
   if (configValue.rfind("groups=", 0) == 0)
@@ -191,25 +176,14 @@ int64_t joinRunningJob(redisContext *c, Config &config,
   std::vector<std::string> args = {"EXISTS"};
   for (int64_t g = 0; g < *groups; ++g)
     args.push_back("meshplan:{" + config.job + "}:hb:" + std::to_string(g));
-  std::vector<const char *> argv;
-  std::vector<size_t> lens;
-  for (const std::string &a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto *r = static_cast<redisReply *>(redisCommandArgv(
-      c, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  int64_t live = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-  if (r)
-    freeReplyObject(r);
+  auto integer = [&](const std::vector<std::string> &command) -> int64_t {
+    meshplan::Result<RedisReply> r = c.command(command);
+    return r && r.value().isInteger() ? r.value().integer : 0;
+  };
+  int64_t live = integer(args);
   if (live == 0)
     return 0;
-  std::string joinsKey = "meshplan:{" + config.job + "}:node-joins";
-  r = static_cast<redisReply *>(
-      redisCommand(c, "INCR %b", joinsKey.data(), joinsKey.size()));
-  int64_t joins = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-  if (r)
-    freeReplyObject(r);
+  int64_t joins = integer({"INCR", "meshplan:{" + config.job + "}:node-joins"});
   if (joins < 1)
     return 0;
   config.joinIncarnation = joins * kJoinIncarnationStride;
@@ -319,10 +293,10 @@ std::optional<std::string> StoreServer::open(Config &config) {
   if (!config.host.empty()) {
     hostName = config.host;
     portNumber = config.port;
-    redisContext *c =
-        connectTo(hostName, portNumber, std::chrono::milliseconds(2000));
+    RedisConnection c;
     std::string error;
-    std::optional<std::string> pong = ping(c, &error);
+    std::optional<std::string> pong =
+        ping(c, hostName, portNumber, std::chrono::milliseconds(2000), &error);
     bool exists = false;
     // One node: a job name with keys in the store is in use, refused. Several
     // nodes: the other nodes' ranks may record the job (its config key)
@@ -331,14 +305,10 @@ std::optional<std::string> StoreServer::open(Config &config) {
     // a running one is joined (joinRunningJob: a restarted node).
     if (pong == "PONG" && config.jobGiven) {
       auto get = [&](const std::string &key) -> std::optional<std::string> {
-        auto *r = static_cast<redisReply *>(
-            redisCommand(c, "GET %b", key.data(), key.size()));
-        std::optional<std::string> value;
-        if (r && r->type == REDIS_REPLY_STRING)
-          value = std::string(r->str, r->len);
-        if (r)
-          freeReplyObject(r);
-        return value;
+        meshplan::Result<RedisReply> r = c.command({"GET", key});
+        if (r && r.value().isString())
+          return r.value().str;
+        return std::nullopt;
       };
       std::string prefix = "meshplan:{" + config.job + "}:";
       if (config.nnodes > 1) {
@@ -350,8 +320,7 @@ std::optional<std::string> StoreServer::open(Config &config) {
         exists = get(prefix + "config").has_value();
       }
     }
-    if (c)
-      redisFree(c);
+    c.close();
     if (!pong)
       throw CliError("--store: cannot reach " + url() + ": " + error +
                      " (--fault-tolerant keeps the membership there; "
@@ -439,12 +408,11 @@ std::optional<std::string> StoreServer::open(Config &config) {
              std::strerror(errno);
     serverPid = pid;
     for (int i = 0; i < 200; ++i) { // up to 10 s
-      redisContext *c =
-          connectTo(hostName, portNumber, std::chrono::milliseconds(200));
+      RedisConnection c;
       std::string error;
-      std::optional<std::string> pong = ping(c, &error);
-      if (c)
-        redisFree(c);
+      std::optional<std::string> pong =
+          ping(c, hostName, portNumber, std::chrono::milliseconds(200), &error);
+      c.close();
       if (pong == "PONG")
         return std::nullopt;
       int status = 0;
@@ -507,10 +475,7 @@ Supervisor::Supervisor(const Config &config, const StoreServer &store,
   }
 }
 
-Supervisor::~Supervisor() {
-  if (ctx)
-    redisFree(ctx);
-}
+Supervisor::~Supervisor() = default;
 
 const std::vector<std::string> &Supervisor::variableNames() {
   static const std::vector<std::string> names = {
@@ -539,15 +504,17 @@ std::string Supervisor::groupName(int64_t gid) const {
 }
 
 bool Supervisor::connected() {
-  if (ctx)
+  if (conn.connected())
     return true;
   Clock::time_point now = Clock::now();
   if (now < nextConnect)
     return false;
   nextConnect = now + kReconnectEvery;
-  ctx = connectTo(storeHost, storePort, std::chrono::milliseconds(500));
-  if (!ctx || ctx->err) {
-    dropConnection(ctx ? ctx->errstr : "cannot allocate a connection");
+  meshplan::Result<void> up =
+      conn.connect(storeHost, storePort, std::chrono::milliseconds(500),
+                   std::chrono::milliseconds(500));
+  if (!up) {
+    dropConnection(up.error().message);
     return false;
   }
   if (storeErrorReported) {
@@ -563,9 +530,7 @@ void Supervisor::dropConnection(const std::string &why) {
         " (retrying every second; epoch changes and replica groups are not "
         "seen meanwhile)");
   storeErrorReported = true;
-  if (ctx)
-    redisFree(ctx);
-  ctx = nullptr;
+  conn.close();
   nextConnect = Clock::now() + kReconnectEvery;
 }
 
@@ -573,31 +538,20 @@ std::optional<std::string>
 Supervisor::command(const std::vector<std::string> &args, bool *isNil) {
   if (!connected())
     return std::nullopt;
-  std::vector<const char *> argv;
-  std::vector<size_t> lens;
-  for (const std::string &a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto *r = static_cast<redisReply *>(redisCommandArgv(
-      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (!r) {
-    dropConnection(ctx->errstr[0] ? ctx->errstr : "no reply");
+  meshplan::Result<RedisReply> got = conn.command(args);
+  if (!got) {
+    dropConnection(got.error().message);
     return std::nullopt;
   }
+  const RedisReply &r = got.value();
   std::optional<std::string> out;
   if (isNil)
-    *isNil = r->type == REDIS_REPLY_NIL;
-  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_STATUS)
-    out = std::string(r->str, r->len);
-  else if (r->type == REDIS_REPLY_INTEGER)
-    out = std::to_string(r->integer);
-  else if (r->type == REDIS_REPLY_NIL)
-    out = "";
-  else if (r->type == REDIS_REPLY_ERROR)
-    say("membership store " + storeUrl + ": " + args[0] + ": " +
-        std::string(r->str, r->len));
-  freeReplyObject(r);
+    *isNil = r.isNil();
+  if (r.isString() || r.type == RedisReply::Type::Status || r.isInteger() ||
+      r.isNil())
+    out = r.text();
+  else if (r.isError())
+    say("membership store " + storeUrl + ": " + args[0] + ": " + r.str);
   return out;
 }
 
@@ -633,29 +587,22 @@ void Supervisor::readRankKeys() {
   std::vector<std::string> args = {"MGET"};
   for (int64_t r : unknown)
     args.push_back(key("rank:" + std::to_string(r)));
-  std::vector<const char *> argv;
-  std::vector<size_t> lens;
-  for (const std::string &a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto *reply = static_cast<redisReply *>(redisCommandArgv(
-      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (!reply) {
-    dropConnection(ctx->errstr[0] ? ctx->errstr : "no reply");
+  meshplan::Result<RedisReply> got = conn.command(args);
+  if (!got) {
+    dropConnection(got.error().message);
     return;
   }
+  const RedisReply *reply = &got.value();
   std::vector<std::pair<int64_t, int64_t>> found;
-  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == unknown.size())
+  if (reply->isArray() && reply->elements.size() == unknown.size())
     for (size_t i = 0; i < unknown.size(); ++i) {
-      const redisReply *e = reply->element[i];
-      if (e->type != REDIS_REPLY_STRING)
+      const RedisReply *e = &reply->elements[i];
+      if (!e->isString())
         continue;
-      std::optional<int64_t> g = parseInt64(std::string(e->str, e->len));
+      std::optional<int64_t> g = parseInt64(e->str);
       if (g && *g >= 0 && *g < kMaxGroups)
         found.push_back({unknown[i], *g});
     }
-  freeReplyObject(reply);
 
   for (auto [r, g] : found) {
     rankGroup[r] = g;
@@ -702,27 +649,19 @@ std::string Supervisor::elsewhere(int64_t gid) {
   std::vector<std::string> args = {"MGET"};
   for (int64_t r : others)
     args.push_back(key("rank:" + std::to_string(r)));
-  std::vector<const char *> argv;
-  std::vector<size_t> lens;
-  for (const std::string &a : args) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  auto *reply = static_cast<redisReply *>(redisCommandArgv(
-      ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
-  if (!reply) {
-    dropConnection(ctx->errstr[0] ? ctx->errstr : "no reply");
+  meshplan::Result<RedisReply> got = conn.command(args);
+  if (!got) {
+    dropConnection(got.error().message);
     return "";
   }
+  const RedisReply *reply = &got.value();
   std::map<int64_t, std::vector<int64_t>> byNode;
-  if (reply->type == REDIS_REPLY_ARRAY && reply->elements == others.size())
+  if (reply->isArray() && reply->elements.size() == others.size())
     for (size_t i = 0; i < others.size(); ++i) {
-      const redisReply *e = reply->element[i];
-      if (e->type == REDIS_REPLY_STRING &&
-          parseInt64(std::string(e->str, e->len)) == gid)
+      const RedisReply *e = &reply->elements[i];
+      if (e->isString() && parseInt64(e->str) == gid)
         byNode[others[i] / nprocs].push_back(others[i]);
     }
-  freeReplyObject(reply);
   std::string out;
   for (auto &[node, rs] : byNode)
     out += (out.empty() ? "" : " and ") +

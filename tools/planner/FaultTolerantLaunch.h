@@ -26,6 +26,8 @@
 #ifndef MESHPLAN_TOOLS_PLANNER_FAULTTOLERANTLAUNCH_H
 #define MESHPLAN_TOOLS_PLANNER_FAULTTOLERANTLAUNCH_H
 
+#include "meshplan/Runtime/Redis.h"
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -37,8 +39,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-struct redisContext;
 
 namespace meshplan::cli {
 
@@ -218,7 +218,7 @@ private:
   RankControl &control;
   Say say;
 
-  redisContext *ctx = nullptr;
+  runtime::RedisConnection conn; ///< to the membership store
   Clock::time_point nextPoll{}, nextConnect{};
   bool storeErrorReported = false;
 

@@ -33,6 +33,7 @@
 #define MESHPLAN_RUNTIME_MEMBERSHIP_H
 
 #include "meshplan/Core/Result.h"
+#include "meshplan/Runtime/Redis.h"
 
 #include <atomic>
 #include <chrono>
@@ -44,8 +45,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-struct redisContext;
 
 namespace meshplan::runtime {
 
@@ -237,12 +236,8 @@ public:
   const MembershipOptions &options() const { return opts; }
 
 private:
-  /// One hiredis connection. Not thread-safe: each thread uses its own.
-  struct Connection {
-    redisContext *ctx = nullptr;
-    ~Connection();
-    void reset();
-  };
+  /// One Redis connection. Not thread-safe: each thread uses its own.
+  using Connection = RedisConnection;
 
   explicit Membership(const MembershipOptions &options);
 
