@@ -563,8 +563,10 @@ Result<CheckpointMetadata> readDocument(Value doc,
     Fields tf;
     MESHPLAN_ASSIGN(tf, checkObject(f.at("training"), p, kTrainingRule));
     MESHPLAN_TRY(checkIntegers(f.at("training"), p, kTrainingRule));
-    MESHPLAN_ASSIGN(meta.training.step, readInt(tf.at("step"), p.child("step"), 0));
-    MESHPLAN_ASSIGN(meta.training.seed, readInt(tf.at("seed"), p.child("seed"), 0));
+    MESHPLAN_ASSIGN(meta.training.step,
+                    readInt(tf.at("step"), p.child("step"), 0));
+    MESHPLAN_ASSIGN(meta.training.seed,
+                    readInt(tf.at("seed"), p.child("seed"), 0));
     MESHPLAN_ASSIGN(
         meta.training.stochasticRounding,
         readBool(tf.at("stochastic_rounding"), p.child("stochastic_rounding")));
@@ -588,8 +590,8 @@ Result<CheckpointMetadata> readDocument(Value doc,
     MESHPLAN_ASSIGN(cf, checkObject(f.at("checksum"), p, kChecksumRule));
     MESHPLAN_TRY(checkIntegers(f.at("checksum"), p, kChecksumRule));
     MESHPLAN_ASSIGN(meta.blockBytes,
-              readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
-                      kMaxBlockBytes));
+                    readInt(cf.at("block_bytes"), p.child("block_bytes"), 1,
+                            kMaxBlockBytes));
   }
   Value files = f.at("files");
   Path filesPath = root.child("files");
