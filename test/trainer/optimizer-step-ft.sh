@@ -44,13 +44,18 @@ echo "== uninterrupted (fault tolerance off)"
 "$bin/meshplan" run -n 6 --timeout 60 -- "$train" "${common[@]}" --log-every 12 \
   --save-params "$work/plain.params" | tail -n 1
 
-# A restarted group must start, plan and join before the survivors finish:
-# every rank sleeps 200 ms before each step (as runtime.ft.trainer does).
+# Every rank sleeps 200 ms before each step (as runtime.ft.trainer does), so
+# that the kill lands mid-run. A restarted group must also start, plan and
+# join before the survivors finish: every rank waits after step 11 until the
+# restarted group has adopted an epoch (MESHPLAN_TEST_HOLD, released below),
+# an event rather than a longer delay (under load the survivors once
+# finished first, and the joiner found no quorum).
 start() {
   local rank=$1 inc=$2
   shift 2
   env "$@" RANK="$rank" WORLD_SIZE=6 LOCAL_RANK="$rank" MESHPLAN_TIMEOUT=30 \
-    MESHPLAN_TEST_STEP_DELAY_MS=200 \
+    MESHPLAN_TEST_STEP_DELAY_MS=200 MESHPLAN_FT_LOG=1 \
+    MESHPLAN_TEST_HOLD="11:$work/gate" \
     MESHPLAN_STORE="file:$work/store" MESHPLAN_JOB=clip \
     MESHPLAN_FT_STORE="redis://127.0.0.1:$port" MESHPLAN_FT_INCARNATION="$inc" \
     "$train" "${common[@]}" --save-params "$work/ft.params" \
@@ -68,10 +73,17 @@ for r in 2 3; do
 done
 until grep -q "^step 8/12" "$work/r0.log"; do sleep 0.05; done
 for r in 2 3; do start "$r" 1; done
+until awk '/incarnation 1\)/ { s = 1 } s && /adopts epoch/ { f = 1 }
+           END { exit !f }' "$work/r2.log" || ! kill -0 "${pids[2]}" 2>/dev/null; do
+  sleep 0.05
+done
+touch "$work/gate"
 for r in 0 1 2 3 4 5; do
-  if ! { wait "${pids[$r]}"; } 2>/dev/null; then
-    echo "FAIL: rank $r exited with status $?:" >&2
-    tail -n 5 "$work/r$r.log" >&2
+  code=0
+  { wait "${pids[$r]}"; } 2>/dev/null || code=$?
+  if [[ $code != 0 ]]; then
+    echo "FAIL: rank $r exited with status $code; the ranks' logs:" >&2
+    for f in "$work"/r*.log; do echo "--- $(basename "$f")" >&2; tail -n 40 "$f" >&2; done
     exit 1
   fi
 done
