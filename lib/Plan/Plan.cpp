@@ -629,7 +629,8 @@ Result<void> readArrayInto(Value v, const Path &path, std::string_view what,
 }
 } // namespace
 
-Result<void> parsePlanInto(std::string_view text, Plan &plan) {
+Result<void> parsePlanInto(std::string_view text, Plan &plan,
+                           std::vector<int32_t> *operandBuffers) {
   Result<Document> parsed = Document::parse(
       text, kMaxPlanDepth, kMaxPlanJsonValues, kMaxPlanJsonValuesText);
   if (!parsed)
@@ -694,7 +695,7 @@ Result<void> parsePlanInto(std::string_view text, Plan &plan) {
       MESHPLAN_ASSIGN(e.bytesPerStepPerComm,
                       readByteMap(*m, p.child("bytes_per_step_per_comm")));
   }
-  return validatePlan(plan);
+  return validatePlan(plan, operandBuffers);
 }
 
 Result<Plan> parsePlan(std::string_view text) {

@@ -487,12 +487,14 @@ readDirectory(const std::string &dir, unsigned threads, PlanDetail detail,
     // keeps (see PlanRead.h).
     std::string text;
     Plan scratch;
+    // The operands validation resolved, handed to the facts builder.
+    std::vector<int32_t> resolved;
     for (size_t i; !failed && (i = next.fetch_add(1)) < ranks.size();) {
       std::string name = fileOf(ranks[i]).string();
       Plan &into = detail == PlanDetail::Full ? plans[i] : scratch;
       Result<void> ok = readFileInto(name, text, kMaxPlanFileBytes);
       if (ok)
-        ok = parsePlanInto(text, into);
+        ok = parsePlanInto(text, into, builder ? &resolved : nullptr);
       if (!ok) {
         errors[i] = ok.error().within(name);
         failed = true;
@@ -504,7 +506,7 @@ readDirectory(const std::string &dir, unsigned threads, PlanDetail detail,
         failed = true;
       } else {
         if (builder)
-          builder->add(i, into);
+          builder->add(i, into, &resolved);
         if (detail == PlanDetail::VerificationOnly)
           plans[i] = verificationCopy(scratch);
         if (progress) {

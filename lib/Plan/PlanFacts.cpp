@@ -146,7 +146,8 @@ int32_t FactsBuilder::internBuffer(const Buffer &b, int32_t guess) {
   return sig;
 }
 
-void FactsBuilder::add(size_t index, const Plan &plan) {
+void FactsBuilder::add(size_t index, const Plan &plan,
+                       const std::vector<int32_t> *operandBuffers) {
   PlanFacts f;
   f.buffers.reserve(plan.buffers.size());
   // Buffer ids are unique within a plan (validatePlan); operands name them.
@@ -172,6 +173,11 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
     localStamp[s] = generation;
   }
   size_t n = plan.program.size();
+  if (operandBuffers) {
+    f.operands = *operandBuffers;
+  } else {
+    f.operands.reserve(prevOperands.size());
+  }
   f.operandStart.reserve(n + 1);
   f.inputCount.reserve(n);
   f.label.reserve(n);
@@ -194,13 +200,17 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
   };
   prevLabel.resize(n, -1);
   prevUnit.resize(n, -1);
+  int32_t operandEnd = 0;
   for (size_t i = 0; i < n; ++i) {
     const Instruction &in = plan.program[i];
-    for (const std::string &b : in.inputs)
-      f.operands.push_back(operand(b));
-    for (const std::string &b : in.outputs)
-      f.operands.push_back(operand(b));
-    f.operandStart.push_back(static_cast<int32_t>(f.operands.size()));
+    if (!operandBuffers) {
+      for (const std::string &b : in.inputs)
+        f.operands.push_back(operand(b));
+      for (const std::string &b : in.outputs)
+        f.operands.push_back(operand(b));
+    }
+    operandEnd += static_cast<int32_t>(in.inputs.size() + in.outputs.size());
+    f.operandStart.push_back(operandEnd);
     f.inputCount.push_back(static_cast<int32_t>(in.inputs.size()));
     f.label.push_back(
         in.label.empty() ? -1 : internStringAt(in.label, prevLabel[i]));
@@ -211,8 +221,8 @@ void FactsBuilder::add(size_t index, const Plan &plan) {
     f.phase.push_back(parsePhase(in.phase));
     f.microbatch.push_back(in.microbatch);
   }
-  prevOperands = f.operands;
-  f.operands.shrink_to_fit();
+  if (!operandBuffers)
+    prevOperands = f.operands;
   if (plan.optimizer) {
     auto it = std::find(optimizers.begin(), optimizers.end(), *plan.optimizer);
     f.optimizer = static_cast<int32_t>(it - optimizers.begin());

@@ -12,13 +12,23 @@
 
 #include "meshplan/Plan/Plan.h"
 
+#include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace meshplan::plan {
 
 /// parsePlan into `plan`, reusing its storage. On an error `plan` holds a
-/// partly read plan (to be overwritten by the next call, not used).
-Result<void> parsePlanInto(std::string_view text, Plan &plan);
+/// partly read plan (to be overwritten by the next call, not used). With
+/// `operandBuffers`, also what validation resolved anyway: per instruction in
+/// program order, its inputs' then its outputs' indices into plan.buffers
+/// (FactsBuilder::add takes them instead of looking every id up again).
+Result<void> parsePlanInto(std::string_view text, Plan &plan,
+                           std::vector<int32_t> *operandBuffers = nullptr);
+
+/// validatePlan, also recording `operandBuffers` as parsePlanInto's.
+Result<void> validatePlan(const Plan &plan,
+                          std::vector<int32_t> *operandBuffers);
 
 } // namespace meshplan::plan
 

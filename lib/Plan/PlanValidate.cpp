@@ -451,7 +451,10 @@ namespace {
 /// stream names, the communicator, buffer and instruction ids).
 class PlanValidator {
 public:
-  explicit PlanValidator(const Plan &plan) : plan(plan) {}
+  /// With `operandBuffers`, checkProgram records what it resolves (see
+  /// parsePlanInto).
+  PlanValidator(const Plan &plan, std::vector<int32_t> *operandBuffers)
+      : plan(plan), operandBuffers(operandBuffers) {}
 
   /// The version, the mesh and this plan's rank in it.
   Result<void> checkHeader();
@@ -476,6 +479,7 @@ private:
   Result<void> checkInstruction(size_t i, const Path &p) const;
 
   const Plan &plan;
+  std::vector<int32_t> *operandBuffers;
   std::shared_ptr<const Mesh> mesh;
   std::unordered_set<std::string_view> streams;
   std::unordered_map<std::string_view, size_t> comms;
@@ -767,10 +771,14 @@ Result<void> PlanValidator::checkInstruction(size_t i, const Path &p) const {
   MESHPLAN_TRY(checkCollectiveFields(in, p));
   auto checkBuffers = [&](const std::vector<std::string> &list,
                           std::string_view key) -> Result<void> {
-    for (size_t k = 0; k < list.size(); ++k)
-      if (!buffers.count(list[k]))
+    for (size_t k = 0; k < list.size(); ++k) {
+      const IdIndex::Entry *b = buffers.find(list[k]);
+      if (!b)
         return errorAt(childPointer(childPointer(p, key), k),
                        "unknown buffer " + quote(list[k]));
+      if (operandBuffers)
+        operandBuffers->push_back(static_cast<int32_t>(b->second));
+    }
     return {};
   };
   MESHPLAN_TRY(checkBuffers(in.inputs, "inputs"));
@@ -854,7 +862,14 @@ Result<void> PlanValidator::checkEstimates() const {
 } // namespace
 
 Result<void> validatePlan(const Plan &plan) {
-  PlanValidator v(plan);
+  return validatePlan(plan, nullptr);
+}
+
+Result<void> validatePlan(const Plan &plan,
+                          std::vector<int32_t> *operandBuffers) {
+  if (operandBuffers)
+    operandBuffers->clear();
+  PlanValidator v(plan, operandBuffers);
   MESHPLAN_TRY(v.checkHeader());
   MESHPLAN_TRY(v.checkStreams());
   MESHPLAN_TRY(v.checkCommunicators());

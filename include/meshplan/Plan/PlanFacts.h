@@ -89,8 +89,12 @@ struct PlanSetFacts {
 class FactsBuilder {
 public:
   /// Records `plan` (which must pass validatePlan) as plan `index` of the
-  /// set.
-  void add(size_t index, const Plan &plan);
+  /// set. `operandBuffers`, when given, are the plan's operands already
+  /// resolved to buffer indices, per instruction its inputs then its outputs
+  /// (what validation found; the plan directory reader passes them), so that
+  /// no id is looked up again.
+  void add(size_t index, const Plan &plan,
+           const std::vector<int32_t> *operandBuffers = nullptr);
 
 private:
   friend PlanSetFacts mergeFacts(std::vector<FactsBuilder> &builders,
