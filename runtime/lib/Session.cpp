@@ -63,7 +63,10 @@ void Session::Impl::reportFailure(bool onCommunicator, Error &error) {
       error = Error{"a peer failed first: " +
                     std::string((*peer)->begin(), (*peer)->end()) +
                     "; that ended this rank's step: " + error.message};
-  } else {
+  } else if (!trainerCollectiveFailed) {
+    // A callback's own error is the cause its peers name ("a peer failed
+    // first"); one that is a trainer's collective timing out on a peer is
+    // not, and would stop the peers' own diagnosis of who did not arrive.
     (void)backend->storeSet(
         kFailureKey,
         std::vector<char>(error.message.begin(), error.message.end()));

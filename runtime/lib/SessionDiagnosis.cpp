@@ -146,6 +146,7 @@ private:
     if (r)
       return r;
     Error e = r.error();
+    session.trainerCollectiveFailed = true;
     session.diagnosePeers(nullptr, index, e);
     return e;
   }
@@ -254,21 +255,32 @@ static std::string positionOf(const Session::Impl &m, const StepState &state) {
 }
 
 std::string Session::Impl::holdUp(const std::string &commId, int64_t member,
-                                  int64_t step) {
+                                  int64_t step, Clock::time_point until) {
   const plan::Communicator *c = plan.findCommunicator(commId);
   if (!c || c->axes.empty() || !mesh)
     return "";
   auto group = plan::deriveGroup(*mesh, c->axes, member);
   if (!group)
     return "";
-  std::string silent;
-  for (int64_t r : group->ranks) {
-    if (r == member || r == plan.rank)
-      continue;
-    auto got = backend->storePeek(progressKey(step, r));
-    if (!(got && *got))
-      silent += (silent.empty() ? "" : ", ") + rankName(r);
+  // The group's members hit their own timeouts a moment after this rank's
+  // peers did: wait for them as for this communicator's members, so that
+  // one that reports late is not named silent.
+  std::vector<int64_t> waiting;
+  for (int64_t r : group->ranks)
+    if (r != member && r != plan.rank)
+      waiting.push_back(r);
+  while (true) {
+    std::erase_if(waiting, [&](int64_t r) {
+      auto got = backend->storePeek(progressKey(step, r));
+      return got && *got;
+    });
+    if (waiting.empty() || Clock::now() >= until)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  std::string silent;
+  for (int64_t r : waiting)
+    silent += (silent.empty() ? "" : ", ") + rankName(r);
   std::string text = "; it is inside \"" + commId + "\" with ranks [" +
                      rankList(group->ranks) + "]";
   if (!silent.empty())
@@ -331,6 +343,7 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
     std::string line, state2 = "done", busy;
     std::vector<std::string> runningOn; // other communicators it is inside
     int64_t at = -1;
+    bool inTrainerCollective = false; // its trainer's collective on pc
     while (std::getline(lines, line)) {
       std::istringstream fields(line);
       std::string id, num, st;
@@ -339,7 +352,9 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
       std::getline(fields, st, '\t');
       if (id.empty() && num.empty())
         busy += (busy.empty() ? "" : ", ") + st;
-      if (!id.empty() && id[0] == '@') {
+      if (!id.empty() && id[0] == '@' && id.substr(1) == pc.id) {
+        inTrainerCollective = true;
+      } else if (!id.empty() && id[0] == '@') {
         busy +=
             (busy.empty() ? "" : ", ") +
             ("the trainer's collective on \"trainer/" + id.substr(1) + "\"");
@@ -352,12 +367,18 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
         state2 = st;
       }
     }
-    if (inCallback || (at == number && state2 == "running")) {
+    // In a trainer's collective, a member in it reports "@ID"; one that
+    // reported from elsewhere (its own plan collective timed out) is not in
+    // it, and where it is explains the wait.
+    if (inCallback ? inTrainerCollective
+                   : at == number && state2 == "running") {
       inIt.push_back(pc.ranks[k]);
       continue;
     }
     std::string where =
-        at < 0 ? "has no collective left on it in step " + std::to_string(step)
+        inCallback ? "is not in it"
+        : at < 0
+            ? "has no collective left on it in step " + std::to_string(step)
         : at == number
             ? "has not started it (its deps or an earlier collective "
               "hold it)"
@@ -366,8 +387,10 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
       where += "; it runs " + busy;
     // One step further: the members of the group the member is stuck in
     // (core derives any rank's group from the mesh) that reported nothing.
+    Clock::time_point groupUntil = Clock::now() + window;
     for (const std::string &d : runningOn)
-      where += holdUp(d, pc.ranks[k], step);
+      if (d != pc.id)
+        where += holdUp(d, pc.ranks[k], step, groupUntil);
     elsewhere.push_back(rankName(pc.ranks[k]) + " " + where);
   }
   if (silent.empty() && elsewhere.empty() && inIt.empty())

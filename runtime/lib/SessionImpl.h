@@ -376,9 +376,15 @@ struct Session::Impl {
   /// fault-tolerant sessions.
   void diagnosePeers(const StepState *state, int comm, Error &error);
   std::atomic<bool> diagnosed{false};
+  /// Set when a trainer's collective failed (watchTrainerCommunicator): the
+  /// callback's error that follows is a consequence of a peer's, not a
+  /// cause, and reportFailure does not publish it as the step's failure.
+  std::atomic<bool> trainerCollectiveFailed{false};
   /// diagnosePeers: "; it is inside "ID" with ranks [...], where rank R
-  /// reported nothing ..." for `member`'s group of communicator `commId`.
-  std::string holdUp(const std::string &commId, int64_t member, int64_t step);
+  /// reported nothing ..." for `member`'s group of communicator `commId`,
+  /// waiting until `until` for the group's members to report.
+  std::string holdUp(const std::string &commId, int64_t member, int64_t step,
+                     Clock::time_point until);
   std::unique_ptr<Communicator>
   watchTrainerCommunicator(std::unique_ptr<Communicator> comm, int index);
   /// Set by reportFailure: a communicator whose rendezvous is still waiting
