@@ -2,6 +2,8 @@
 
 #include "Data.h"
 
+#include "meshplan/Support/Hash.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -10,13 +12,6 @@
 namespace fs = std::filesystem;
 
 namespace meshplan::trainer {
-
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 Result<TextData> TextData::load(const std::string &path) {
   TextData data;
@@ -60,10 +55,10 @@ void TextData::fill(uint64_t seed, int64_t step, int64_t microbatch,
   targets.resize(size_t(batch * seqLen));
   uint64_t windows = uint64_t(size() - seqLen);
   for (int64_t b = 0; b < batch; ++b) {
-    uint64_t key =
-        mix(mix(mix(seed) ^ uint64_t(step)) ^ (uint64_t(microbatch) << 32)) ^
-        uint64_t(first + b);
-    uint64_t start = mix(key) % windows;
+    uint64_t key = splitmix64(splitmix64(splitmix64(seed) ^ uint64_t(step)) ^
+                              (uint64_t(microbatch) << 32)) ^
+                   uint64_t(first + b);
+    uint64_t start = splitmix64(key) % windows;
     for (int64_t t = 0; t < seqLen; ++t) {
       tokens[size_t(b * seqLen + t)] =
           static_cast<unsigned char>(text[size_t(start) + size_t(t)]);

@@ -26,13 +26,6 @@ namespace meshplan::trainer {
   std::exit(1);
 }
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 /// A tensor name's seed for its initial values and synthetic gradients.
 /// FNV-1a from 1469598103934665603, not FNV's offset basis (one digit short
 /// of 14695981039346656037): the basis this trainer always used, kept so
@@ -457,9 +450,10 @@ float initialValue(uint64_t seed, const std::string &tensor, int64_t g,
   }
   // Box-Muller on a counter-based hash, redrawn beyond two deviations.
   uint64_t key =
-      mix(seed ^ hashName(tensor)) ^ uint64_t(g) * 0x632BE59BD9B4E019ull;
+      splitmix64(seed ^ hashName(tensor)) ^ uint64_t(g) * 0x632BE59BD9B4E019ull;
   for (uint64_t attempt = 0;; ++attempt) {
-    uint64_t a = mix(key + 2 * attempt), b = mix(key + 2 * attempt + 1);
+    uint64_t a = splitmix64(key + 2 * attempt),
+             b = splitmix64(key + 2 * attempt + 1);
     double u1 = (double(a >> 11) + 1.0) / 9007199254740993.0;
     double u2 = double(b >> 11) / 9007199254740992.0;
     double z =
@@ -470,7 +464,8 @@ float initialValue(uint64_t seed, const std::string &tensor, int64_t g,
 }
 
 float syntheticGrad(const std::string &tensor, int64_t g, int64_t step) {
-  uint64_t h = mix(hashName(tensor) ^ (uint64_t(g) << 8) ^ uint64_t(step));
+  uint64_t h =
+      splitmix64(hashName(tensor) ^ (uint64_t(g) << 8) ^ uint64_t(step));
   return std::ldexp(static_cast<float>(int64_t(h % 255) - 127), -12);
 }
 

@@ -294,6 +294,30 @@ const SectionRule kStepRule = {
      {"begin_us", JsonType::Array, true, JsonType::Number},
      {"end_us", JsonType::Array, true, JsonType::Number}}};
 
+/// The optional member `key` of `j` (at JSON pointer `ptr`), read by
+/// `read(value, pointer)` into `out`; left as it is when absent.
+template <typename T, typename Read>
+Result<void> readOptional(const Json &j, const std::string &ptr,
+                          const char *key, T &out, Read read) {
+  const Json *member = json::member(j, key);
+  if (!member)
+    return {};
+  auto value = read(*member, childPointer(ptr, key));
+  if (!value)
+    return value.error();
+  out = std::move(*value);
+  return {};
+}
+auto readCount = [](const Json &v, const std::string &p) {
+  return json::readInt(v, p, 0);
+};
+auto readFlag = [](const Json &v, const std::string &p) {
+  return json::readBool(v, p);
+};
+auto readText = [](const Json &v, const std::string &p) {
+  return json::readString(v, p);
+};
+
 /// The rank file's "steps" into `t`, whose header is read.
 Result<void> parseSteps(const Json &steps, RankTrace &t) {
   int64_t previous = 0;
@@ -302,18 +326,8 @@ Result<void> parseSteps(const Json &steps, RankTrace &t) {
     const Json &j = steps[k];
     MESHPLAN_TRY(json::checkObject(j, ptr, kStepRule));
     ExecutedStep s;
-    if (const Json *e = json::member(j, "epoch")) {
-      auto epoch = json::readInt(*e, childPointer(ptr, "epoch"), 0);
-      if (!epoch)
-        return epoch.error();
-      s.epoch = *epoch;
-    }
-    if (const Json *c = json::member(j, "committed")) {
-      auto committed = json::readBool(*c, childPointer(ptr, "committed"));
-      if (!committed)
-        return committed.error();
-      s.committed = *committed;
-    }
+    MESHPLAN_TRY(readOptional(j, ptr, "epoch", s.epoch, readCount));
+    MESHPLAN_TRY(readOptional(j, ptr, "committed", s.committed, readFlag));
     if (const Json *groups = json::member(j, "members")) {
       // Every attempt of one epoch names the same members.
       std::string mptr = childPointer(ptr, "members");
@@ -447,18 +461,9 @@ Result<RankTrace> parseDocument(const Json &doc) {
       return ranks.error();
     t.communicators[id] = *ranks;
   }
-  if (const Json *ft = json::member(doc, "fault_tolerant")) {
-    auto b = json::readBool(*ft, "/fault_tolerant");
-    if (!b)
-      return b.error();
-    t.faultTolerant = *b;
-  }
-  if (const Json *inc = json::member(doc, "incarnation")) {
-    auto i = json::readInt(*inc, "/incarnation", 0);
-    if (!i)
-      return i.error();
-    t.incarnation = *i;
-  }
+  MESHPLAN_TRY(
+      readOptional(doc, "", "fault_tolerant", t.faultTolerant, readFlag));
+  MESHPLAN_TRY(readOptional(doc, "", "incarnation", t.incarnation, readCount));
   const Json &ins = doc["instructions"];
   for (size_t i = 0; i < ins.size(); ++i) {
     std::string ptr = childPointer("/instructions", i);
@@ -491,18 +496,8 @@ Result<RankTrace> parseDocument(const Json &doc) {
                              "unknown communicator " + quote(*comm));
       ti.comm = *comm;
     }
-    if (const Json *o = json::member(j, "ordinal")) {
-      auto ord = json::readInt(*o, childPointer(ptr, "ordinal"), 0);
-      if (!ord)
-        return ord.error();
-      ti.ordinal = *ord;
-    }
-    if (const Json *l = json::member(j, "label")) {
-      auto label = json::readString(*l, childPointer(ptr, "label"));
-      if (!label)
-        return label.error();
-      ti.label = *label;
-    }
+    MESHPLAN_TRY(readOptional(j, ptr, "ordinal", ti.ordinal, readCount));
+    MESHPLAN_TRY(readOptional(j, ptr, "label", ti.label, readText));
     t.instructions.push_back(std::move(ti));
   }
   MESHPLAN_TRY(parseSteps(doc["steps"], t));

@@ -33,6 +33,17 @@ inline uint64_t fnv1a64(std::string_view bytes, uint64_t h = kFnv1a64Basis) {
   return h;
 }
 
+/// SplitMix64's finalizer (Steele, Lea and Flood): a fixed, well-mixed
+/// bijection of 64 bits, from which the trainer derives its data windows,
+/// synthetic gradients and initial values. Those are part of what its
+/// checkpoints and reference runs reproduce: the constants never change.
+inline constexpr uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 /// A 64-bit hash as 16 lower-case hex digits.
 inline std::string hex64(uint64_t h) {
   static const char *digits = "0123456789abcdef";
