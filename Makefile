@@ -1,6 +1,6 @@
 # Thin wrappers around scripts/setup.sh + CMake presets. The README's two
 # commands are `./scripts/setup.sh && make demo` and `./scripts/setup.sh && make test`.
-.PHONY: setup build demo test test-asan stress fuzz bench format clean
+.PHONY: setup build demo test build-asan test-asan stress fuzz bench format clean
 
 setup:
 	./scripts/setup.sh
@@ -30,11 +30,13 @@ stress: build
 # UndefinedBehaviorSanitizer (no recovery) and LeakSanitizer in build-asan/,
 # including one short fuzz.* run per libFuzzer target; the sanitizer options
 # come from the test preset (docs/reliability.md).
-test-asan:
+test-asan: build-asan
+	ctest --preset asan
+
+build-asan:
 	./scripts/setup.sh
 	cmake --preset asan
 	cmake --build --preset asan
-	ctest --preset asan
 
 # Coverage-guided fuzzing (docs/reliability.md): builds the fuzz targets of
 # the asan preset, then runs each for FUZZ_SECONDS over its seed corpus
