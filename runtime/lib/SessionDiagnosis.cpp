@@ -309,9 +309,11 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
   size_t turn = state ? size_t(state->turn[size_t(comm)]) : 0;
   int64_t number = int64_t(turn) + 1;
   // Members that wrote where they stand; the others get a short window,
-  // long enough for peers that hit the same timeout a moment later.
-  auto window = std::clamp(options.timeout / 5, std::chrono::milliseconds(500),
-                           std::chrono::milliseconds(3000));
+  // long enough for peers that hit the same failure a moment later on a
+  // loaded machine (a fifth of a 10 s timeout, 2 s, once named a live member
+  // silent beside two spinning processes). Only the failure path waits.
+  auto window = std::clamp(options.timeout / 3, std::chrono::milliseconds(1000),
+                           std::chrono::milliseconds(5000));
   auto until = Clock::now() + window;
   std::vector<std::optional<std::string>> seen(pc.ranks.size());
   while (true) {

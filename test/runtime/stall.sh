@@ -60,7 +60,7 @@ grep -v '^\[rank 0\] step' "$work/err" | cut -c1-600
 # Timeout, the survivors' window (at most 3 s), and room for a loaded machine.
 (( $(echo "$elapsed < $timeout + 25" | bc) )) || fail "the job took ${elapsed}s to end"
 grep -q 'meshplan run: rank 1 is stopped' "$work/err" || fail "the launcher does not name the stopped rank"
-grep -qE 'rank 1 has not arrived and reported nothing' "$work/err" ||
+grep -qE 'rank 1(, rank [0-9]+)* ha(s|ve) not arrived and reported nothing' "$work/err" ||
   fail "no survivor names rank 1 as the rank that did not arrive"
 grep -qE 'members of "comm_mesh_fsdp" at its collective #[0-9]+ of step [0-9]+' "$work/err" ||
   fail "the survivors' message lacks the communicator and the collective number"

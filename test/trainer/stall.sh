@@ -62,7 +62,7 @@ errors=$(grep -h 'meshplan-train: error' "$work/out" "$work/err")
 [[ -n $errors ]] || fail "no survivor reported an error"
 while IFS= read -r line; do
   [[ -z $line ]] && continue
-  grep -qE 'rank 3 (has not arrived and )?reported nothing' <<<"$line" ||
+  grep -qE 'rank 3(, rank [0-9]+)* (ha(s|ve) not arrived and )?reported nothing' <<<"$line" ||
     fail "a survivor's error does not name rank 3: $line"
 done <<<"$errors"
 left=$(job_pids)
