@@ -761,13 +761,26 @@ Result<void> Session::Impl::faultTolerantStep() {
     Stop stop;
     std::thread watcher([&] { watchEpoch(epoch, stop); });
     PassOutcome before;
+    std::optional<Error> faultTolerantFailure;
     for (f.sharePass = 0; f.sharePass < passes; ++f.sharePass) {
       if (f.sharePass > 0)
         state = freshState();
       before = runPass(state, f.beforeOrder, /*soft=*/true);
-      if (before.failure || before.faultTolerantFailure)
+      if (before.faultTolerantFailure && !faultTolerantFailure)
+        faultTolerantFailure = before.faultTolerantFailure;
+      // Every pass runs after a fault_tolerant failure too, as the rest of
+      // a pass does (runPass): the group's own collectives pair up only if
+      // each of its ranks runs the same passes. The ranks of one group sit
+      // in different replica groups' all-reduces, and one whose all-reduce
+      // failed used to stop after its first pass while its partner, whose
+      // all-reduce had completed, waited in the next pass's all-gather
+      // until the timeout (runtime.ft.phases, heal-source, session 20).
+      if (before.failure)
         break;
     }
+    // The vote reports the first pass's failure: the cause.
+    if (faultTolerantFailure)
+      before.faultTolerantFailure = faultTolerantFailure;
     f.sharePass = 0;
     {
       std::lock_guard<std::mutex> lock(stop.mutex);
