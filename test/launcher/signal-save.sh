@@ -16,14 +16,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-signal-save-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
-job_pids() { # STORE-DIR: live processes whose environment names it
-  local f p
-  for f in $(grep -lsxzF "MESHPLAN_STORE=file:$1" /proc/[0-9]*/environ); do
-    p=${f#/proc/}; p=${p%/environ}
-    [[ $p == self || $p == "$BASHPID" ]] && continue
-    [[ $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1) =~ ^[A-Y]$ ]] && echo "$p"
-  done
-}
+source "$(dirname "$0")/../lib/processes.sh"
 try=0
 for sig in TERM INT TERM; do
   try=$((try + 1))

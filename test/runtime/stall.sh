@@ -17,6 +17,7 @@ trap 'rm -rf "$work"' EXIT
 "$bin/meshplan" plan --spec "$spec" --model tiny --all -o "$work/plans" >/dev/null || exit 1
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "$0")/../lib/processes.sh"
 timeout=5
 mkdir "$work/store"
 # Own store directory, so that the processes of this job can be found by it.
@@ -26,24 +27,9 @@ set -m
   >"$work/out" 2>"$work/err" &
 launcher=$!
 set +m
-# The processes of the job (not zombies): their environment names its store.
-job_pids() {
-  local f p
-  for f in $(grep -lsxzF "MESHPLAN_STORE=file:$work/store" /proc/[0-9]*/environ); do
-    p=${f#/proc/}; p=${p%/environ}
-    [[ $p == "$launcher" || $p == self || $p == $BASHPID ]] && continue
-    [[ $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1) =~ ^[A-Y]$ ]] && echo "$p"
-  done
-}
-rank_pid() { # RANK: the launcher's child with that RANK
-  local p
-  for p in $(pgrep -P "$launcher"); do
-    grep -qsxzF "RANK=$1" "/proc/$p/environ" && { echo "$p"; return; }
-  done
-}
 # Rank 1 stops itself (SIGSTOP) in step 3's first backward.
 for _ in $(seq 1200); do
-  victim=$(rank_pid 1)
+  victim=$(rank_pid "$launcher" 1)
   [[ -n $victim && $(sed 's/.*) //' "/proc/$victim/stat" 2>/dev/null | cut -c1) == T ]] && break
   victim=
   kill -0 "$launcher" 2>/dev/null || break
@@ -64,7 +50,7 @@ grep -qE 'rank 1(, rank [0-9]+)* ha(s|ve) not arrived and reported nothing' "$wo
   fail "no survivor names rank 1 as the rank that did not arrive"
 grep -qE 'members of "comm_mesh_fsdp" at its collective #[0-9]+ of step [0-9]+' "$work/err" ||
   fail "the survivors' message lacks the communicator and the collective number"
-left=$(job_pids)
+left=$(job_pids "$work/store")
 if [[ -n $left ]]; then
   fail "processes left behind: $left"
   ps -o pid,stat,args -p $left

@@ -20,33 +20,19 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-trainer-stall-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "$0")/../lib/processes.sh"
 timeout=5
 mkdir "$work/store"
 "$bin/meshplan" run -n 4 --timeout "$timeout" --grace 20 --store "file:$work/store" -- \
   "$bin/meshplan-train" --spec "$src/test/trainer/specs/fsdp2-tp2.json" --data "$src/docs" \
   --batch 2 --seq-len 32 --steps 100000 --log-every 1 >"$work/out" 2>"$work/err" &
 launcher=$!
-# The processes of the job (not zombies): their environment names its store.
-job_pids() {
-  local f p
-  for f in $(grep -lsxzF "MESHPLAN_STORE=file:$work/store" /proc/[0-9]*/environ); do
-    p=${f#/proc/}; p=${p%/environ}
-    [[ $p == "$launcher" || $p == self || $p == $BASHPID ]] && continue
-    [[ $(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1) =~ ^[A-Y]$ ]] && echo "$p"
-  done
-}
-rank_pid() { # RANK: the launcher's child with that RANK
-  local p
-  for p in $(pgrep -P "$launcher"); do
-    grep -qsxzF "RANK=$1" "/proc/$p/environ" && { echo "$p"; return; }
-  done
-}
 # Stop rank 3 once the job has run a few steps (an event: rank 0's line).
 until grep -q "step 3/" "$work/out" "$work/err" 2>/dev/null; do
   kill -0 "$launcher" 2>/dev/null || { fail "the job ended before step 3"; cat "$work/err"; exit 1; }
   sleep 0.05
 done
-victim=$(rank_pid 3)
+victim=$(rank_pid "$launcher" 3)
 [[ -n $victim ]] || { fail "rank 3 not found"; exit 1; }
 kill -STOP "$victim"
 start=$(date +%s.%N)
@@ -65,7 +51,7 @@ while IFS= read -r line; do
   grep -qE 'rank 3(, rank [0-9]+)* (ha(s|ve) not arrived and )?reported nothing' <<<"$line" ||
     fail "a survivor's error does not name rank 3: $line"
 done <<<"$errors"
-left=$(job_pids)
+left=$(job_pids "$work/store")
 if [[ -n $left ]]; then
   fail "processes left behind: $left"
   ps -o pid,stat,args -p $left
