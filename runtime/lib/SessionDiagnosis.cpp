@@ -290,14 +290,37 @@ std::string Session::Impl::holdUp(const std::string &commId, int64_t member,
 
 void Session::Impl::diagnosePeers(const StepState *state, int comm,
                                   Error &error) {
-  bool inCallback = state == nullptr;
+  if (ft || comm < 0)
+    return;
   // Once per session: the first failure is the one to explain (a session
   // is broken after it; later errors are its consequences, the aborts).
-  if (ft || comm < 0 || diagnosed.exchange(true))
+  // Two of this rank's streams can fail at the same moment (a callback's
+  // trainer collective and a plan collective, on the same stalled peer),
+  // and either error may be the one the rank reports: the second waits for
+  // the first's diagnosis and carries it too.
+  std::unique_lock<std::mutex> lock(diagnosisMutex);
+  if (diagnosisStarted) {
+    diagnosisReady.wait_for(lock, options.timeout + std::chrono::seconds(10),
+                            [&] { return diagnosis.has_value(); });
+    if (diagnosis && !diagnosis->empty())
+      error = Error{error.message + " [" + *diagnosis + "]"};
     return;
+  }
+  diagnosisStarted = true;
+  lock.unlock();
+  std::string text = diagnosisOf(state, comm);
+  lock.lock();
+  diagnosis = text;
+  diagnosisReady.notify_all();
+  if (!text.empty())
+    error = Error{error.message + " [" + text + "]"};
+}
+
+std::string Session::Impl::diagnosisOf(const StepState *state, int comm) {
+  bool inCallback = state == nullptr;
   // A peer's own failure (a callback's error) is already the cause.
   if (auto peer = backend->storePeek("step-failure"); peer && *peer)
-    return;
+    return "";
   int64_t step = steps + 1;
   // A trainer's collective: where the plan stands is not known here.
   std::string mine =
@@ -396,7 +419,7 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
     elsewhere.push_back(rankName(pc.ranks[k]) + " " + where);
   }
   if (silent.empty() && elsewhere.empty() && inIt.empty())
-    return;
+    return "";
   std::string text = inCallback
                          ? "members of \"trainer/" + pc.id +
                                "\" (the trainer's own collectives) in step " +
@@ -425,7 +448,7 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
              (inCallback         ? " reported"
               : inIt.size() == 1 ? " waits in it too"
                                  : " wait in it too");
-  error = Error{error.message + " [" + text + parts + "]"};
+  return text + parts;
 }
 
 } // namespace meshplan::runtime

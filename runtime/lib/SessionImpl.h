@@ -375,7 +375,14 @@ struct Session::Impl {
   /// trainer twin failed (in a callback or between steps). Not in
   /// fault-tolerant sessions.
   void diagnosePeers(const StepState *state, int comm, Error &error);
-  std::atomic<bool> diagnosed{false};
+  /// diagnosePeers' text (without brackets; empty: nothing to add).
+  std::string diagnosisOf(const StepState *state, int comm);
+  /// The session's one diagnosis: started by the first failure, read by
+  /// any other that comes while it runs or after.
+  std::mutex diagnosisMutex;
+  std::condition_variable diagnosisReady;
+  bool diagnosisStarted = false;
+  std::optional<std::string> diagnosis;
   /// Set when a trainer's collective failed (watchTrainerCommunicator): the
   /// callback's error that follows is a consequence of a peer's, not a
   /// cause, and reportFailure does not publish it as the step's failure.
