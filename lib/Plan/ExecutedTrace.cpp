@@ -365,16 +365,12 @@ Result<void> parseSteps(const Json &steps, RankTrace &t) {
                                ", not after its discarded attempt's epoch " +
                                std::to_string(last->epoch));
     s.step = previous = *step;
-    auto start = json::readNumber(j["start_seconds"],
-                                  childPointer(ptr, "start_seconds"));
-    auto wall =
-        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds"));
-    if (!start)
-      return start.error();
-    if (!wall)
-      return wall.error();
-    s.start = *start;
-    s.wall = *wall;
+    MESHPLAN_ASSIGN(s.start,
+                    json::readNumber(j["start_seconds"],
+                                     childPointer(ptr, "start_seconds")));
+    MESHPLAN_ASSIGN(
+        s.wall,
+        json::readNumber(j["wall_seconds"], childPointer(ptr, "wall_seconds")));
     for (auto [key, out] :
          {std::pair{"ready_us", &s.ready}, std::pair{"begin_us", &s.begin},
           std::pair{"end_us", &s.end}}) {
@@ -436,20 +432,13 @@ Result<RankTrace> parseDocument(const Json &doc) {
   t.rank = *rank;
   const Json &clock = doc["clock"];
   MESHPLAN_TRY(json::checkObject(clock, "/clock", kClockRule));
-  auto offset =
-      json::readNumber(clock["offset_seconds"], "/clock/offset_seconds");
-  auto unc = json::readNumber(clock["uncertainty_seconds"],
-                              "/clock/uncertainty_seconds");
-  auto method = json::readString(clock["method"], "/clock/method");
-  if (!offset)
-    return offset.error();
-  if (!unc)
-    return unc.error();
-  if (!method)
-    return method.error();
-  t.clockOffset = *offset;
-  t.clockUncertainty = *unc;
-  t.clockMethod = *method;
+  MESHPLAN_ASSIGN(t.clockOffset, json::readNumber(clock["offset_seconds"],
+                                                  "/clock/offset_seconds"));
+  MESHPLAN_ASSIGN(t.clockUncertainty,
+                  json::readNumber(clock["uncertainty_seconds"],
+                                   "/clock/uncertainty_seconds"));
+  MESHPLAN_ASSIGN(t.clockMethod,
+                  json::readString(clock["method"], "/clock/method"));
   auto streams = json::readStringArray(doc["streams"], "/streams");
   if (!streams)
     return streams.error();
