@@ -775,6 +775,53 @@ Result<MicrobatchShape> batchPerMicrobatch(const Spec &spec,
   return out;
 }
 
+Result<MicrobatchWork> microbatchWork(const Spec &spec,
+                                      const WorkRequest &request) {
+  auto positive = [](const std::optional<int64_t> &value,
+                     const std::string &name) -> Result<void> {
+    if (value && *value < 1)
+      return makeError(name + ": must be > 0, not " + std::to_string(*value));
+    return {};
+  };
+  MESHPLAN_TRY(positive(request.tokensPerRank, request.tokensPerRankName));
+  MESHPLAN_TRY(
+      positive(request.globalBatchTokens, request.globalBatchTokensName));
+  MESHPLAN_TRY(positive(request.sequenceLength, request.sequenceLengthName));
+  if (request.tokensPerRank && request.globalBatchTokens)
+    return makeError(request.tokensPerRankName + ": give it or " +
+                     request.globalBatchTokensName +
+                     ", not both (one is the other split over the "
+                     "data-parallel ranks and microbatches)");
+  const std::optional<BatchSpec> &batch = spec.batch;
+  MicrobatchWork work;
+  work.sequenceLength = request.sequenceLength ? *request.sequenceLength
+                        : batch                ? batch->sequenceLength
+                                               : 8192;
+  auto split = [&](int64_t globalTokens,
+                   const std::string &name) -> Result<MicrobatchWork> {
+    auto shape = batchPerMicrobatch(spec, globalTokens, work.sequenceLength);
+    if (!shape)
+      return makeError(name + ": " + shape.error().message);
+    work.tokensPerRank = shape->tokensPerRank;
+    return work;
+  };
+  if (request.tokensPerRank) {
+    work.tokensPerRank = *request.tokensPerRank;
+    return work;
+  }
+  if (request.globalBatchTokens)
+    return split(*request.globalBatchTokens, request.globalBatchTokensName);
+  // parseSpec checked the spec's own sequence length; a requested one may
+  // not split the spec's batch into whole sequences, which is the request's
+  // error.
+  if (batch)
+    return split(batch->globalTokens,
+                 request.sequenceLengthName +
+                     " (with the spec's batch.global_tokens)");
+  work.tokensPerRank = 8192;
+  return work;
+}
+
 Result<void> checkSpec(Spec &spec, const SpecOptions &options) {
   return checkSections(spec, options, "/gradient_accumulation/steps");
 }

@@ -87,23 +87,48 @@ def spec(
 _load_spec = spec
 
 
+def _refuse_unknown(function: str, keywords: dict[str, Any], renamed: dict[str, str]) -> None:
+    """TypeError for keywords a function does not take, naming the new
+    keyword where an old one was renamed (as the CLI refuses --tokens)."""
+    for name in keywords:
+        if name in renamed:
+            raise TypeError(f"{function}(): {name}= was renamed: use {renamed[name]}")
+        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
 def plan(
     spec: "Spec | str | _os.PathLike[str] | Mapping[str, Any]",
     rank: int | None = None,
     *,
-    tokens: int = 8192,
-    seq_len: int = 8192,
+    tokens_per_rank: int | None = None,
+    global_batch_tokens: int | None = None,
+    seq_len: int | None = None,
     context_parallel: str | None = None,
+    **unknown: Any,
 ) -> "Plan | list[Plan]":
     """Plans a spec: the plan of ``rank``, or every rank's plan (a list by
-    rank) when rank is None. ``tokens``, ``seq_len`` and ``context_parallel``
-    are `meshplan plan`'s --tokens-per-rank, --seq-len and --context-parallel
-    (the work the cost model charges; a spec's "batch" is not read here);
-    they do not change the program."""
+    rank) when rank is None. ``tokens_per_rank`` (a data-parallel rank's
+    tokens per microbatch), ``global_batch_tokens`` (per optimizer step, the
+    whole job; give one of the two), ``seq_len`` and ``context_parallel``
+    are `meshplan plan`'s --tokens-per-rank, --global-batch-tokens,
+    --seq-len and --context-parallel: the work the cost model charges,
+    which does not change the program. Unset, they come from the spec's
+    "batch", else 8192 tokens of sequences of 8192, as in the CLI."""
+    _refuse_unknown(
+        "plan",
+        unknown,
+        {"tokens": "tokens_per_rank= (per data-parallel rank per microbatch) "
+         "or global_batch_tokens= (per optimizer step)"},
+    )
     if not isinstance(spec, Spec):
         spec = _load_spec(spec)
     return _plan(
-        spec, rank, tokens=tokens, seq_len=seq_len, context_parallel=context_parallel
+        spec,
+        rank,
+        tokens_per_rank=tokens_per_rank,
+        global_batch_tokens=global_batch_tokens,
+        seq_len=seq_len,
+        context_parallel=context_parallel,
     )
 
 
@@ -142,7 +167,7 @@ def tune(
     world: int,
     *,
     device: str = "h100-sxm-80gb",
-    tokens_per_step: int = 0,
+    global_batch_tokens: int | None = None,
     seq_len: int = 8192,
     max_context_parallel: int = 8,
     max_accumulation_steps: int = 8,
@@ -150,17 +175,23 @@ def tune(
     confirm: int = 8,
     base_dir: "str | _os.PathLike[str]" = ".",
     include_over_capacity: bool = False,
+    **unknown: Any,
 ) -> list[dict[str, Any]]:
     """Searches the layouts of ``model`` (a preset or a model JSON path) on
     ``world`` devices, as `meshplan tune` does: the candidates that fit,
     fastest first. Each is a dict with the degrees (pp, dp_replicate,
     dp_shard, cp, tp), the estimated step and peak memory, and ``spec``: a
-    meshplan.Spec that ``plan`` accepts."""
+    meshplan.Spec that ``plan`` accepts. ``global_batch_tokens`` is
+    `meshplan tune`'s --global-batch-tokens (per optimizer step; unset: one
+    sequence per rank)."""
+    _refuse_unknown("tune", unknown, {"tokens_per_step": "global_batch_tokens="})
+    if global_batch_tokens is not None and global_batch_tokens < 1:
+        raise errors.TuneError(f"global_batch_tokens: must be > 0, not {global_batch_tokens}")
     return _tune(
         model,
         world,
         device,
-        tokens_per_step,
+        0 if global_batch_tokens is None else global_batch_tokens,
         seq_len,
         max_context_parallel,
         max_accumulation_steps,

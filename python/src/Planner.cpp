@@ -96,17 +96,24 @@ SpecObject specFromFile(const std::string &path,
                       totalSteps);
 }
 
-/// The options `meshplan plan` compiles with, from plan()'s keywords.
+/// The options `meshplan plan` compiles with, from plan()'s keywords: the
+/// work per microbatch by the CLI's rule (frontend::microbatchWork: the
+/// keywords, else the spec's "batch", else 8192).
 pipeline::CompileOptions
-compileOptions(const SpecObject &spec, int64_t tokens, int64_t seqLen,
+compileOptions(const SpecObject &spec, std::optional<int64_t> tokensPerRank,
+               std::optional<int64_t> globalBatchTokens,
+               std::optional<int64_t> seqLen,
                const std::optional<std::string> &contextParallel) {
-  if (tokens <= 0)
-    raise("SpecError", "tokens: must be > 0, not " + std::to_string(tokens));
-  if (seqLen <= 0)
-    raise("SpecError", "seq_len: must be > 0, not " + std::to_string(seqLen));
+  frontend::WorkRequest request;
+  request.tokensPerRank = tokensPerRank;
+  request.globalBatchTokens = globalBatchTokens;
+  request.sequenceLength = seqLen;
+  auto work = frontend::microbatchWork(spec.resolved->spec, request);
+  if (!work)
+    raise("SpecError", work.error());
   pipeline::CompileOptions options;
-  options.import.tokensPerMicrobatch = tokens;
-  options.import.sequenceLength = seqLen;
+  options.import.tokensPerMicrobatch = work->tokensPerRank;
+  options.import.sequenceLength = work->sequenceLength;
   if (contextParallel)
     options.import.contextParallelAxis =
         *contextParallel == "none" ? "" : *contextParallel;
@@ -136,13 +143,15 @@ coordinatesOf(const frontend::ResolvedSpec &spec, int64_t rank) {
 
 /// meshplan.plan: one rank's plan, or every rank's (a list, by rank).
 nb::object planOf(const SpecObject &spec, std::optional<int64_t> rank,
-                  int64_t tokens, int64_t seqLen,
+                  std::optional<int64_t> tokensPerRank,
+                  std::optional<int64_t> globalBatchTokens,
+                  std::optional<int64_t> seqLen,
                   const std::optional<std::string> &contextParallel) {
   const frontend::ResolvedSpec &resolved = *spec.resolved;
   if (rank)
     checkRank(resolved, *rank);
-  pipeline::CompileOptions options =
-      compileOptions(spec, tokens, seqLen, contextParallel);
+  pipeline::CompileOptions options = compileOptions(
+      spec, tokensPerRank, globalBatchTokens, seqLen, contextParallel);
   // Under a pipeline, one rank needs only its pp coordinate's template.
   std::optional<std::vector<int64_t>> coordinates;
   if (rank)
@@ -675,12 +684,15 @@ void meshplan::python::bindPlanner(nb::module_ &m) {
       });
 
   m.def("plan", &planOf, nb::arg("spec"), nb::arg("rank") = nb::none(),
-        nb::kw_only(), nb::arg("tokens") = 8192, nb::arg("seq_len") = 8192,
+        nb::kw_only(), nb::arg("tokens_per_rank") = nb::none(),
+        nb::arg("global_batch_tokens") = nb::none(),
+        nb::arg("seq_len") = nb::none(),
         nb::arg("context_parallel") = nb::none(),
         "Plans `spec`: the plan of `rank`, or (rank=None) every rank's, by "
-        "rank. tokens/seq_len/context_parallel are `meshplan plan`'s "
-        "--tokens-per-rank/--seq-len/--context-parallel (the cost "
-        "model's work; the spec's batch is not read here).");
+        "rank. tokens_per_rank/global_batch_tokens/seq_len/context_parallel "
+        "are `meshplan plan`'s --tokens-per-rank/--global-batch-tokens/"
+        "--seq-len/--context-parallel (the cost model's work; unset: the "
+        "spec's batch, else 8192).");
 
   m.def(
       "_verify",

@@ -84,6 +84,37 @@ def test_explain_is_the_cli_json():
     assert not small["memory"]["capacity"]["fits"]
 
 
+def test_plan_charges_the_work_the_cli_charges(tmp_path):
+    # One rule for the cost model's work (frontend::microbatchWork): the
+    # spec's "batch" unless a keyword overrides it, as `meshplan explain`.
+    doc = json.loads(meshplan.spec(EXAMPLES / "fsdp-tp.json").text)
+    doc["batch"] = {"global_tokens": 4 * 2048, "sequence_length": 1024}
+    path = tmp_path / "batch.json"
+    path.write_text(json.dumps(doc))
+
+    def cli(*flags):
+        run = subprocess.run(
+            [CLI, "explain", "--spec", path, "--rank", "3", "--json", *flags],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return json.loads(run.stdout)
+
+    def tokens(explained):
+        return explained["memory"]["activations"]["tokens_per_rank"]
+
+    ours = meshplan.plan(path, 3).explain()
+    assert ours == cli() and tokens(ours) == 2048  # 8192 over 4 dp ranks
+    ours = meshplan.plan(path, 3, tokens_per_rank=512).explain()
+    assert ours == cli("--tokens-per-rank", "512") and tokens(ours) == 512
+    ours = meshplan.plan(path, 3, global_batch_tokens=16384, seq_len=512).explain()
+    assert ours == cli("--global-batch-tokens", "16384", "--seq-len", "512")
+    assert tokens(ours) == 4096
+    # Without a batch in the spec: 8192 tokens of sequences of 8192.
+    assert tokens(meshplan.plan(EXAMPLES / "fsdp-tp.json", 3).explain()) == 8192
+
+
 def test_explain_of_a_pipeline_lays_out_every_stage():
     # plan(spec, rank) plans the rank's pp coordinate only; explain plans
     # the others for the per-stage table, as `meshplan explain` does.
@@ -140,8 +171,21 @@ def test_spec_file_errors_name_the_file(tmp_path):
         meshplan.spec(fsdp_spec(2), world_size=4)
     with pytest.raises(meshplan.SpecError, match="rank: 9"):
         meshplan.plan(fsdp_spec(2), 9)
-    with pytest.raises(meshplan.SpecError, match="tokens"):
-        meshplan.plan(fsdp_spec(2), 0, tokens=0)
+    with pytest.raises(meshplan.SpecError, match="tokens_per_rank: must be > 0, not 0"):
+        meshplan.plan(fsdp_spec(2), 0, tokens_per_rank=0)
+    with pytest.raises(meshplan.SpecError, match="seq_len: must be > 0"):
+        meshplan.plan(fsdp_spec(2), 0, seq_len=-1)
+    with pytest.raises(meshplan.SpecError, match="give it or global_batch_tokens, not both"):
+        meshplan.plan(fsdp_spec(2), 0, tokens_per_rank=8, global_batch_tokens=64)
+    with pytest.raises(meshplan.SpecError, match="global_batch_tokens: 105 tokens do not split"):
+        meshplan.plan(fsdp_spec(2), 0, global_batch_tokens=105, seq_len=10)
+    # The keyword's old name says what replaced it (the CLI refuses --tokens).
+    with pytest.raises(TypeError, match="tokens_per_rank="):
+        meshplan.plan(fsdp_spec(2), 0, tokens=8192)
+    with pytest.raises(TypeError, match="global_batch_tokens="):
+        meshplan.tune("tiny", 8, tokens_per_step=8192)
+    with pytest.raises(TypeError, match="'tokenz'"):
+        meshplan.plan(fsdp_spec(2), 0, tokenz=1)
 
 
 def test_corrupt_plans_raise_plan_error(tmp_path):

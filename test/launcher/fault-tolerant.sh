@@ -10,6 +10,9 @@
 #    joined epoch, and exits 0; groups 0 and 2 are started exactly once.
 # 2. --max-restarts 0, --min-replicas 3: the same kill ends the job with
 #    "quorum cannot be met", exit 1, and no rank or redis-server left behind.
+# 2b. Two launchers (--nnodes 2, one group each, a Redis store here): node 1's
+#    group lost with --max-restarts 0 stops the job (1 of 2 is no majority);
+#    a launcher started into that job later is refused with the reason.
 # 3. SIGTERM to the launcher: forwarded, nothing restarted, exit 143.
 # 4. Bad flags: one line each, exit 2, nothing started.
 # Exit 77 (skipped) where redis-server is not installed.
@@ -101,6 +104,52 @@ check "quorum: gives replica 1 up" has "$d/err" "replica 1 failed and has used i
 check "quorum: says why" has "$d/err" "meshplan run: quorum cannot be met: 2 of 3 replica groups remain (replica 1 given up), min_replicas 3; stopping the job"
 check "quorum: no rank restarted" test "$(cat "$d"/rank-*.log | grep -c '^start')" -eq 6
 check "quorum: nothing left behind" nothing_left "$d"
+
+# --- 2b. Several nodes: a job that could form no quorum is not joined -------
+# Two launchers on this host, one replica group each, their Redis store
+# started here: node 1's group is lost with --max-restarts 0, so 1 of 2
+# groups is no strict majority and node 1's launcher stops the job and
+# records why; node 0's is then stopped. A launcher started into that job
+# later (a reused --job) is refused with the reason, not joined.
+d=$work/nodes
+mkdir -p "$d"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis=$(command -v redis-server || echo /usr/local/bin/redis-server)
+"$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log"
+for _ in $(seq 100); do
+  [ -s "$d/redis.pid" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+trap 'kill "$(cat "$d/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"' EXIT
+node() { # node K [PREFIX...]: one launcher of the two-node job "stopped"
+  local k=$1
+  shift
+  "$@" "$meshplan" run -n 2 --nnodes 2 --node-rank "$k" --fault-tolerant \
+    --store "redis://127.0.0.1:$port" --job stopped --max-restarts 0 \
+    --heartbeat-ms 1000 --grace 2 \
+    -- "$rank" --ranks-per-group 2 --steps 600 --step-ms 100 \
+    --kill-rank 2 --kill-step 3 --log "$d"
+}
+node 0 >"$d/out0" 2>"$d/err0" &
+node0=$!
+node 1 timeout 60 >"$d/out1" 2>"$d/err1"
+code=$?
+kill -TERM "$node0" 2>/dev/null
+wait "$node0"
+echo "case 2b: node 1's launcher exit $code"
+sed 's/^/  | /' "$d/err1"
+check "nodes: node 1's launcher exits 1" test "$code" -eq 1
+check "nodes: says why" has "$d/err1" "meshplan run: quorum cannot be met: 1 of 2 replica groups remain (replica 1 given up), a strict majority of 2 needs 2; stopping the job"
+"$meshplan" run -n 2 --nnodes 2 --node-rank 1 --fault-tolerant \
+  --store "redis://127.0.0.1:$port" --job stopped -- touch "$d/started" \
+  >"$d/out2" 2>"$d/err2"
+code=$?
+sed 's/^/  | /' "$d/err2"
+check "nodes: a launcher into the stopped job exits 2" test "$code" -eq 2
+check "nodes: ... with the reason" has "$d/err2" "meshplan: error: --job: job \"stopped\" already has keys in redis://127.0.0.1:$port and was stopped (quorum cannot be met: 1 of 2 replica groups remain (replica 1 given up), a strict majority of 2 needs 2; a new run needs a new job name)"
+check "nodes: ... and starts nothing" test ! -e "$d/started"
+kill "$(cat "$d/redis.pid")" 2>/dev/null
 
 # --- 3. A signal to the launcher is forwarded; nothing restarts ------------
 d=$work/signal

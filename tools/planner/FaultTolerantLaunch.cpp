@@ -298,11 +298,14 @@ std::optional<std::string> StoreServer::open(Config &config) {
     std::optional<std::string> pong =
         ping(c, hostName, portNumber, std::chrono::milliseconds(2000), &error);
     bool exists = false;
+    std::optional<std::string> finished, stopped;
     // One node: a job name with keys in the store is in use, refused. Several
     // nodes: the other nodes' ranks may record the job (its config key)
-    // before this launcher looks, so only a finished job is refused (its
-    // completion key, which nothing writes before a group has ended), and
-    // a running one is joined (joinRunningJob: a restarted node).
+    // before this launcher looks, so only a job that has ended is refused
+    // (its completion key, which nothing writes before a group has ended,
+    // or the key a launcher writes when the job can no longer form a
+    // quorum), and a running one is joined (joinRunningJob: a restarted
+    // node).
     if (pong == "PONG" && config.jobGiven) {
       auto get = [&](const std::string &key) -> std::optional<std::string> {
         meshplan::Result<RedisReply> r = c.command({"GET", key});
@@ -312,7 +315,9 @@ std::optional<std::string> StoreServer::open(Config &config) {
       };
       std::string prefix = "meshplan:{" + config.job + "}:";
       if (config.nnodes > 1) {
-        exists = get(prefix + "finished").has_value();
+        finished = get(prefix + "finished");
+        stopped = get(prefix + "stopped");
+        exists = finished || stopped;
         if (!exists)
           if (std::optional<std::string> cfg = get(prefix + "config"))
             joinRunningJob(c, config, *cfg);
@@ -329,12 +334,15 @@ std::optional<std::string> StoreServer::open(Config &config) {
       throw CliError("--store: " + url() + " answered PING with " +
                      inQuotes(*pong) + ", not PONG");
     if (exists)
-      throw CliError("--job: job " + inQuotes(config.job) +
-                     " already has keys in " + url() +
-                     (config.nnodes > 1
-                          ? " and has finished (none of its replica groups is "
-                            "alive; a new run needs a new job name)"
-                          : " (a new run needs a new job name)"));
+      throw CliError(
+          "--job: job " + inQuotes(config.job) + " already has keys in " +
+          url() +
+          (config.nnodes <= 1 ? std::string(" (a new run needs a new job name)")
+           : finished
+               ? std::string(" and has finished (none of its replica groups "
+                             "is alive; a new run needs a new job name)")
+               : " and was stopped (" + *stopped +
+                     "; a new run needs a new job name)"));
     return std::nullopt;
   }
 
@@ -905,6 +913,9 @@ void Supervisor::checkQuorum() {
     why += "a strict majority of " + std::to_string(n) + " needs " +
            std::to_string(n / 2 + 1);
   say("quorum cannot be met: " + why + "; stopping the job");
+  // The job is over for every node: a launcher started into it later (a
+  // reused --job) is refused with the reason instead of joining it.
+  command({"SET", key("stopped"), "quorum cannot be met: " + why});
   gaveUpJob = true;
   control.stopJob(1);
 }

@@ -50,19 +50,6 @@ using Clock = SteadyClock;
 static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
   if (flags.spec.empty())
     throw CliError("--spec: a parallelism spec file is required");
-  if (flags.tokensPerRank && *flags.tokensPerRank <= 0)
-    throw CliError("--tokens-per-rank: must be > 0, not " +
-                   std::to_string(*flags.tokensPerRank));
-  if (flags.globalBatchTokens && *flags.globalBatchTokens <= 0)
-    throw CliError("--global-batch-tokens: must be > 0, not " +
-                   std::to_string(*flags.globalBatchTokens));
-  if (flags.tokensPerRank && flags.globalBatchTokens)
-    throw CliError("--tokens-per-rank: give it or --global-batch-tokens, "
-                   "not both (one is the other split over the data-parallel "
-                   "ranks and microbatches)");
-  if (flags.seqLen && *flags.seqLen <= 0)
-    throw CliError("--seq-len: must be > 0, not " +
-                   std::to_string(*flags.seqLen));
   frontend::SpecOptions options;
   options.worldSize = flags.worldSize;
   if (flags.model.empty()) {
@@ -96,33 +83,23 @@ static frontend::ResolvedSpec loadSpecOrThrow(const SpecFlags &flags) {
 }
 
 /// The cost model's work per microbatch: the flags, else the spec's
-/// "batch", else 8192 tokens of sequences of 8192 (SpecFlags).
+/// "batch", else 8192 tokens of sequences of 8192 (frontend::microbatchWork,
+/// the rule meshplan.plan shares).
 static void setBatchOrThrow(const frontend::ResolvedSpec &spec,
                             const SpecFlags &flags,
                             pipeline::ImportOptions &import) {
-  const std::optional<frontend::BatchSpec> &batch = spec.spec.batch;
-  import.sequenceLength = flags.seqLen ? *flags.seqLen
-                          : batch      ? batch->sequenceLength
-                                       : 8192;
-  if (flags.tokensPerRank) {
-    import.tokensPerMicrobatch = *flags.tokensPerRank;
-  } else if (flags.globalBatchTokens) {
-    import.tokensPerMicrobatch =
-        orThrow(frontend::batchPerMicrobatch(
-                    spec.spec, *flags.globalBatchTokens, import.sequenceLength),
-                "--global-batch-tokens")
-            .tokensPerRank;
-  } else if (batch) {
-    // parseSpec checked the spec's own sequence length; --seq-len may not
-    // split the batch into whole sequences, which is the flag's error.
-    import.tokensPerMicrobatch =
-        orThrow(frontend::batchPerMicrobatch(spec.spec, batch->globalTokens,
-                                             import.sequenceLength),
-                "--seq-len (with the spec's batch.global_tokens)")
-            .tokensPerRank;
-  } else {
-    import.tokensPerMicrobatch = 8192;
-  }
+  frontend::WorkRequest request;
+  request.tokensPerRank = flags.tokensPerRank;
+  request.globalBatchTokens = flags.globalBatchTokens;
+  request.sequenceLength = flags.seqLen;
+  request.tokensPerRankName = "--tokens-per-rank";
+  request.globalBatchTokensName = "--global-batch-tokens";
+  request.sequenceLengthName = "--seq-len";
+  auto work = frontend::microbatchWork(spec.spec, request);
+  if (!work)
+    throw CliError(work.error().message);
+  import.tokensPerMicrobatch = work->tokensPerRank;
+  import.sequenceLength = work->sequenceLength;
 }
 
 /// Loads the spec, checks `rank` (when given) and --context-parallel

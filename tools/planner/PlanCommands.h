@@ -35,7 +35,7 @@ struct SpecFlags {
   /// The cost model's work (docs/memory.md, "The work per microbatch"):
   /// --tokens-per-rank gives a data-parallel rank's tokens per microbatch
   /// directly; --global-batch-tokens the global batch, split as the spec's
-  /// "batch" is (frontend::batchPerMicrobatch). Unset: the spec's "batch",
+  /// "batch" is (frontend::microbatchWork). Unset: the spec's "batch",
   /// else 8192 tokens per rank per microbatch. --seq-len likewise
   /// overrides the spec's sequence length (default 8192).
   std::optional<int64_t> tokensPerRank;

@@ -249,6 +249,57 @@ TEST(BaseSpec, BatchSplitsOverDataParallelRanksAndMicrobatches) {
   EXPECT_FALSE(parseSpec(kBase)->batch.has_value());
 }
 
+TEST(BaseSpec, MicrobatchWorkFollowsOneRule) {
+  // frontend::microbatchWork, shared by `meshplan plan`/`explain` and
+  // meshplan.plan: the request, else the spec's batch, else 8192.
+  Json doc = Json::parse(kBase);
+  auto plain = parseSpec(doc.dump());
+  ASSERT_TRUE(succeeds(plain));
+  doc["batch"] = {{"global_tokens", 1024}, {"sequence_length", 64}};
+  auto batched = parseSpec(doc.dump());
+  ASSERT_TRUE(succeeds(batched));
+  auto work = [](const Spec &spec, std::optional<int64_t> perRank,
+                 std::optional<int64_t> global, std::optional<int64_t> seq) {
+    WorkRequest request;
+    request.tokensPerRank = perRank;
+    request.globalBatchTokens = global;
+    request.sequenceLength = seq;
+    return microbatchWork(spec, request);
+  };
+  auto is = [](const Result<MicrobatchWork> &w, int64_t tokens, int64_t seq) {
+    return w && w->tokensPerRank == tokens && w->sequenceLength == seq;
+  };
+  EXPECT_TRUE(is(work(*plain, {}, {}, {}), 8192, 8192));
+  EXPECT_TRUE(is(work(*plain, {}, {}, 128), 8192, 128));
+  EXPECT_TRUE(is(work(*batched, {}, {}, {}), 128, 64));
+  EXPECT_TRUE(is(work(*batched, 40, {}, {}), 40, 64));
+  // 4 dp ranks x 2 microbatches: 4096 tokens are 512 per rank.
+  EXPECT_TRUE(is(work(*batched, {}, 4096, {}), 512, 64));
+  EXPECT_TRUE(is(work(*plain, {}, 4096, 256), 512, 256));
+  EXPECT_TRUE(is(work(*batched, {}, {}, 32), 128, 32));
+  // Errors name the input at fault, as the caller spells it.
+  EXPECT_TRUE(failsWith(work(*plain, 0, {}, {}),
+                        "tokens_per_rank: must be > 0, not 0"));
+  EXPECT_TRUE(failsWith(work(*plain, {}, -5, {}),
+                        "global_batch_tokens: must be > 0, not -5"));
+  EXPECT_TRUE(
+      failsWith(work(*plain, {}, {}, 0), "seq_len: must be > 0, not 0"));
+  EXPECT_TRUE(failsWith(work(*plain, 8, 64, {}),
+                        "tokens_per_rank: give it or global_batch_tokens, "
+                        "not both"));
+  EXPECT_TRUE(failsWith(work(*plain, {}, 1000, 64),
+                        "global_batch_tokens: 1000 tokens do not split"));
+  // The spec's batch split into sequences the request cannot hold.
+  EXPECT_TRUE(failsWith(work(*batched, {}, {}, 1000),
+                        "seq_len (with the spec's batch.global_tokens): 1024 "
+                        "tokens do not split"));
+  WorkRequest named;
+  named.tokensPerRank = -1;
+  named.tokensPerRankName = "--tokens-per-rank";
+  EXPECT_TRUE(failsWith(microbatchWork(*plain, named),
+                        "--tokens-per-rank: must be > 0, not -1"));
+}
+
 TEST(BaseSpec, IsValid) {
   auto r = loadSpec(kBase, "");
   ASSERT_TRUE(succeeds(r));

@@ -2115,10 +2115,11 @@ private:
   //------------------------------------------------------------------
 
   /// What an op does to its buffers (docs/plan-format.md's op table):
-  /// collectives and local ops (fp8_amax, fp8_cast, cast, sum, accumulate,
-  /// compute, optimizer_update) read their inputs and write their outputs; free
-  /// releases its inputs; wait touches none. Every op is listed, so a new
-  /// one needs a decision here.
+  /// collectives, send and recv, and local ops (fp8_amax, fp8_cast, cast,
+  /// sum, accumulate, compute, optimizer_update, grad_norm, clip_gradients)
+  /// read their inputs and write their outputs; free releases its inputs;
+  /// wait touches none. Every op is listed, so a new one needs a decision
+  /// here.
   enum class Access { ReadsWrites, Frees, Nothing };
   static Access access(pl::OpKind op) {
     switch (op) {
@@ -2128,6 +2129,8 @@ private:
     case pl::OpKind::AllToAll:
     case pl::OpKind::Permute:
     case pl::OpKind::Broadcast:
+    case pl::OpKind::Send:
+    case pl::OpKind::Recv:
     case pl::OpKind::Fp8Amax:
     case pl::OpKind::Fp8Cast:
     case pl::OpKind::Cast:
@@ -2135,6 +2138,8 @@ private:
     case pl::OpKind::Accumulate:
     case pl::OpKind::Compute:
     case pl::OpKind::OptimizerUpdate:
+    case pl::OpKind::GradNorm:
+    case pl::OpKind::ClipGradients:
       return Access::ReadsWrites;
     case pl::OpKind::Free:
       return Access::Frees;

@@ -259,6 +259,34 @@ Result<MicrobatchShape> batchPerMicrobatch(const Spec &spec,
                                            int64_t globalTokens,
                                            int64_t sequenceLength);
 
+/// The work a caller asks the cost model to charge per microbatch (`meshplan
+/// plan`'s and `explain`'s flags, meshplan.plan's keywords). Each unset
+/// value falls back to the spec's "batch", else to 8192.
+struct WorkRequest {
+  std::optional<int64_t> tokensPerRank;     ///< per dp rank per microbatch
+  std::optional<int64_t> globalBatchTokens; ///< per optimizer step, whole job
+  std::optional<int64_t> sequenceLength;
+  /// How the caller spells each input, so that its errors name it.
+  std::string tokensPerRankName = "tokens_per_rank";
+  std::string globalBatchTokensName = "global_batch_tokens";
+  std::string sequenceLengthName = "seq_len";
+};
+
+/// What the cost model charges per microbatch.
+struct MicrobatchWork {
+  int64_t tokensPerRank = 0; ///< per data-parallel rank, before CP splits
+  int64_t sequenceLength = 0;
+};
+
+/// The one rule for the work per microbatch: the request's tokens per rank,
+/// else its global batch split by batchPerMicrobatch, else the spec's
+/// "batch" split the same way, else 8192 tokens; the sequence length from
+/// the request, else the spec's batch, else 8192. An error starts with the
+/// name of the input at fault (a value under 1, both token counts given, a
+/// batch that does not split into whole sequences).
+Result<MicrobatchWork> microbatchWork(const Spec &spec,
+                                      const WorkRequest &request);
+
 struct SpecOptions {
   /// The world size the job runs with (e.g. from the command line); the mesh
   /// must have exactly this many devices. Checked as well as "world_size".
