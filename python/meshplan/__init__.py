@@ -90,10 +90,12 @@ _load_spec = spec
 def _refuse_unknown(function: str, keywords: dict[str, Any], renamed: dict[str, str]) -> None:
     """TypeError for keywords a function does not take, naming the new
     keyword where an old one was renamed (as the CLI refuses --tokens)."""
-    for name in keywords:
-        if name in renamed:
-            raise TypeError(f"{function}(): {name}= was renamed: use {renamed[name]}")
-        raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+    if not keywords:
+        return
+    name = next(iter(keywords))
+    if name in renamed:
+        raise TypeError(f"{function}(): {name}= was renamed: use {renamed[name]}")
+    raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
 def plan(

@@ -299,21 +299,19 @@ void Session::Impl::diagnosePeers(const StepState *state, int comm,
   // and either error may be the one the rank reports: the second waits for
   // the first's diagnosis and carries it too.
   std::unique_lock<std::mutex> lock(diagnosisMutex);
-  if (diagnosisStarted) {
+  if (!diagnosisStarted) {
+    diagnosisStarted = true;
+    lock.unlock();
+    std::string text = diagnosisOf(state, comm);
+    lock.lock();
+    diagnosis = std::move(text);
+    diagnosisReady.notify_all();
+  } else {
     diagnosisReady.wait_for(lock, options.timeout + std::chrono::seconds(10),
                             [&] { return diagnosis.has_value(); });
-    if (diagnosis && !diagnosis->empty())
-      error = Error{error.message + " [" + *diagnosis + "]"};
-    return;
   }
-  diagnosisStarted = true;
-  lock.unlock();
-  std::string text = diagnosisOf(state, comm);
-  lock.lock();
-  diagnosis = text;
-  diagnosisReady.notify_all();
-  if (!text.empty())
-    error = Error{error.message + " [" + text + "]"};
+  if (diagnosis && !diagnosis->empty())
+    error = Error{error.message + " [" + *diagnosis + "]"};
 }
 
 std::string Session::Impl::diagnosisOf(const StepState *state, int comm) {

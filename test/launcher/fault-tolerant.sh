@@ -113,14 +113,10 @@ check "quorum: nothing left behind" nothing_left "$d"
 # later (a reused --job) is refused with the reason, not joined.
 d=$work/nodes
 mkdir -p "$d"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-redis=$(command -v redis-server || echo /usr/local/bin/redis-server)
-"$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-  --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log"
-for _ in $(seq 100); do
-  [ -s "$d/redis.pid" ] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
+source "$(dirname "$0")/../lib/redis.sh"
+start_loopback_redis "$(command -v redis-server || echo /usr/local/bin/redis-server)" "$d" ||
+  exit 1
+port=$REDIS_PORT
 trap 'kill "$(cat "$d/redis.pid" 2>/dev/null)" 2>/dev/null; rm -rf "$work"' EXIT
 node() { # node K [PREFIX...]: one launcher of the two-node job "stopped"
   local k=$1

@@ -52,13 +52,9 @@ if [[ -z $server ]]; then
   exit 0
 fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/meshplan-ft-XXXXXX")
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$server" --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-  --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log"
-for _ in $(seq 50); do
-  [[ -s $work/redis.pid ]] && redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
+source "$(dirname "$0")/../lib/redis.sh"
+start_loopback_redis "$server" "$work"
+port=$REDIS_PORT
 cleanup() {
   pkill -9 -f "$work/" 2>/dev/null || true
   local pid
